@@ -1,0 +1,56 @@
+/* settings.h -- the one settings struct, filled by config.c from the INI file
+ * and the command line. Everything else reads it and never writes it. */
+#ifndef FP_SETTINGS_H
+#define FP_SETTINGS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FP_MAX_KEY_LEN      250  /* memcached's limit; Redis gets the same */
+#define FP_MAX_PREFIX_LEN   64
+#define FP_MAX_PARAMS       16
+#define FP_MAX_PARAM_LEN    64
+#define FP_MAX_SERVERS      64
+
+enum fp_backend { FP_BACKEND_MEMCACHED, FP_BACKEND_REDIS };
+
+struct fp_server_addr {
+    char *host;          /* hostname or IP; NULL when unix_path is set */
+    uint16_t port;
+    char *unix_path;     /* Redis only: unix socket path, else NULL */
+};
+
+struct fp_settings {
+    /* [server] */
+    char *listen;                /* address to bind, default 127.0.0.1 */
+    uint16_t port;               /* default 8101 */
+    size_t max_header_size;      /* bytes, default 8192 */
+    size_t max_body_size;        /* bytes, default 65536; POST bodies read and discarded */
+    unsigned idle_timeout_ms;    /* keep-alive connection idle limit, default 60000 */
+    unsigned request_timeout_ms; /* time to receive a whole request, default 10000 */
+    unsigned shutdown_timeout_ms;/* drain limit after SIGTERM, default 5000 */
+
+    /* [keys] */
+    char *key_prefix;            /* default "/Poll" */
+    char *key_params[FP_MAX_PARAMS]; /* default {"user_id"}; sorted bytewise */
+    size_t nkey_params;
+
+    /* [cache] */
+    enum fp_backend backend;     /* default memcached */
+    unsigned cache_timeout_ms;   /* a cache answer later than this is a 503, default 100 */
+    char *content_type;          /* default "application/json" */
+
+    /* [memcached] */
+    struct fp_server_addr mc_servers[FP_MAX_SERVERS]; /* order matters: ketama */
+    size_t nmc_servers;
+
+    /* [redis] */
+    struct fp_server_addr redis;
+    char *redis_password;        /* read from redis_password_file, or NULL */
+    int redis_db;
+
+    /* [log] */
+    int log_level;               /* FP_LOG_DEBUG .. FP_LOG_ERROR, default info */
+};
+
+#endif
