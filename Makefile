@@ -1,0 +1,61 @@
+# fastpoll: `make up` runs the stack on loopback, `make test` proves it. Both install what is missing.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+# Debian 12 packages the build, the stack and the tests need.
+APT_PACKAGES := build-essential pkg-config libevent-dev libmemcached-dev libhiredis-dev libinih-dev \
+	uthash-dev libcjson-dev libcmocka-dev memcached redis-server redis-tools nginx curl \
+	apache2-utils wrk python3-venv python3-dev zlib1g-dev
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+.PHONY: all deps venv build up down status test test-unit test-integration clean
+
+all: build
+
+# Installs only what is missing, so a second run costs nothing. Debian's own nginx, memcached and
+# redis services are never needed (the stack uses its own ports), so they are not started here.
+deps:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null \
+		| grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "apt: installing $$missing"; \
+		$(SUDO) apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+$(VENV)/.done: fallback_app/pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# pylibmc from source: it must link Debian's libmemcached, the same ketama as the poll server.
+	$(PIP) install -q --no-binary pylibmc -e 'fallback_app[test]' jinja2 ruff
+	touch $@
+
+venv: deps $(VENV)/.done
+
+build: deps
+	$(MAKE) -C poll_server
+
+up: venv build
+	$(PY) tests/stack.py up
+
+down:
+	@if [ -x $(PY) ]; then $(PY) tests/stack.py down; else echo "fastpoll: not running"; fi
+
+status:
+	@$(PY) tests/stack.py status
+
+test-unit: venv build
+	$(MAKE) -C poll_server test
+	$(VENV)/bin/ruff check fallback_app tests
+	$(VENV)/bin/pytest -q fallback_app/tests
+
+test-integration: venv build
+	$(VENV)/bin/pytest -q tests
+
+test: test-unit test-integration
+
+clean:
+	$(MAKE) -C poll_server clean
+	rm -rf $(VENV)

@@ -1,0 +1,115 @@
+"""Fixtures: real stacks (tests/stack.py, the harness `make up` uses) on free loopback ports."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pylibmc
+import pytest
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from stack import Stack  # noqa: E402
+
+_uids = itertools.count(1000)
+
+
+class Cache:
+    """Direct access to the stack's cache, the way the app writes it (same ketama, same keys)."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.backend = stack.backend
+        if self.backend == "memcached":
+            servers = [f"127.0.0.1:{p}" for p in stack.memcached_ports]
+            self.mc = pylibmc.Client(servers, binary=False, behaviors={"ketama": True})
+        else:
+            password = (stack.run_dir / "redis.pass").read_text().strip()
+            self.r = redis.Redis(host="127.0.0.1", port=stack.redis_port, password=password)
+
+    def set(self, key: str, value: bytes) -> None:
+        if self.backend == "memcached":
+            assert self.mc.set(key, value)
+        else:
+            self.r.set(key, value)
+
+    def get(self, key: str) -> bytes | None:
+        if self.backend == "memcached":
+            return self.mc.get(key)
+        return self.r.get(key)
+
+    def delete(self, key: str) -> None:
+        if self.backend == "memcached":
+            self.mc.delete(key)
+        else:
+            self.r.delete(key)
+
+    def gets_served(self) -> int:
+        """How many reads the cache servers have answered, summed over every node."""
+        if self.backend == "memcached":
+            return sum(memcached_stats(p)["cmd_get"] for p in self.stack.memcached_ports)
+        return int(self.r.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
+
+
+def memcached_stats(port: int) -> dict[str, int]:
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+        s.sendall(b"stats\r\n")
+        data = b""
+        while not data.endswith(b"END\r\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    stats: dict[str, int] = {}
+    for line in data.decode().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "STAT" and parts[2].isdigit():
+            stats[parts[1]] = int(parts[2])
+    return stats
+
+
+def new_uid() -> int:
+    """A user id no other test has touched, so tests never share cache keys."""
+    return next(_uids)
+
+
+def poll_key(uid: int) -> str:
+    return f"/Poll/getMessages?user_id={uid}"
+
+
+def start_stack(tmp: Path, backend: str, **kw) -> Stack:
+    stack = Stack(run_dir=tmp, backend=backend, **kw)
+    stack.start()
+    return stack
+
+
+@pytest.fixture(scope="session", params=["memcached", "redis"])
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The shared stack for behaviour tests, once per backend. 3 memcached nodes: a small fleet."""
+    s = start_stack(tmp_path_factory.mktemp(f"stack-{request.param}"), request.param, n_memcached=3)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def cache(stack: Stack) -> Cache:
+    return Cache(stack)
+
+
+@pytest.fixture()
+def client(stack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=stack.base_url, timeout=10) as c:
+        yield c
+
+
+@pytest.fixture()
+def poller(stack: Stack) -> Iterator[httpx.Client]:
+    """A client talking to one poll server directly, without nginx."""
+    with httpx.Client(base_url=f"http://127.0.0.1:{stack.poller_ports[0]}", timeout=10) as c:
+        yield c

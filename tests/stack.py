@@ -1,0 +1,383 @@
+"""Start and stop the whole fastpoll stack on loopback.
+
+One harness for everyone: `make up` / `make down` call its command line, and the pytest fixtures in
+tests/conftest.py use the Stack class. It starts memcached (one or more nodes), Redis (with a
+password), the fallback app, one poll server per core and nginx, each on its own port, waits until
+every part answers, and records their pids. Stopping kills exactly those pids, never by name.
+
+    python tests/stack.py up   [--backend memcached|redis] [--http-port 8080] [--pollers N]
+    python tests/stack.py down
+    python tests/stack.py status
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+
+ROOT = Path(__file__).resolve().parent.parent
+POLL_SERVER = ROOT / "poll_server" / "build" / "poll_server"
+VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
+DEFAULT_RUN_DIR = ROOT / "run"
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(what: str, check, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode} while starting")
+        try:
+            if check():
+                return
+        except OSError as e:  # connection refused while it starts
+            last = e
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not become healthy within {timeout:.0f}s ({last})")
+
+
+def tcp_ask(port: int, request: bytes, expect: bytes) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+        s.sendall(request)
+        return expect in s.recv(4096)
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    pid: int = 0
+    port: int = 0
+
+
+@dataclass
+class Stack:
+    """The local stack. Ports default to free ones; `make up` passes fixed ones."""
+
+    run_dir: Path
+    backend: str = "memcached"
+    n_pollers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    n_memcached: int = 1
+    http_port: int = 0
+    app_workers: int = 2
+    cache_timeout_ms: int = 100
+    poll_server: Path = POLL_SERVER
+    extra_ini: dict[str, dict[str, str]] = field(default_factory=dict)
+    procs: dict[str, Proc] = field(default_factory=dict)
+    memcached_ports: list[int] = field(default_factory=list)
+    poller_ports: list[int] = field(default_factory=list)
+    redis_port: int = 0
+    app_port: int = 0
+    _popen: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
+
+    # ---- configuration -------------------------------------------------------------------
+
+    @property
+    def ini_path(self) -> Path:
+        return self.run_dir / "fastpoll.ini"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def _allocate_ports(self) -> None:
+        self.http_port = self.http_port or free_port()
+        self.memcached_ports = self.memcached_ports or [free_port() for _ in range(self.n_memcached)]
+        self.redis_port = self.redis_port or free_port()
+        self.app_port = self.app_port or free_port()
+        self.poller_ports = self.poller_ports or [free_port() for _ in range(self.n_pollers)]
+
+    def ini_sections(self) -> dict[str, dict[str, str]]:
+        sections = {
+            "server": {"listen": "127.0.0.1", "port": str(self.poller_ports[0])},
+            "keys": {"prefix": "/Poll", "params": "user_id"},
+            "cache": {
+                "backend": self.backend,
+                "timeout_ms": str(self.cache_timeout_ms),
+                "content_type": "application/json",
+                "ttl": "300",
+            },
+            "memcached": {"servers": " ".join(f"127.0.0.1:{p}" for p in self.memcached_ports)},
+            "redis": {
+                "server": f"127.0.0.1:{self.redis_port}",
+                "password_file": str(self.run_dir / "redis.pass"),
+            },
+            "log": {"level": "info"},
+            "app": {"database": str(self.run_dir / "fastpoll.db")},
+        }
+        for section, values in self.extra_ini.items():
+            sections.setdefault(section, {}).update(values)
+        return sections
+
+    def write_config(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        pw = self.run_dir / "redis.pass"
+        if not pw.exists():
+            pw.write_text(secrets.token_hex(16) + "\n")
+        pw.chmod(0o600)
+        lines = ["; written by tests/stack.py for the local stack"]
+        for section, values in self.ini_sections().items():
+            lines.append(f"\n[{section}]")
+            lines.extend(f"{k} = {v}" for k, v in values.items())
+        self.ini_path.write_text("\n".join(lines) + "\n")
+        self._render_nginx()
+
+    def _render_nginx(self) -> None:
+        ngx = self.run_dir / "nginx"
+        for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            (ngx / "tmp" / sub).mkdir(parents=True, exist_ok=True)
+        run_as = None
+        if os.geteuid() == 0:  # workers drop to nobody; let them use the temp dirs
+            run_as = "nobody nogroup"
+            for d in [ngx / "tmp", *(ngx / "tmp").iterdir()]:
+                shutil.chown(d, "nobody", "nogroup")
+        env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(ROOT / "nginx"),
+            undefined=jinja2.StrictUndefined,
+            keep_trailing_newline=True,
+        )
+        site = env.get_template("fastpoll.conf.j2").render(
+            fastpoll_listen=f"127.0.0.1:{self.http_port}",
+            fastpoll_pollers=[f"127.0.0.1:{p}" for p in self.poller_ports],
+            fastpoll_apps=[f"127.0.0.1:{self.app_port}"],
+        )
+        (ngx / "fastpoll.conf").write_text(site)
+        main = env.get_template("nginx-local.conf.j2").render(run_dir=str(ngx), run_as_user=run_as)
+        (ngx / "nginx.conf").write_text(main)
+
+    # ---- processes -----------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str], port: int = 0, env: dict | None = None) -> Proc:
+        log = open(self.run_dir / f"{name}.log", "ab")  # noqa: SIM115 -- owned by the child
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # survives `make up` returning; not hit by terminal ^C
+            env={**os.environ, **(env or {})},
+        )
+        log.close()
+        proc = Proc(name=name, argv=argv, pid=popen.pid, port=port)
+        self.procs[name] = proc
+        self._popen[name] = popen
+        return proc
+
+    def start_memcached(self, i: int) -> None:
+        port = self.memcached_ports[i]
+        argv = ["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-m", "64", "-c", "4096"]
+        if os.geteuid() == 0:
+            argv += ["-u", "nobody"]
+        name = f"memcached-{i}"
+        self._spawn(name, argv, port)
+        wait_for(name, lambda: tcp_ask(port, b"version\r\n", b"VERSION"), proc=self._popen[name])
+
+    def start_redis(self) -> None:
+        password = (self.run_dir / "redis.pass").read_text().strip()
+        conf = self.run_dir / "redis.conf"
+        # The password goes in a 0600 file, not on the command line (ps would show it).
+        conf.write_text(
+            f"port {self.redis_port}\nbind 127.0.0.1\nsave \"\"\nappendonly no\n"
+            f"dir {self.run_dir}\nrequirepass {password}\n"
+        )
+        conf.chmod(0o600)
+        self._spawn("redis", ["redis-server", str(conf)], self.redis_port)
+        auth = f"AUTH {password}\r\nPING\r\n".encode()
+        wait_for("redis", lambda: tcp_ask(self.redis_port, auth, b"+PONG"), proc=self._popen["redis"])
+
+    def start_app(self) -> None:
+        argv = [
+            str(VENV_PYTHON), "-m", "fastpoll_app", "--config", str(self.ini_path),
+            "--host", "127.0.0.1", "--port", str(self.app_port), "--workers", str(self.app_workers),
+        ]
+        self._spawn("app", argv, self.app_port)
+        url = f"http://127.0.0.1:{self.app_port}/healthz"
+        wait_for("app", lambda: http_status(url) == 200, timeout=60, proc=self._popen["app"])
+
+    def start_poller(self, i: int, binary: Path | None = None) -> None:
+        port = self.poller_ports[i]
+        name = f"poller-{i}"
+        argv = [str(binary or self.poll_server), "-c", str(self.ini_path), "-p", str(port)]
+        self._spawn(name, argv, port)
+        # Any HTTP answer means it is serving: "/" is a valid key that is simply not cached.
+        url = f"http://127.0.0.1:{port}/"
+        wait_for(name, lambda: http_status(url) in (200, 404, 503), proc=self._popen[name])
+
+    def start_nginx(self) -> None:
+        conf = self.run_dir / "nginx" / "nginx.conf"
+        check = subprocess.run(
+            ["nginx", "-t", "-q", "-p", str(conf.parent), "-c", str(conf)],
+            capture_output=True, text=True,
+        )
+        if check.returncode != 0:
+            raise RuntimeError(f"nginx -t failed:\n{check.stderr}")
+        argv = ["nginx", "-p", str(conf.parent), "-c", str(conf), "-g", "daemon off;"]
+        self._spawn("nginx", argv, self.http_port)
+        url = f"{self.base_url}/healthz"
+        wait_for("nginx", lambda: http_status(url) == 200, proc=self._popen["nginx"])
+
+    def start(self) -> None:
+        self._allocate_ports()
+        self.write_config()
+        try:
+            for i in range(len(self.memcached_ports)):
+                self.start_memcached(i)
+            self.start_redis()
+            self.start_app()
+            for i in range(len(self.poller_ports)):
+                self.start_poller(i)
+            self.start_nginx()
+        except BaseException:
+            self.stop()
+            raise
+        self.save_state()
+
+    def stop_proc(self, name: str, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
+        """Stop one process we started, by pid. Returns its exit status if we could reap it."""
+        proc = self.procs.pop(name, None)
+        if proc is None:
+            return None
+        popen = self._popen.pop(name, None)
+        if popen is not None:
+            if popen.poll() is None:
+                popen.send_signal(sig)
+                try:
+                    return popen.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    popen.kill()
+                    return popen.wait()
+            return popen.returncode
+        return _stop_pid(proc, sig, timeout)
+
+    def stop(self) -> None:
+        # nginx first, so no client is sent to a part that is going away.
+        for name in sorted(self.procs, key=lambda n: (n != "nginx", n.startswith("memcached"), n)):
+            self.stop_proc(name)
+        state = self.run_dir / "stack.json"
+        if state.exists():
+            state.unlink()
+
+    # ---- state for `make down` -----------------------------------------------------------
+
+    def save_state(self) -> None:
+        state = {
+            "backend": self.backend,
+            "http_port": self.http_port,
+            "procs": {n: {"pid": p.pid, "port": p.port, "argv": p.argv} for n, p in self.procs.items()},
+        }
+        (self.run_dir / "stack.json").write_text(json.dumps(state, indent=1))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Stack:
+        state = json.loads((run_dir / "stack.json").read_text())
+        stack = cls(run_dir=run_dir, backend=state["backend"], http_port=state["http_port"])
+        for name, p in state["procs"].items():
+            stack.procs[name] = Proc(name=name, argv=p["argv"], pid=p["pid"], port=p["port"])
+        return stack
+
+
+def _is_ours(proc: Proc) -> bool:
+    """The pid still runs the program we started (pids get reused)."""
+    try:
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return bool(cmdline) and Path(cmdline[0].decode()).name == Path(proc.argv[0]).name
+
+
+def _stop_pid(proc: Proc, sig: int, timeout: float) -> None:
+    if not _is_ours(proc):
+        return None
+    os.kill(proc.pid, sig)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _is_ours(proc):
+        time.sleep(0.05)
+    if _is_ours(proc):
+        os.kill(proc.pid, signal.SIGKILL)
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("command", choices=["up", "down", "status"])
+    ap.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
+    ap.add_argument("--backend", choices=["memcached", "redis"],
+                    default=os.environ.get("FP_BACKEND", "memcached"))
+    ap.add_argument("--http-port", type=int, default=int(os.environ.get("FP_HTTP_PORT", "8080")))
+    ap.add_argument("--pollers", type=int, default=int(os.environ.get("FP_POLLERS", "0")) or None)
+    ap.add_argument("--memcached-nodes", type=int, default=int(os.environ.get("FP_MEMCACHED_NODES", "1")))
+    args = ap.parse_args()
+    state = args.run_dir / "stack.json"
+
+    if args.command == "down":
+        if not state.exists():
+            print("fastpoll: nothing to stop (no run/stack.json)")
+            return 0
+        stack = Stack.load(args.run_dir)
+        names = ", ".join(stack.procs)
+        stack.stop()
+        print(f"fastpoll: stopped {names}")
+        return 0
+
+    if args.command == "status":
+        if not state.exists():
+            print("fastpoll: not running")
+            return 1
+        stack = Stack.load(args.run_dir)
+        down = [n for n, p in stack.procs.items() if not _is_ours(p)]
+        for name, p in stack.procs.items():
+            print(f"{name:12} pid {p.pid:7} port {p.port:5} {'DOWN' if name in down else 'up'}")
+        return 1 if down else 0
+
+    if state.exists():
+        print("fastpoll: already up (run/stack.json exists); `make down` first", file=sys.stderr)
+        return 1
+    stack = Stack(run_dir=args.run_dir, backend=args.backend, http_port=args.http_port,
+                  n_memcached=args.memcached_nodes)
+    if args.pollers:
+        stack.n_pollers = args.pollers
+    stack.start()
+    print(f"fastpoll is up ({stack.backend} backend), logs and config in {args.run_dir}/")
+    print(f"  entry point (nginx)  {stack.base_url}/")
+    print(f"  poll                 {stack.base_url}/Poll/getMessages?user_id=1")
+    print(f"  publish              curl -X POST -H 'Content-Type: application/json' "
+          f"-d '{{\"user_id\": 1, \"text\": \"hi\"}}' {stack.base_url}/api/messages")
+    print(f"  poll servers         {', '.join(f'127.0.0.1:{p}' for p in stack.poller_ports)}")
+    print(f"  fallback app         http://127.0.0.1:{stack.app_port}/")
+    print(f"  memcached            {', '.join(f'127.0.0.1:{p}' for p in stack.memcached_ports)}")
+    print(f"  redis                127.0.0.1:{stack.redis_port} (password in {args.run_dir}/redis.pass)")
+    print("stop it with `make down`")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
