@@ -1,61 +1,662 @@
-/* cache_memcached.c -- STUB: answers every get with FP_CACHE_ERROR (asynchronously) until
- * the real backend lands. */
+/* cache_memcached.c -- memcached backend.
+ *
+ * libmemcached is used only to pick the server for a key (ketama, exactly as
+ * pylibmc does with behaviors={"ketama": True}), because its own I/O blocks.
+ * The I/O is ours and never blocks: one TCP connection per server, a
+ * bufferevent on the loop, `get <key>\r\n` pipelined, answers matched to a
+ * FIFO of outstanding requests by a streaming parser.
+ *
+ * Failure policy, per server, so a sick node only hurts its own keys:
+ * - refused / reset / EOF / protocol error: pending requests get ERROR, the
+ *   connection is dropped, reconnect after a backoff (100 ms doubling to 2 s);
+ *   requests arriving during the backoff fail fast with ERROR.
+ * - a request not answered within cache_timeout_ms gets TIMEOUT and the
+ *   server is considered hung: the others pending on it get ERROR, the
+ *   connection is dropped and retried after the backoff. A stopped server's
+ *   kernel still accepts connections, so only an answer (not a connect)
+ *   resets the backoff.
+ */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L /* getaddrinfo under -std=c11 */
+#endif
+#include <errno.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
+#include <libmemcached/memcached.h>
 
 #include "cache_memcached.h"
 #include "log.h"
 #include "settings.h"
 
-struct fp_mc {
-    struct event_base *base;
-};
+#define MC_MAX_VALUE      (1024 * 1024) /* larger VALUE: protocol error */
+#define MC_MAX_LINE       512           /* VALUE line: 6 + 250 + 3 numbers */
+#define MC_MAX_PENDING    10000         /* per server, beyond: fail fast */
+#define MC_BACKOFF_MIN_MS 100
+#define MC_BACKOFF_MAX_MS 2000
 
-struct stub_req {
+enum mc_conn_state { MC_DOWN, MC_CONNECTING, MC_UP };
+enum mc_log_state { MC_LOG_NONE, MC_LOG_UP, MC_LOG_DOWN };
+enum mc_parse_state { MC_PARSE_LINE, MC_PARSE_DATA };
+
+struct fp_mc;
+struct mc_server;
+
+struct mc_req {
+    TAILQ_ENTRY(mc_req) link;
+    struct fp_mc *mc;
+    struct mc_server *srv;    /* NULL while on mc->failq */
+    struct event *timer;      /* deadline, or the deferred failure */
     fp_cache_cb *cb;
     void *arg;
+    size_t keylen;
+    char key[FP_MAX_KEY_LEN];
 };
 
-static void stub_fire(evutil_socket_t fd, short what, void *p)
+TAILQ_HEAD(mc_reqq, mc_req);
+
+struct mc_server {
+    struct fp_mc *mc;
+    char name[300];                 /* host:port, for the log */
+    struct sockaddr_storage addr;
+    socklen_t addrlen;
+    struct bufferevent *bev;        /* NULL when down */
+    struct event *retry;            /* reconnect timer */
+    enum mc_conn_state state;
+    enum mc_log_state logged;
+    int hung;                       /* last failure was a timeout */
+    unsigned backoff_ms;            /* 0 after an answer */
+    struct mc_reqq pending;         /* sent, in answer order */
+    size_t npending;
+    enum mc_parse_state parse;
+    size_t want;                    /* MC_PARSE_DATA: value length */
+};
+
+struct fp_mc {
+    struct event_base *base;
+    memcached_st *memc;
+    const struct timeval *timeout;  /* common timeout of cache_timeout_ms */
+    struct timeval timeout_tv;
+    struct mc_server *servers;
+    size_t nservers;
+    struct mc_reqq failq;           /* failed fast, callback not yet run */
+    int closing;
+};
+
+static void server_connect(struct mc_server *s);
+
+/* Runs the callback exactly once and frees the request. The caller has
+ * already unlinked it from its queue. */
+static void req_finish(struct mc_req *r, enum fp_cache_status st,
+                       const char *val, size_t len)
 {
-    struct stub_req *r = p;
-    (void)fd;
-    (void)what;
-    r->cb(FP_CACHE_ERROR, NULL, 0, r->arg);
+    fp_cache_cb *cb = r->cb;
+    void *arg = r->arg;
+
+    event_free(r->timer);
     free(r);
+    cb(st, val, len, arg);
 }
 
-struct fp_mc *fp_mc_create(struct event_base *base, const struct fp_settings *s)
+static void server_log_up(struct mc_server *s)
 {
-    struct fp_mc *b = calloc(1, sizeof(*b));
-    (void)s;
-    if (b == NULL)
-        return NULL;
-    b->base = base;
-    fp_log(FP_LOG_WARN, "cache: cache_memcached.c is a stub, every get fails");
-    return b;
+    if (s->logged != MC_LOG_UP)
+        fp_log(FP_LOG_INFO, "memcached %s: connected", s->name);
+    s->logged = MC_LOG_UP;
 }
 
-int fp_mc_get(struct fp_mc *b, const char *key, size_t keylen, fp_cache_cb *cb,
-             void *arg)
+static void server_log_down(struct mc_server *s, const char *why)
 {
-    struct stub_req *r = malloc(sizeof(*r));
-    struct timeval tv = {0, 0};
-    (void)key;
-    (void)keylen;
-    if (r == NULL)
-        return -1;
-    r->cb = cb;
-    r->arg = arg;
-    if (event_base_once(b->base, -1, EV_TIMEOUT, stub_fire, r, &tv) != 0) {
-        free(r);
-        return -1;
+    if (s->logged != MC_LOG_DOWN)
+        fp_log(FP_LOG_WARN, "memcached %s: %s", s->name, why);
+    else
+        fp_log(FP_LOG_DEBUG, "memcached %s: %s", s->name, why);
+    s->logged = MC_LOG_DOWN;
+}
+
+static void server_schedule_retry(struct mc_server *s)
+{
+    struct timeval tv;
+
+    if (s->backoff_ms == 0)
+        s->backoff_ms = MC_BACKOFF_MIN_MS;
+    else if (s->backoff_ms < MC_BACKOFF_MAX_MS)
+        s->backoff_ms = s->backoff_ms * 2 > MC_BACKOFF_MAX_MS ?
+                        MC_BACKOFF_MAX_MS : s->backoff_ms * 2;
+    tv.tv_sec = s->backoff_ms / 1000;
+    tv.tv_usec = (s->backoff_ms % 1000) * 1000;
+    if (evtimer_add(s->retry, &tv) != 0)
+        fp_log(FP_LOG_ERROR, "memcached %s: cannot arm reconnect timer",
+               s->name);
+}
+
+/* Drops the connection and answers everything pending on it: `first`
+ * (if any) gets `first_st`, the others ERROR. The queue is detached before
+ * any callback runs, so a callback that calls fp_cache_get() sees a server
+ * that is down and is failed fast. `why` NULL: do not log (shutdown).
+ * Never called from inside fp_mc_get(): that would run callbacks there. */
+static void server_reset(struct mc_server *s, const char *why,
+                         struct mc_req *first, enum fp_cache_status first_st)
+{
+    struct mc_reqq q;
+    struct mc_req *r;
+
+    if (why != NULL)
+        server_log_down(s, why);
+    if (s->bev != NULL) {
+        bufferevent_free(s->bev);
+        s->bev = NULL;
     }
+    s->state = MC_DOWN;
+    s->parse = MC_PARSE_LINE;
+    s->want = 0;
+    TAILQ_INIT(&q);
+    TAILQ_CONCAT(&q, &s->pending, link);
+    s->npending = 0;
+    if (!s->mc->closing)
+        server_schedule_retry(s);
+
+    if (first != NULL) {
+        TAILQ_REMOVE(&q, first, link);
+        req_finish(first, first_st, NULL, 0);
+    }
+    while ((r = TAILQ_FIRST(&q)) != NULL) {
+        TAILQ_REMOVE(&q, r, link);
+        req_finish(r, FP_CACHE_ERROR, NULL, 0);
+    }
+}
+
+/* Strict unsigned decimal, no sign, no spaces, bounded by max. */
+static int parse_num(const char *p, size_t n, unsigned long long max,
+                     unsigned long long *out)
+{
+    unsigned long long v = 0;
+    size_t i;
+
+    if (n == 0 || n > 20)
+        return -1;
+    for (i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return -1;
+        if (v > (ULLONG_MAX - (unsigned)(p[i] - '0')) / 10)
+            return -1;
+        v = v * 10 + (unsigned)(p[i] - '0');
+    }
+    if (v > max)
+        return -1;
+    *out = v;
     return 0;
 }
 
-void fp_mc_free(struct fp_mc *b)
+static int starts_with(const char *line, size_t n, const char *word)
 {
-    free(b);
+    size_t w = strlen(word);
+
+    return n >= w && memcmp(line, word, w) == 0 &&
+           (n == w || line[w] == ' ');
+}
+
+/* Parses "VALUE <key> <flags> <bytes>[ <cas>]" for the head request.
+ * Returns the value length, or -1 on any mismatch. */
+static long parse_value_line(const char *line, size_t n, const struct mc_req *r)
+{
+    const char *tok[5];
+    size_t toklen[5];
+    size_t ntok = 0, i = 0, start;
+    unsigned long long v;
+
+    while (i < n) {
+        if (ntok == 5)
+            return -1;
+        start = i;
+        while (i < n && line[i] != ' ')
+            i++;
+        if (i == start)
+            return -1;                  /* empty token: double space */
+        tok[ntok] = line + start;
+        toklen[ntok] = i - start;
+        ntok++;
+        if (i < n && ++i == n)
+            return -1;                  /* trailing space */
+    }
+    if (ntok != 4 && ntok != 5)
+        return -1;
+    if (toklen[1] != r->keylen || memcmp(tok[1], r->key, r->keylen) != 0)
+        return -1;
+    if (parse_num(tok[2], toklen[2], UINT32_MAX, &v) != 0)
+        return -1;
+    if (parse_num(tok[3], toklen[3], MC_MAX_VALUE, &v) != 0)
+        return -1;
+    if (ntok == 5 && parse_num(tok[4], toklen[4], ULLONG_MAX, &v) != 0)
+        return -1;
+    return (long)v;
+}
+
+/* Consumes every complete answer in the input buffer. Returns 0, or -1
+ * after it reset the server (the bufferevent is then gone). */
+static int server_parse(struct mc_server *s)
+{
+    struct evbuffer *in = bufferevent_get_input(s->bev);
+    struct mc_req *r;
+    struct evbuffer_ptr eol;
+    size_t eollen, n, need;
+    char line[MC_MAX_LINE + 1];
+    unsigned char *data;
+    long vlen;
+
+    for (;;) {
+        if (s->parse == MC_PARSE_DATA) {
+            need = s->want + 7;         /* data \r\n END\r\n */
+            if (evbuffer_get_length(in) < need)
+                return 0;
+            data = evbuffer_pullup(in, (ev_ssize_t)need);
+            if (data == NULL) {
+                server_reset(s, "out of memory", NULL, FP_CACHE_ERROR);
+                return -1;
+            }
+            if (memcmp(data + s->want, "\r\nEND\r\n", 7) != 0) {
+                server_reset(s, "protocol error after value", NULL,
+                             FP_CACHE_ERROR);
+                return -1;
+            }
+            r = TAILQ_FIRST(&s->pending);
+            TAILQ_REMOVE(&s->pending, r, link);
+            s->npending--;
+            s->parse = MC_PARSE_LINE;
+            /* The callback only appends output; the input stays put. */
+            req_finish(r, FP_CACHE_HIT, (const char *)data, s->want);
+            if (evbuffer_drain(in, need) != 0) {
+                server_reset(s, "cannot drain input", NULL, FP_CACHE_ERROR);
+                return -1;
+            }
+            if (s->bev == NULL)
+                return -1;
+            continue;
+        }
+
+        eol = evbuffer_search_eol(in, NULL, &eollen, EVBUFFER_EOL_CRLF_STRICT);
+        if (eol.pos < 0) {
+            if (evbuffer_get_length(in) > MC_MAX_LINE) {
+                server_reset(s, "protocol error: line too long", NULL,
+                             FP_CACHE_ERROR);
+                return -1;
+            }
+            return 0;
+        }
+        n = (size_t)eol.pos;
+        if (n > MC_MAX_LINE) {
+            server_reset(s, "protocol error: line too long", NULL,
+                         FP_CACHE_ERROR);
+            return -1;
+        }
+        if (evbuffer_remove(in, line, n) != (int)n ||
+            evbuffer_drain(in, eollen) != 0) {
+            server_reset(s, "cannot read input", NULL, FP_CACHE_ERROR);
+            return -1;
+        }
+        line[n] = '\0';
+
+        r = TAILQ_FIRST(&s->pending);
+        if (r == NULL) {
+            server_reset(s, "protocol error: unsolicited answer", NULL,
+                         FP_CACHE_ERROR);
+            return -1;
+        }
+        /* An answer proves the server is alive. */
+        s->hung = 0;
+        s->backoff_ms = 0;
+        server_log_up(s);
+
+        if (n == 3 && memcmp(line, "END", 3) == 0) {
+            TAILQ_REMOVE(&s->pending, r, link);
+            s->npending--;
+            req_finish(r, FP_CACHE_MISS, NULL, 0);
+        } else if (starts_with(line, n, "VALUE")) {
+            vlen = parse_value_line(line, n, r);
+            if (vlen < 0) {
+                server_reset(s, "protocol error: bad VALUE line", NULL,
+                             FP_CACHE_ERROR);
+                return -1;
+            }
+            s->want = (size_t)vlen;
+            s->parse = MC_PARSE_DATA;
+        } else if (starts_with(line, n, "SERVER_ERROR")) {
+            /* e.g. out of memory; the server keeps the stream in sync. */
+            TAILQ_REMOVE(&s->pending, r, link);
+            s->npending--;
+            req_finish(r, FP_CACHE_ERROR, NULL, 0);
+        } else {
+            /* CLIENT_ERROR, ERROR or garbage: we only send valid gets, so
+             * the stream cannot be trusted any more. */
+            server_reset(s, "protocol error: unexpected answer", r,
+                         FP_CACHE_ERROR);
+            return -1;
+        }
+        if (s->bev == NULL)
+            return -1;
+    }
+}
+
+static void server_read_cb(struct bufferevent *bev, void *arg)
+{
+    struct mc_server *s = arg;
+
+    (void)bev;
+    (void)server_parse(s);
+}
+
+static void server_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    struct mc_server *s = arg;
+    char why[128];
+    int err = EVUTIL_SOCKET_ERROR();
+
+    (void)bev;
+    if (what & BEV_EVENT_CONNECTED) {
+        s->state = MC_UP;
+        /* A stopped server's kernel still completes the handshake: after
+         * a timeout, wait for an answer before calling it up. */
+        if (!s->hung)
+            server_log_up(s);
+        return;
+    }
+    if (what & BEV_EVENT_EOF)
+        snprintf(why, sizeof(why), "connection closed by server");
+    else if (s->state == MC_CONNECTING)
+        snprintf(why, sizeof(why), "connect failed: %s",
+                 evutil_socket_error_to_string(err));
+    else
+        snprintf(why, sizeof(why), "connection lost: %s",
+                 evutil_socket_error_to_string(err));
+    server_reset(s, why, NULL, FP_CACHE_ERROR);
+}
+
+static void server_connect(struct mc_server *s)
+{
+    struct event_base *base = s->mc->base;
+    evutil_socket_t fd;
+    int one = 1;
+
+    fd = socket(s->addr.ss_family, SOCK_STREAM, 0);
+    if (fd < 0) {
+        server_log_down(s, "cannot create socket");
+        goto fail;
+    }
+    if (evutil_make_socket_nonblocking(fd) != 0 ||
+        evutil_make_socket_closeonexec(fd) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
+        server_log_down(s, "cannot set socket options");
+        evutil_closesocket(fd);
+        goto fail;
+    }
+    s->bev = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (s->bev == NULL) {
+        evutil_closesocket(fd);
+        server_log_down(s, "cannot create bufferevent");
+        goto fail;
+    }
+    bufferevent_setcb(s->bev, server_read_cb, NULL, server_event_cb, s);
+    if (bufferevent_enable(s->bev, EV_READ | EV_WRITE) != 0) {
+        server_log_down(s, "cannot enable bufferevent");
+        goto fail_bev;
+    }
+    s->state = MC_CONNECTING;
+    s->parse = MC_PARSE_LINE;
+    /* Non-blocking; a refusal is reported later through server_event_cb. */
+    if (bufferevent_socket_connect(s->bev, (struct sockaddr *)&s->addr,
+                                   (int)s->addrlen) != 0) {
+        server_log_down(s, "connect failed");
+        goto fail_bev;
+    }
+    return;
+
+fail_bev:
+    bufferevent_free(s->bev);
+    s->bev = NULL;
+fail:
+    s->state = MC_DOWN;
+    server_schedule_retry(s);
+}
+
+static void server_retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct mc_server *s = arg;
+
+    (void)fd;
+    (void)what;
+    if (s->state == MC_DOWN && !s->mc->closing)
+        server_connect(s);
+}
+
+static void req_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct mc_req *r = arg;
+    struct mc_server *s = r->srv;
+    char why[96];
+
+    (void)fd;
+    (void)what;
+    if (s == NULL) {            /* failed fast in fp_mc_get */
+        TAILQ_REMOVE(&r->mc->failq, r, link);
+        req_finish(r, FP_CACHE_ERROR, NULL, 0);
+        return;
+    }
+    s->hung = 1;
+    snprintf(why, sizeof(why), "no answer within %ld ms, closing",
+             (long)(r->mc->timeout_tv.tv_sec * 1000 +
+                    r->mc->timeout_tv.tv_usec / 1000));
+    server_reset(s, why, r, FP_CACHE_TIMEOUT);
+}
+
+/* The last line of defence against protocol injection: keys.c only hands
+ * out keys like this, but nothing else may ever reach the wire. */
+static int key_is_safe(const char *key, size_t len)
+{
+    size_t i;
+
+    if (len == 0 || len > FP_MAX_KEY_LEN)
+        return 0;
+    for (i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)key[i];
+        if (c <= 0x20 || c == 0x7F)
+            return 0;
+    }
+    return 1;
+}
+
+int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
+              fp_cache_cb *cb, void *arg)
+{
+    struct mc_req *r;
+    struct mc_server *s;
+    char cmd[4 + FP_MAX_KEY_LEN + 2];
+    size_t cmdlen;
+
+    if (mc->closing)
+        return -1;
+    r = malloc(sizeof(*r));
+    if (r == NULL)
+        return -1;
+    r->mc = mc;
+    r->srv = NULL;
+    r->cb = cb;
+    r->arg = arg;
+    r->keylen = 0;
+    r->timer = evtimer_new(mc->base, req_timer_cb, r);
+    if (r->timer == NULL) {
+        free(r);
+        return -1;
+    }
+
+    if (!key_is_safe(key, keylen)) {
+        fp_log(FP_LOG_ERROR, "memcached: refusing an unsafe key (%zu bytes)",
+               keylen);
+        goto fail_fast;
+    }
+    memcpy(r->key, key, keylen);
+    r->keylen = keylen;
+
+    s = &mc->servers[memcached_generate_hash(mc->memc, key, keylen) %
+                     mc->nservers];
+    if (s->state == MC_DOWN || s->npending >= MC_MAX_PENDING)
+        goto fail_fast;
+
+    /* Arm the deadline first, then queue the command in one piece, so a
+     * failure leaves nothing half-written on the stream. */
+    cmdlen = 4 + keylen + 2;
+    memcpy(cmd, "get ", 4);
+    memcpy(cmd + 4, key, keylen);
+    memcpy(cmd + 4 + keylen, "\r\n", 2);
+    if (evtimer_add(r->timer, mc->timeout) != 0)
+        goto fail_fast;
+    if (evbuffer_add(bufferevent_get_output(s->bev), cmd, cmdlen) != 0) {
+        (void)event_del(r->timer);
+        goto fail_fast;
+    }
+    r->srv = s;
+    TAILQ_INSERT_TAIL(&s->pending, r, link);
+    s->npending++;
+    return 0;
+
+fail_fast:
+    /* Never call back from inside fp_cache_get(): defer to the loop. */
+    r->srv = NULL;
+    TAILQ_INSERT_TAIL(&mc->failq, r, link);
+    event_active(r->timer, EV_TIMEOUT, 1);
+    return 0;
+}
+
+/* Resolves host:port once, at startup (getaddrinfo blocks, but the loop is
+ * not running yet). The first address wins. */
+static int server_resolve(struct mc_server *s, const struct fp_server_addr *a)
+{
+    struct addrinfo hints, *res = NULL;
+    char port[8];
+    int rc;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    snprintf(port, sizeof(port), "%u", (unsigned)a->port);
+    rc = getaddrinfo(a->host, port, &hints, &res);
+    if (rc != 0 || res == NULL) {
+        fp_log(FP_LOG_ERROR, "memcached %s: cannot resolve: %s", s->name,
+               rc != 0 ? gai_strerror(rc) : "no address");
+        if (res != NULL)
+            freeaddrinfo(res);
+        return -1;
+    }
+    if (res->ai_addrlen > sizeof(s->addr)) {
+        freeaddrinfo(res);
+        return -1;
+    }
+    memcpy(&s->addr, res->ai_addr, res->ai_addrlen);
+    s->addrlen = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+struct fp_mc *fp_mc_create(struct event_base *base, const struct fp_settings *st)
+{
+    struct fp_mc *mc;
+    struct mc_server *s;
+    size_t i;
+
+    if (st->nmc_servers == 0 || st->nmc_servers > FP_MAX_SERVERS) {
+        fp_log(FP_LOG_ERROR, "memcached: no servers configured");
+        return NULL;
+    }
+    mc = calloc(1, sizeof(*mc));
+    if (mc == NULL)
+        return NULL;
+    mc->base = base;
+    TAILQ_INIT(&mc->failq);
+    mc->timeout_tv.tv_sec = st->cache_timeout_ms / 1000;
+    mc->timeout_tv.tv_usec = (st->cache_timeout_ms % 1000) * 1000;
+    /* All requests share one timeout: libevent keeps them in a queue. */
+    mc->timeout = event_base_init_common_timeout(base, &mc->timeout_tv);
+    if (mc->timeout == NULL)
+        mc->timeout = &mc->timeout_tv;
+
+    mc->memc = memcached_create(NULL);
+    if (mc->memc == NULL)
+        goto fail;
+    /* The order of the servers matters: it must be the app's order. */
+    for (i = 0; i < st->nmc_servers; i++) {
+        const struct fp_server_addr *a = &st->mc_servers[i];
+        if (a->host == NULL ||
+            memcached_server_add(mc->memc, a->host, a->port) !=
+                MEMCACHED_SUCCESS) {
+            fp_log(FP_LOG_ERROR, "memcached: cannot add server %s:%u",
+                   a->host ? a->host : "(null)", (unsigned)a->port);
+            goto fail;
+        }
+    }
+    if (memcached_behavior_set(mc->memc, MEMCACHED_BEHAVIOR_KETAMA, 1) !=
+        MEMCACHED_SUCCESS) {
+        fp_log(FP_LOG_ERROR, "memcached: cannot enable ketama");
+        goto fail;
+    }
+
+    mc->servers = calloc(st->nmc_servers, sizeof(*mc->servers));
+    if (mc->servers == NULL)
+        goto fail;
+    mc->nservers = st->nmc_servers;
+    for (i = 0; i < mc->nservers; i++) {
+        s = &mc->servers[i];
+        s->mc = mc;
+        s->state = MC_DOWN;
+        TAILQ_INIT(&s->pending);
+        snprintf(s->name, sizeof(s->name), "%s:%u", st->mc_servers[i].host,
+                 (unsigned)st->mc_servers[i].port);
+        s->retry = evtimer_new(base, server_retry_cb, s);
+        if (s->retry == NULL || server_resolve(s, &st->mc_servers[i]) != 0)
+            goto fail;
+    }
+    /* Start connecting now (non-blocking) so the first poll finds a
+     * connection; a failure just arms the retry timer. */
+    for (i = 0; i < mc->nservers; i++)
+        server_connect(&mc->servers[i]);
+    return mc;
+
+fail:
+    fp_mc_free(mc);
+    return NULL;
+}
+
+void fp_mc_free(struct fp_mc *mc)
+{
+    struct mc_req *r;
+    size_t i;
+
+    if (mc == NULL)
+        return;
+    mc->closing = 1;
+    for (i = 0; i < mc->nservers; i++) {
+        struct mc_server *s = &mc->servers[i];
+        if (s->bev != NULL || !TAILQ_EMPTY(&s->pending))
+            server_reset(s, NULL, NULL, FP_CACHE_ERROR);
+        if (s->retry != NULL)
+            event_free(s->retry);
+    }
+    while ((r = TAILQ_FIRST(&mc->failq)) != NULL) {
+        TAILQ_REMOVE(&mc->failq, r, link);
+        req_finish(r, FP_CACHE_ERROR, NULL, 0);
+    }
+    free(mc->servers);
+    if (mc->memc != NULL)
+        memcached_free(mc->memc);
+    free(mc);
 }
