@@ -11,9 +11,7 @@ from collections.abc import Iterable
 MAX_KEY_LENGTH = 250
 
 _HEX = b"0123456789abcdefABCDEF"
-_SAFE_VALUE = frozenset(
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~"
-)
+_SAFE_VALUE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 _SAFE_PATH = _SAFE_VALUE | {ord("/")}
 
 

@@ -1,0 +1,208 @@
+"""The ASGI application (Starlette): poll fallback and the messages API.
+
+Handlers are async only to read bodies; every SQLite/cache call goes through
+run_in_threadpool so the event loop never blocks on them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from urllib.parse import parse_qsl
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from . import config
+from .cache import make_cache
+from .config import Settings
+from .service import FastPoll
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+MOUNT = b"/Poll"
+MAX_TEXT_CHARS = 2000
+MAX_USER_ID = 2**63 - 1
+# The app's publish must reach the cache even when the poll server's read
+# timeout is tight: a failed publish leaves a possibly stale answer behind
+# until the repair thread rewrites it.
+MIN_PUBLISH_TIMEOUT_MS = 1000
+
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+def _error(status: int, message: str) -> HTTPException:
+    return HTTPException(status_code=status, detail=message)
+
+
+def _user_id_from_query(query: bytes) -> int:
+    """The single user_id of a poll; same splitting rules as the key scheme."""
+    pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True, encoding="latin-1")
+    values = [v for n, v in pairs if n == "user_id"]
+    if len(values) != 1:
+        raise _error(400, "user_id must be given exactly once")
+    return _check_user_id_text(values[0])
+
+
+def _check_user_id_text(v: str) -> int:
+    if not _DIGITS.fullmatch(v) or int(v) > MAX_USER_ID:
+        raise _error(400, "user_id must be a non-negative integer")
+    return int(v)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, at most `limit` bytes (413 beyond, checked twice)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise _error(400, "invalid Content-Length")
+        if int(declared) > limit:
+            raise _error(413, f"body larger than {limit} bytes")
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > limit:
+            raise _error(413, f"body larger than {limit} bytes")
+    return bytes(buf)
+
+
+def _json_object(body: bytes) -> dict[str, object]:
+    try:
+        doc = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise _error(400, "body must be a JSON object (UTF-8)") from None
+    if not isinstance(doc, dict):
+        raise _error(400, "body must be a JSON object")
+    return doc
+
+
+def _fields(doc: dict[str, object], required: tuple[str, ...]) -> None:
+    unknown = sorted(set(doc) - set(required))
+    if unknown:
+        raise _error(400, f"unknown field '{unknown[0]}'")
+    for name in required:
+        if name not in doc:
+            raise _error(400, f"missing field '{name}'")
+
+
+def _json_user_id(doc: dict[str, object]) -> int:
+    v = doc["user_id"]
+    # bool is an int subclass: true must not become user 1.
+    if type(v) is not int or not 0 <= v <= MAX_USER_ID:
+        raise _error(400, "user_id must be a non-negative integer")
+    return v
+
+
+def _json_text(doc: dict[str, object]) -> str:
+    v = doc["text"]
+    if not isinstance(v, str):
+        raise _error(400, "text must be a string")
+    if not v.strip():
+        raise _error(400, "text must not be empty")
+    if len(v) > MAX_TEXT_CHARS:
+        raise _error(400, f"text longer than {MAX_TEXT_CHARS} characters")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _error(400, "text is not valid Unicode (lone surrogate)") from None
+    return v
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    """Build the app; without settings, read the file named by $FASTPOLL_CONFIG."""
+    if settings is None:
+        settings = config.load()
+    store = Store(settings.app.database)
+    timeout = settings.cache.timeout_ms
+    fp = FastPoll(
+        settings,
+        store,
+        fill_cache=make_cache(settings),
+        publish_cache=make_cache(settings, max(timeout, MIN_PUBLISH_TIMEOUT_MS)),
+    )
+    limit = settings.app.max_body_size
+    content_type = settings.cache.content_type
+
+    async def poll(request: Request) -> Response:
+        scope = request.scope
+        query: bytes = scope.get("query_string", b"")
+        user_id = _user_id_from_query(query)
+        headers = {"X-Poll-Source": "app", "Content-Type": content_type}
+        if request.method == "POST":
+            body = await _read_body(request, limit)
+            headers["X-Request-Body-Length"] = str(len(body))
+            headers["X-Request-Body-SHA256"] = hashlib.sha256(body).hexdigest()
+        # The key comes from the raw target, as the poll server sees it after
+        # nginx strips /Poll; without a raw path we answer but do not fill.
+        key = None
+        raw_path: bytes | None = scope.get("raw_path")
+        if raw_path is not None and raw_path.startswith(MOUNT + b"/"):
+            target = raw_path[len(MOUNT) :] + (b"?" + query if query else b"")
+            key = fp.derive(target)
+        answer = await run_in_threadpool(fp.poll, user_id, key)
+        if request.method == "HEAD":
+            headers["Content-Length"] = str(len(answer))
+            return Response(b"", headers=headers)
+        return Response(answer, headers=headers)
+
+    async def post_message(request: Request) -> Response:
+        doc = _json_object(await _read_body(request, limit))
+        _fields(doc, ("user_id", "text"))
+        user_id, text = _json_user_id(doc), _json_text(doc)
+        msg, written = await run_in_threadpool(fp.publish, user_id, text)
+        return JSONResponse(
+            msg.as_json(),
+            status_code=201,
+            headers={"X-Cache-Publish": "ok" if written else "pending"},
+        )
+
+    async def mark_read(request: Request) -> Response:
+        doc = _json_object(await _read_body(request, limit))
+        _fields(doc, ("user_id",))
+        user_id = _json_user_id(doc)
+        count, written = await run_in_threadpool(fp.mark_read, user_id)
+        return JSONResponse(
+            {"user_id": user_id, "marked_read": count},
+            headers={"X-Cache-Publish": "ok" if written else "pending"},
+        )
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.error("unhandled error on %s %s: %r", request.method, request.url.path, exc)
+        return JSONResponse({"error": "internal error"}, status_code=500)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        fp.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(fp.close)
+
+    app = Starlette(
+        routes=[
+            Route("/Poll/getMessages", poll, methods=["GET", "HEAD", "POST"]),
+            Route("/api/messages", post_message, methods=["POST"]),
+            Route("/api/messages/read", mark_read, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET", "HEAD"]),
+        ],
+        exception_handlers={HTTPException: http_error, 500: server_error},
+        lifespan=lifespan,
+    )
+    app.state.fastpoll = fp
+    return app

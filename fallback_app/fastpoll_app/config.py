@@ -1,0 +1,293 @@
+"""Read the app's settings from the shared INI file (docs/configuration.md).
+
+The file is also read by the poll server with libinih, so the reader follows
+the dialect both understand: `[section]`, `key = value` (or `key: value`),
+whole-line comments starting with `;` or `#`, inline comments that start with
+`;` or `#` after whitespace. A small line reader is used instead of
+configparser's because errors must name the line, and `[memcached] servers`
+may be repeated to append (configparser can do neither).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONFIG_ENV = "FASTPOLL_CONFIG"
+
+# memcached reads an exptime above 30 days as a Unix timestamp.
+MAX_TTL = 30 * 24 * 3600
+MAX_PREFIX = 64
+
+_IGNORED_SECTIONS = frozenset({"server", "log"})
+_PARAM_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_HOST_RE = re.compile(r"[A-Za-z0-9.-]+")
+_SPLIT_RE = re.compile(r"[\s,]+")
+_INLINE_COMMENT_RE = re.compile(r"\s[;#]")
+
+
+class ConfigError(ValueError):
+    """A bad config file; the message names the file, line and key."""
+
+
+@dataclass(frozen=True)
+class KeySettings:
+    prefix: bytes = b"/Poll"
+    params: tuple[bytes, ...] = (b"user_id",)
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    backend: str = "memcached"
+    timeout_ms: int = 100
+    content_type: str = "application/json"
+    ttl: int = 300
+
+
+@dataclass(frozen=True)
+class MemcachedSettings:
+    servers: tuple[str, ...] = ("127.0.0.1:11211",)
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    server: str = "127.0.0.1:6379"
+    password_file: str | None = None
+    db: int = 0
+
+    @property
+    def unix_path(self) -> str | None:
+        return self.server[5:] if self.server.startswith("unix:") else None
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.server.rpartition(":")
+        return host, int(port)
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    database: str = "fastpoll.db"
+    max_body_size: int = 65536
+
+
+@dataclass(frozen=True)
+class Settings:
+    keys: KeySettings = field(default_factory=KeySettings)
+    cache: CacheSettings = field(default_factory=CacheSettings)
+    memcached: MemcachedSettings = field(default_factory=MemcachedSettings)
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    app: AppSettings = field(default_factory=AppSettings)
+    source: str = "(defaults)"
+
+
+@dataclass
+class _Entry:
+    value: str
+    line: int
+
+
+class _Reader:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def error(self, line: int, msg: str) -> ConfigError:
+        return ConfigError(f"{self.source}:{line}: {msg}")
+
+
+# Per section: key -> may it be repeated (values appended).
+_KNOWN: dict[str, dict[str, bool]] = {
+    "keys": {"prefix": False, "params": False},
+    "cache": {"backend": False, "timeout_ms": False, "content_type": False, "ttl": False},
+    "memcached": {"servers": True},
+    "redis": {"server": False, "password_file": False, "db": False},
+    "app": {"database": False, "max_body_size": False},
+}
+
+
+def _strip_comment(text: str) -> str:
+    m = _INLINE_COMMENT_RE.search(text)
+    return (text[: m.start()] if m else text).strip()
+
+
+def _parse_lines(text: str, rd: _Reader) -> dict[str, dict[str, list[_Entry]]]:
+    """Split the file into {section: {key: [entries]}} for the sections we read."""
+    out: dict[str, dict[str, list[_Entry]]] = {}
+    section: str | None = None
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line[0] in ";#":
+            continue
+        if line.startswith("["):
+            end = line.find("]")
+            if end < 0 or _strip_comment(line[end + 1 :]):
+                raise rd.error(lineno, f"malformed section header {line!r}")
+            section = line[1:end].strip()
+            if section not in _KNOWN and section not in _IGNORED_SECTIONS:
+                raise rd.error(lineno, f"unknown section [{section}]")
+            continue
+        if section is None:
+            raise rd.error(lineno, "key outside of any [section]")
+        if section in _IGNORED_SECTIONS:
+            continue
+        m = re.match(r"([^=:]+?)\s*[=:](.*)", line)
+        if not m:
+            raise rd.error(lineno, f"expected 'key = value', got {line!r}")
+        key, value = m.group(1).strip(), _strip_comment(m.group(2).lstrip())
+        known = _KNOWN[section]
+        if key not in known:
+            raise rd.error(lineno, f"unknown key '{key}' in [{section}]")
+        entries = out.setdefault(section, {}).setdefault(key, [])
+        if entries and not known[key]:
+            first = entries[0].line
+            raise rd.error(lineno, f"[{section}] {key} given twice (first at line {first})")
+        entries.append(_Entry(value, lineno))
+    return out
+
+
+def _int(e: _Entry, rd: _Reader, name: str, lo: int, hi: int) -> int:
+    if not re.fullmatch(r"[0-9]+", e.value) or not lo <= int(e.value) <= hi:
+        raise rd.error(e.line, f"{name} must be an integer from {lo} to {hi}, got {e.value!r}")
+    return int(e.value)
+
+
+def _host_port(spec: str) -> bool:
+    host, sep, port = spec.rpartition(":")
+    return (
+        bool(sep)
+        and bool(_HOST_RE.fullmatch(host))
+        and port.isdigit()
+        and port.isascii()
+        and 1 <= int(port) <= 65535
+    )
+
+
+def _keys(sec: dict[str, list[_Entry]], rd: _Reader) -> KeySettings:
+    d = KeySettings()
+    prefix, params = d.prefix, d.params
+    if e := _one(sec, "prefix"):
+        raw = e.value.encode("utf-8")
+        if len(raw) > MAX_PREFIX or any(not 0x21 <= c <= 0x7E for c in raw):
+            raise rd.error(e.line, "[keys] prefix must be 0-64 printable ASCII bytes, no spaces")
+        prefix = raw
+    if e := _one(sec, "params"):
+        names = [n for n in _SPLIT_RE.split(e.value) if n]
+        for n in names:
+            if not _PARAM_RE.fullmatch(n):
+                raise rd.error(e.line, f"[keys] params: bad parameter name {n!r}")
+        # The app's answers are per user: a key without user_id would be
+        # shared by every user and the app would fill it with one user's answer.
+        if "user_id" not in names:
+            raise rd.error(e.line, "[keys] params must include user_id (answers are per user)")
+        params = tuple(sorted({n.encode() for n in names}))
+    return KeySettings(prefix=prefix, params=params)
+
+
+def _cache(sec: dict[str, list[_Entry]], rd: _Reader) -> CacheSettings:
+    d = CacheSettings()
+    backend, timeout_ms, content_type, ttl = d.backend, d.timeout_ms, d.content_type, d.ttl
+    if e := _one(sec, "backend"):
+        if e.value not in ("memcached", "redis"):
+            raise rd.error(e.line, f"[cache] backend must be memcached or redis, got {e.value!r}")
+        backend = e.value
+    if e := _one(sec, "timeout_ms"):
+        timeout_ms = _int(e, rd, "[cache] timeout_ms", 1, 60000)
+    if e := _one(sec, "content_type"):
+        if not e.value or any(not 0x20 <= ord(c) <= 0x7E for c in e.value):
+            raise rd.error(e.line, "[cache] content_type must be non-empty printable ASCII")
+        content_type = e.value
+    if e := _one(sec, "ttl"):
+        ttl = _int(e, rd, "[cache] ttl", 0, MAX_TTL)
+    return CacheSettings(backend, timeout_ms, content_type, ttl)
+
+
+def _memcached(sec: dict[str, list[_Entry]], rd: _Reader) -> MemcachedSettings:
+    entries = sec.get("servers")
+    if not entries:
+        return MemcachedSettings()
+    servers: list[str] = []
+    for e in entries:
+        for spec in (s for s in _SPLIT_RE.split(e.value) if s):
+            if not _host_port(spec):
+                raise rd.error(e.line, f"[memcached] servers: expected host:port, got {spec!r}")
+            servers.append(spec)
+    if not servers:
+        raise rd.error(entries[0].line, "[memcached] servers is empty")
+    return MemcachedSettings(servers=tuple(servers))
+
+
+def _redis(sec: dict[str, list[_Entry]], rd: _Reader) -> RedisSettings:
+    d = RedisSettings()
+    server, password_file, db = d.server, d.password_file, d.db
+    if e := _one(sec, "server"):
+        if e.value.startswith("unix:"):
+            if not e.value[5:].startswith("/"):
+                raise rd.error(e.line, "[redis] server: unix: needs an absolute path")
+        elif not _host_port(e.value):
+            msg = f"[redis] server: expected host:port or unix:/path, got {e.value!r}"
+            raise rd.error(e.line, msg)
+        server = e.value
+    if (e := _one(sec, "password_file")) and e.value:
+        try:
+            Path(e.value).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            msg = f"[redis] password_file: cannot read {e.value!r}: {exc}"
+            raise rd.error(e.line, msg) from None
+        password_file = e.value
+    if e := _one(sec, "db"):
+        db = _int(e, rd, "[redis] db", 0, 65535)
+    return RedisSettings(server, password_file, db)
+
+
+def _app(sec: dict[str, list[_Entry]], rd: _Reader) -> AppSettings:
+    d = AppSettings()
+    database, max_body_size = d.database, d.max_body_size
+    if e := _one(sec, "database"):
+        if not e.value:
+            raise rd.error(e.line, "[app] database must not be empty")
+        database = e.value
+    if e := _one(sec, "max_body_size"):
+        max_body_size = _int(e, rd, "[app] max_body_size", 1, 64 * 1024 * 1024)
+    return AppSettings(database, max_body_size)
+
+
+def _one(sec: dict[str, list[_Entry]], key: str) -> _Entry | None:
+    entries = sec.get(key)
+    return entries[-1] if entries else None
+
+
+def parse(text: str, source: str = "<string>") -> Settings:
+    """Parse config text; raise ConfigError naming line and key on any problem."""
+    rd = _Reader(source)
+    secs = _parse_lines(text, rd)
+    return Settings(
+        keys=_keys(secs.get("keys", {}), rd),
+        cache=_cache(secs.get("cache", {}), rd),
+        memcached=_memcached(secs.get("memcached", {}), rd),
+        redis=_redis(secs.get("redis", {}), rd),
+        app=_app(secs.get("app", {}), rd),
+        source=source,
+    )
+
+
+def load(path: str | os.PathLike[str] | None = None) -> Settings:
+    """Load the file at `path`, else $FASTPOLL_CONFIG; no file at all means defaults."""
+    if path is None:
+        path = os.environ.get(CONFIG_ENV) or None
+    if path is None:
+        return Settings()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    return parse(text, str(path))
+
+
+def read_password(settings: RedisSettings) -> str | None:
+    """First line of [redis] password_file, or None."""
+    if not settings.password_file:
+        return None
+    lines = Path(settings.password_file).read_text(encoding="utf-8").splitlines()
+    return lines[0] if lines else ""
