@@ -66,7 +66,9 @@ class Server:
 
 
 def _need(binary: str) -> str:
-    path = shutil.which(binary) or (f"/usr/bin/{binary}" if os.path.exists(f"/usr/bin/{binary}") else None)
+    path = shutil.which(binary) or (
+        f"/usr/bin/{binary}" if os.path.exists(f"/usr/bin/{binary}") else None
+    )
     if path is None:
         pytest.skip(f"{binary} not installed")
     return path
@@ -82,15 +84,7 @@ def start_memcached() -> Server:
     return srv
 
 
-@pytest.fixture
-def memcached() -> Iterator[Server]:
-    srv = start_memcached()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[Server]:
+def start_redis(workdir: Path) -> Server:
     port = free_port()
     srv = Server(
         [
@@ -99,13 +93,46 @@ def redis_server(tmp_path: Path) -> Iterator[Server]:
             "--port", str(port),
             "--save", "",
             "--appendonly", "no",
-            "--dir", str(tmp_path),
+            "--dir", str(workdir),
         ],
         port,
     )  # fmt: skip
     srv.start()
+    return srv
+
+
+@pytest.fixture(scope="session")
+def memcached_session() -> Iterator[Server]:
+    srv = start_memcached()
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_redis(tmp_path_factory.mktemp("redis"))
+    yield srv
+    srv.stop()
+
+
+def _flush(srv: Server, command: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+        s.sendall(command)
+        s.recv(100)
+
+
+@pytest.fixture
+def memcached(memcached_session: Server) -> Server:
+    """The session's memcached, emptied."""
+    _flush(memcached_session, b"flush_all\r\n")
+    return memcached_session
+
+
+@pytest.fixture
+def redis_server(redis_session: Server) -> Server:
+    """The session's redis-server, emptied."""
+    _flush(redis_session, b"FLUSHALL\r\n")
+    return redis_session
 
 
 def make_settings(tmp_path: Path, text: str) -> config.Settings:

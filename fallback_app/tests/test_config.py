@@ -1,0 +1,137 @@
+"""The INI reader: defaults, values, and errors that name key and line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fastpoll_app import config
+from fastpoll_app.config import ConfigError, parse
+
+
+def test_defaults() -> None:
+    s = parse("")
+    assert s.keys.prefix == b"/Poll"
+    assert s.keys.params == (b"user_id",)
+    assert s.cache.backend == "memcached"
+    assert s.cache.timeout_ms == 100
+    assert s.cache.content_type == "application/json"
+    assert s.cache.ttl == 300
+    assert s.memcached.servers == ("127.0.0.1:11211",)
+    assert s.redis.server == "127.0.0.1:6379"
+    assert s.redis.password_file is None
+    assert s.redis.db == 0
+    assert s.app.database == "fastpoll.db"
+    assert s.app.max_body_size == 65536
+
+
+def test_full_file_with_comments_and_foreign_sections() -> None:
+    s = parse(
+        """
+; whole-line comment
+# another
+[server]
+listen = 0.0.0.0      ; poll server only: ignored here
+whatever = 1
+[log]
+level = debug
+[keys]
+prefix = fp:          ; inline comment
+params = user_id, channel
+[cache]
+backend = redis       # hash comment
+timeout_ms = 250
+content_type = application/json; charset=utf-8
+ttl = 0
+[memcached]
+servers = 10.0.0.1:11211 10.0.0.2:11212
+servers = 10.0.0.3:11213
+[redis]
+server = unix:/run/redis.sock
+db = 3
+[app]
+database = /var/lib/fastpoll/db.sqlite
+max_body_size = 1024
+"""
+    )
+    assert s.keys.prefix == b"fp:"
+    assert s.keys.params == (b"channel", b"user_id")
+    assert s.cache.backend == "redis"
+    assert s.cache.timeout_ms == 250
+    assert s.cache.content_type == "application/json; charset=utf-8"
+    assert s.cache.ttl == 0
+    assert s.memcached.servers == ("10.0.0.1:11211", "10.0.0.2:11212", "10.0.0.3:11213")
+    assert s.redis.unix_path == "/run/redis.sock"
+    assert s.redis.db == 3
+    assert s.app.database == "/var/lib/fastpoll/db.sqlite"
+    assert s.app.max_body_size == 1024
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("[cache]\nbakend = redis\n", 2, "unknown key 'bakend'"),
+        ("\n[keys]\nprefix = /P\nparam = x\n", 4, "unknown key 'param'"),
+        ("[memcache]\nservers = a:1\n", 1, "unknown section [memcache]"),
+        ("prefix = /P\n", 1, "outside of any [section]"),
+        ("[keys\n", 1, "malformed section"),
+        ("[keys]\njunk\n", 2, "expected 'key = value'"),
+        ("[cache]\nbackend = mysql\n", 2, "backend"),
+        ("[cache]\nttl = -1\n", 2, "ttl"),
+        ("[cache]\nttl = 2592001\n", 2, "ttl"),
+        ("[cache]\ntimeout_ms = 0\n", 2, "timeout_ms"),
+        ("[cache]\ntimeout_ms = 10ms\n", 2, "timeout_ms"),
+        ("[cache]\nttl = 1\nttl = 2\n", 3, "given twice (first at line 2)"),
+        ("[keys]\nprefix = /Poll/\xe9\n", 2, "prefix"),
+        ("[keys]\nprefix = " + "x" * 65 + "\n", 2, "prefix"),
+        ("[keys]\nparams = user_id bad/name\n", 2, "bad parameter name"),
+        ("[keys]\nparams = channel\n", 2, "must include user_id"),
+        ("[memcached]\nservers = localhost\n", 2, "host:port"),
+        ("[memcached]\nservers = host:0\n", 2, "host:port"),
+        ("[memcached]\nservers = host:99999\n", 2, "host:port"),
+        ("[memcached]\nservers =\n", 2, "servers is empty"),
+        ("[redis]\nserver = unix:relative.sock\n", 2, "absolute path"),
+        ("[redis]\nserver = nohost\n", 2, "host:port"),
+        ("[redis]\npassword_file = /nonexistent/pw\n", 2, "password_file"),
+        ("[redis]\ndb = x\n", 2, "db"),
+        ("[app]\nmax_body_size = 0\n", 2, "max_body_size"),
+        ("[app]\ndatabase =\n", 2, "database"),
+    ],
+)
+def test_errors_name_line_and_key(text: str, line: int, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(text, "x.ini")
+    msg = str(info.value)
+    assert msg.startswith(f"x.ini:{line}: "), msg
+    assert words in msg, msg
+
+
+def test_password_file(tmp_path: Path) -> None:
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\nignored\n")
+    s = parse(f"[redis]\npassword_file = {pw}\n")
+    assert config.read_password(s.redis) == "s3cret"
+
+
+def test_load_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "fastpoll.ini"
+    f.write_text("[cache]\nttl = 7\n")
+    monkeypatch.setenv(config.CONFIG_ENV, str(f))
+    assert config.load().cache.ttl == 7
+    monkeypatch.delenv(config.CONFIG_ENV)
+    assert config.load().cache.ttl == 300
+
+
+def test_load_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        config.load(tmp_path / "nope.ini")
+
+
+def test_example_config_parses() -> None:
+    from .conftest import REPO_ROOT
+
+    example = REPO_ROOT / "etc" / "fastpoll.ini.example"
+    if not example.exists():
+        pytest.skip("etc/fastpoll.ini.example not written yet")
+    config.load(example)
