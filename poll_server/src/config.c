@@ -1,0 +1,956 @@
+/* config.c -- settings from defaults, fastpoll.ini and flags.
+ *
+ * One table names every key the poll server knows: its section, name and
+ * parser (Redis's config.c style). The INI handler, the command-line flags
+ * and the tests all go through fp_config_set(), so a value is checked the
+ * same way wherever it comes from.
+ *
+ * The file dialect is the one the Python app reads too (docs/configuration.md):
+ * `[section]`, `key = value`, comments starting with ';' or '#' at the start
+ * of a line or after whitespace, no continuation lines, names case-sensitive.
+ * Debian's libinih reads at most 200 bytes per line (INI_MAX_LINE, a compile
+ * time constant there): a longer line is an error naming the line, and a
+ * long memcached server list is written as several `servers =` lines, which
+ * append. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ini.h>
+
+#include "config.h"
+#include "log.h"
+
+#define PASSWORD_MAX 1024
+#define HOST_MAX     253
+#define UNIX_PATH_MAX_ 107 /* sizeof(sun_path) - 1 */
+
+/* ---- small helpers ---------------------------------------------------- */
+
+static void fmt(char *buf, size_t len, const char *f, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void fmt(char *buf, size_t len, const char *f, ...)
+{
+    va_list ap;
+
+    if (buf == NULL || len == 0)
+        return;
+    va_start(ap, f);
+    if (vsnprintf(buf, len, f, ap) < 0)
+        buf[0] = '\0';
+    va_end(ap);
+}
+
+/* Quotes a value for an error message: bounded, non-printables escaped. */
+static void quote(char *out, size_t outlen, const char *v)
+{
+    size_t o = 0, i;
+
+    if (outlen < 8) {
+        if (outlen > 0)
+            out[0] = '\0';
+        return;
+    }
+    out[o++] = '"';
+    for (i = 0; v[i] != '\0' && o + 6 < outlen; i++) {
+        unsigned char c = (unsigned char)v[i];
+        if (c < 0x20 || c >= 0x7F || c == '"' || c == '\\') {
+            if (o + 4 >= outlen - 2)
+                break;
+            o += (size_t)snprintf(out + o, outlen - o, "\\x%02X", c);
+        } else {
+            out[o++] = (char)c;
+        }
+    }
+    if (v[i] != '\0') {
+        out[o++] = '.';
+        out[o++] = '.';
+        out[o++] = '.';
+    }
+    out[o++] = '"';
+    out[o] = '\0';
+}
+
+static char *dupn(const char *s, size_t n)
+{
+    char *p = malloc(n + 1);
+
+    if (p != NULL) {
+        memcpy(p, s, n);
+        p[n] = '\0';
+    }
+    return p;
+}
+
+/* Strict unsigned decimal: digits only, within [min, max]. */
+static int parse_ull(const char *v, unsigned long long min,
+                     unsigned long long max, unsigned long long *out)
+{
+    unsigned long long n = 0;
+
+    if (*v == '\0' || strlen(v) > 20)
+        return -1;
+    for (const char *p = v; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return -1;
+        if (n > (ULLONG_MAX - (unsigned)(*p - '0')) / 10)
+            return -1;
+        n = n * 10 + (unsigned)(*p - '0');
+    }
+    if (n < min || n > max)
+        return -1;
+    *out = n;
+    return 0;
+}
+
+static int is_host_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '.' || c == '-';
+}
+
+static int valid_host(const char *h, size_t n)
+{
+    if (n == 0 || n > HOST_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!is_host_char(h[i]))
+            return 0;
+    return 1;
+}
+
+/* "host:port" (n bytes) -> addr. The host is what the app spells the same
+ * way: [A-Za-z0-9.-]+ (names, IPv4). */
+static int parse_host_port(const char *v, size_t n, struct fp_server_addr *a,
+                           char *why, size_t whylen)
+{
+    const char *colon = NULL;
+    char port[8];
+    unsigned long long p;
+
+    for (size_t i = 0; i < n; i++)
+        if (v[i] == ':')
+            colon = v + i;
+    if (colon == NULL) {
+        fmt(why, whylen, "expected host:port");
+        return -1;
+    }
+    if (!valid_host(v, (size_t)(colon - v))) {
+        fmt(why, whylen, "bad host (expected [A-Za-z0-9.-], 1..%d bytes)",
+            HOST_MAX);
+        return -1;
+    }
+    if ((size_t)(v + n - colon - 1) >= sizeof(port)) {
+        fmt(why, whylen, "port not an integer in 1..65535");
+        return -1;
+    }
+    memcpy(port, colon + 1, (size_t)(v + n - colon - 1));
+    port[v + n - colon - 1] = '\0';
+    if (parse_ull(port, 1, 65535, &p) < 0) {
+        fmt(why, whylen, "port not an integer in 1..65535");
+        return -1;
+    }
+    a->host = dupn(v, (size_t)(colon - v));
+    if (a->host == NULL) {
+        fmt(why, whylen, "out of memory");
+        return -1;
+    }
+    a->port = (uint16_t)p;
+    a->unix_path = NULL;
+    return 0;
+}
+
+static void addr_free(struct fp_server_addr *a)
+{
+    free(a->host);
+    free(a->unix_path);
+    a->host = NULL;
+    a->unix_path = NULL;
+    a->port = 0;
+}
+
+static int replace_str(char **field, const char *v, char *why, size_t whylen)
+{
+    char *p = dupn(v, strlen(v));
+
+    if (p == NULL) {
+        fmt(why, whylen, "out of memory");
+        return -1;
+    }
+    free(*field);
+    *field = p;
+    return 0;
+}
+
+/* ---- the option table ------------------------------------------------- */
+
+struct option_def;
+typedef int parse_fn(struct fp_settings *s, const struct option_def *o,
+                     const char *v, char *why, size_t whylen);
+
+struct option_def {
+    const char *section;
+    const char *name;
+    parse_fn *parse;
+    size_t offset;              /* field, for the numeric parsers */
+    unsigned long long min, max;
+    bool repeat;                /* may appear more than once (appends) */
+};
+
+#define NO_FIELD SIZE_MAX
+
+static int set_uint(struct fp_settings *s, const struct option_def *o,
+                    const char *v, char *why, size_t whylen)
+{
+    unsigned long long n;
+
+    if (parse_ull(v, o->min, o->max, &n) < 0) {
+        fmt(why, whylen, "not an integer in %llu..%llu", o->min, o->max);
+        return -1;
+    }
+    if (o->offset != NO_FIELD)
+        *(unsigned *)(void *)((char *)s + o->offset) = (unsigned)n;
+    return 0;
+}
+
+static int set_size(struct fp_settings *s, const struct option_def *o,
+                    const char *v, char *why, size_t whylen)
+{
+    unsigned long long n;
+
+    if (parse_ull(v, o->min, o->max, &n) < 0) {
+        fmt(why, whylen, "not an integer in %llu..%llu", o->min, o->max);
+        return -1;
+    }
+    *(size_t *)(void *)((char *)s + o->offset) = (size_t)n;
+    return 0;
+}
+
+static int set_port(struct fp_settings *s, const struct option_def *o,
+                    const char *v, char *why, size_t whylen)
+{
+    unsigned long long n;
+
+    (void)o;
+    if (parse_ull(v, 1, 65535, &n) < 0) {
+        fmt(why, whylen, "not an integer in 1..65535");
+        return -1;
+    }
+    s->port = (uint16_t)n;
+    return 0;
+}
+
+static int set_db(struct fp_settings *s, const struct option_def *o,
+                  const char *v, char *why, size_t whylen)
+{
+    unsigned long long n;
+
+    if (parse_ull(v, o->min, o->max, &n) < 0) {
+        fmt(why, whylen, "not an integer in %llu..%llu", o->min, o->max);
+        return -1;
+    }
+    s->redis_db = (int)n;
+    return 0;
+}
+
+static int set_listen(struct fp_settings *s, const struct option_def *o,
+                      const char *v, char *why, size_t whylen)
+{
+    size_t n = strlen(v);
+
+    (void)o;
+    /* A name or IPv4 literal, or an IPv6 literal such as ::1. */
+    if (n == 0 || n > HOST_MAX) {
+        fmt(why, whylen, "not an address or host name");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!is_host_char(v[i]) && v[i] != ':') {
+            fmt(why, whylen, "not an address or host name");
+            return -1;
+        }
+    }
+    return replace_str(&s->listen, v, why, whylen);
+}
+
+static int set_prefix(struct fp_settings *s, const struct option_def *o,
+                      const char *v, char *why, size_t whylen)
+{
+    size_t n = strlen(v);
+
+    (void)o;
+    if (n > FP_MAX_PREFIX_LEN) {
+        fmt(why, whylen, "longer than %d bytes", FP_MAX_PREFIX_LEN);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if ((unsigned char)v[i] < 0x21 || (unsigned char)v[i] > 0x7E) {
+            fmt(why, whylen, "only printable ASCII without spaces (0x21-0x7E)");
+            return -1;
+        }
+    }
+    return replace_str(&s->key_prefix, v, why, whylen);
+}
+
+static int is_param_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int is_sep(char c)
+{
+    return c == ' ' || c == '\t' || c == ',';
+}
+
+/* Space- or comma-separated names, kept sorted bytewise and unique. */
+static int set_params(struct fp_settings *s, const struct option_def *o,
+                      const char *v, char *why, size_t whylen)
+{
+    char *names[FP_MAX_PARAMS];
+    size_t n = 0, i, out;
+    const char *p = v;
+    int rc = -1;
+
+    (void)o;
+    while (*p) {
+        const char *start;
+        size_t len;
+
+        while (is_sep(*p))
+            p++;
+        if (*p == '\0')
+            break;
+        start = p;
+        while (*p && !is_sep(*p))
+            p++;
+        len = (size_t)(p - start);
+        for (i = 0; i < len; i++)
+            if (!is_param_char(start[i]))
+                break;
+        if (i < len || len > FP_MAX_PARAM_LEN) {
+            char name[80];
+            char *tmp = dupn(start, len < 64 ? len : 64);
+            quote(name, sizeof(name), tmp ? tmp : "");
+            free(tmp);
+            fmt(why, whylen, "bad parameter name %s (expected [A-Za-z0-9_.-], "
+                "1..%d bytes)", name, FP_MAX_PARAM_LEN);
+            goto out;
+        }
+        if (n == FP_MAX_PARAMS) {
+            fmt(why, whylen, "more than %d parameters", FP_MAX_PARAMS);
+            goto out;
+        }
+        if ((names[n] = dupn(start, len)) == NULL) {
+            fmt(why, whylen, "out of memory");
+            goto out;
+        }
+        n++;
+    }
+    qsort(names, n, sizeof(names[0]), cmp_str);
+    for (i = 0, out = 0; i < n; i++) {
+        if (out > 0 && strcmp(names[out - 1], names[i]) == 0)
+            free(names[i]);
+        else
+            names[out++] = names[i];
+    }
+    n = out;
+    for (i = 0; i < s->nkey_params; i++)
+        free(s->key_params[i]);
+    memcpy(s->key_params, names, n * sizeof(names[0]));
+    s->nkey_params = n;
+    n = 0;
+    rc = 0;
+out:
+    for (i = 0; i < n; i++)
+        free(names[i]);
+    return rc;
+}
+
+static int set_backend(struct fp_settings *s, const struct option_def *o,
+                       const char *v, char *why, size_t whylen)
+{
+    (void)o;
+    if (strcmp(v, "memcached") == 0) {
+        s->backend = FP_BACKEND_MEMCACHED;
+    } else if (strcmp(v, "redis") == 0) {
+        s->backend = FP_BACKEND_REDIS;
+    } else {
+        fmt(why, whylen, "not memcached or redis");
+        return -1;
+    }
+    return 0;
+}
+
+static int set_content_type(struct fp_settings *s, const struct option_def *o,
+                            const char *v, char *why, size_t whylen)
+{
+    size_t n = strlen(v);
+
+    (void)o;
+    /* It goes into a response header: no CR/LF or other control bytes. */
+    if (n == 0 || n > 255) {
+        fmt(why, whylen, "must be 1..255 bytes");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if ((unsigned char)v[i] < 0x20 || (unsigned char)v[i] > 0x7E) {
+            fmt(why, whylen, "only printable ASCII (0x20-0x7E)");
+            return -1;
+        }
+    }
+    return replace_str(&s->content_type, v, why, whylen);
+}
+
+/* Appends host:port entries; the caller clears the list first when a
+ * new source (file or -s) starts. */
+static int append_servers(struct fp_settings *s, const char *v, char *why,
+                          size_t whylen)
+{
+    const char *p = v;
+    size_t added = 0;
+
+    while (*p) {
+        const char *start;
+        size_t len;
+        char ewhy[160], item[96];
+
+        while (is_sep(*p))
+            p++;
+        if (*p == '\0')
+            break;
+        start = p;
+        while (*p && !is_sep(*p))
+            p++;
+        len = (size_t)(p - start);
+        if (s->nmc_servers == FP_MAX_SERVERS) {
+            fmt(why, whylen, "more than %d servers", FP_MAX_SERVERS);
+            return -1;
+        }
+        if (parse_host_port(start, len, &s->mc_servers[s->nmc_servers], ewhy,
+                            sizeof(ewhy)) < 0) {
+            char *tmp = dupn(start, len < 80 ? len : 80);
+            quote(item, sizeof(item), tmp ? tmp : "");
+            free(tmp);
+            fmt(why, whylen, "%s: %s", item, ewhy);
+            return -1;
+        }
+        s->nmc_servers++;
+        added++;
+    }
+    if (added == 0) {
+        fmt(why, whylen, "no host:port given");
+        return -1;
+    }
+    return 0;
+}
+
+static void clear_servers(struct fp_settings *s)
+{
+    for (size_t i = 0; i < s->nmc_servers; i++)
+        addr_free(&s->mc_servers[i]);
+    s->nmc_servers = 0;
+}
+
+static int set_servers(struct fp_settings *s, const struct option_def *o,
+                       const char *v, char *why, size_t whylen)
+{
+    (void)o;
+    return append_servers(s, v, why, whylen);
+}
+
+static int set_redis_server(struct fp_settings *s, const struct option_def *o,
+                            const char *v, char *why, size_t whylen)
+{
+    struct fp_server_addr a = { NULL, 0, NULL };
+
+    (void)o;
+    if (strncmp(v, "unix:", 5) == 0) {
+        const char *path = v + 5;
+        if (path[0] != '/') {
+            fmt(why, whylen, "unix: needs an absolute path");
+            return -1;
+        }
+        if (strlen(path) > UNIX_PATH_MAX_) {
+            fmt(why, whylen, "unix socket path longer than %d bytes",
+                UNIX_PATH_MAX_);
+            return -1;
+        }
+        if ((a.unix_path = dupn(path, strlen(path))) == NULL) {
+            fmt(why, whylen, "out of memory");
+            return -1;
+        }
+    } else if (parse_host_port(v, strlen(v), &a, why, whylen) < 0) {
+        char inner[160];
+        fmt(inner, sizeof(inner), "%s", why);
+        fmt(why, whylen, "%s (expected host:port or unix:/path)", inner);
+        return -1;
+    }
+    addr_free(&s->redis);
+    s->redis = a;
+    return 0;
+}
+
+/* The password is the first line of the file, without its line end. */
+static int set_password_file(struct fp_settings *s, const struct option_def *o,
+                             const char *v, char *why, size_t whylen)
+{
+    char line[PASSWORD_MAX + 2];
+    FILE *f;
+    size_t n;
+    int rc = -1;
+
+    (void)o;
+    if (*v == '\0') { /* empty: no password */
+        free(s->redis_password);
+        s->redis_password = NULL;
+        return 0;
+    }
+    if ((f = fopen(v, "r")) == NULL) {
+        fmt(why, whylen, "cannot read: %s", strerror(errno));
+        return -1;
+    }
+    if (fgets(line, sizeof(line), f) == NULL) {
+        if (ferror(f))
+            fmt(why, whylen, "cannot read: %s", strerror(errno));
+        else
+            fmt(why, whylen, "file is empty");
+        goto out;
+    }
+    n = strlen(line);
+    if (n > 0 && line[n - 1] == '\n')
+        line[--n] = '\0';
+    else if (n > PASSWORD_MAX)
+        goto toolong;
+    if (n > 0 && line[n - 1] == '\r')
+        line[--n] = '\0';
+    if (n > PASSWORD_MAX)
+        goto toolong;
+    if (n == 0) {
+        fmt(why, whylen, "first line is empty");
+        goto out;
+    }
+    rc = replace_str(&s->redis_password, line, why, whylen);
+    goto out;
+toolong:
+    fmt(why, whylen, "first line longer than %d bytes", PASSWORD_MAX);
+out:
+    explicit_bzero(line, sizeof(line));
+    fclose(f);
+    return rc;
+}
+
+static const char *const level_names[] = { "debug", "info", "warn", "error" };
+
+const char *fp_config_level_name(int level)
+{
+    if (level < FP_LOG_DEBUG || level > FP_LOG_ERROR)
+        return "?";
+    return level_names[level];
+}
+
+static int set_level(struct fp_settings *s, const struct option_def *o,
+                     const char *v, char *why, size_t whylen)
+{
+    (void)o;
+    for (int i = FP_LOG_DEBUG; i <= FP_LOG_ERROR; i++) {
+        if (strcmp(v, level_names[i]) == 0) {
+            s->log_level = i;
+            return 0;
+        }
+    }
+    fmt(why, whylen, "not debug, info, warn or error");
+    return -1;
+}
+
+#define F(field) offsetof(struct fp_settings, field)
+
+/* Every key of the sections the poll server reads. [cache] ttl belongs to
+ * the app but lives in a shared section: checked the same way, not used. */
+static const struct option_def options[] = {
+    { "server", "listen", set_listen, 0, 0, 0, false },
+    { "server", "port", set_port, 0, 0, 0, false },
+    { "server", "max_header_size", set_size, F(max_header_size), 256, 1048576, false },
+    { "server", "max_body_size", set_size, F(max_body_size), 0, 67108864, false },
+    { "server", "request_timeout_ms", set_uint, F(request_timeout_ms), 1, 3600000, false },
+    { "server", "idle_timeout_ms", set_uint, F(idle_timeout_ms), 1, 3600000, false },
+    { "server", "shutdown_timeout_ms", set_uint, F(shutdown_timeout_ms), 0, 600000, false },
+    { "keys", "prefix", set_prefix, 0, 0, 0, false },
+    { "keys", "params", set_params, 0, 0, 0, false },
+    { "cache", "backend", set_backend, 0, 0, 0, false },
+    { "cache", "timeout_ms", set_uint, F(cache_timeout_ms), 1, 60000, false },
+    { "cache", "content_type", set_content_type, 0, 0, 0, false },
+    { "cache", "ttl", set_uint, NO_FIELD, 0, 2592000, false },
+    { "memcached", "servers", set_servers, 0, 0, 0, true },
+    { "redis", "server", set_redis_server, 0, 0, 0, false },
+    { "redis", "password_file", set_password_file, 0, 0, 0, false },
+    { "redis", "db", set_db, 0, 0, 65535, false },
+    { "log", "level", set_level, 0, 0, 0, false },
+};
+
+#define NOPTIONS (sizeof(options) / sizeof(options[0]))
+
+static const char *const sections[] = {
+    "server", "keys", "cache", "memcached", "redis", "log"
+};
+
+static int known_section(const char *section)
+{
+    for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++)
+        if (strcmp(section, sections[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static const struct option_def *find_option(const char *section,
+                                            const char *name)
+{
+    for (size_t i = 0; i < NOPTIONS; i++)
+        if (strcmp(options[i].section, section) == 0 &&
+            strcmp(options[i].name, name) == 0)
+            return &options[i];
+    return NULL;
+}
+
+/* ---- public: defaults, set, free -------------------------------------- */
+
+void fp_config_free(struct fp_settings *s)
+{
+    free(s->listen);
+    free(s->key_prefix);
+    for (size_t i = 0; i < s->nkey_params; i++)
+        free(s->key_params[i]);
+    free(s->content_type);
+    clear_servers(s);
+    addr_free(&s->redis);
+    if (s->redis_password != NULL) {
+        explicit_bzero(s->redis_password, strlen(s->redis_password));
+        free(s->redis_password);
+    }
+    memset(s, 0, sizeof(*s));
+}
+
+int fp_config_defaults(struct fp_settings *s, char *err, size_t errlen)
+{
+    static const struct { const char *section, *name, *value; } defs[] = {
+        { "server", "listen", "127.0.0.1" },
+        { "keys", "prefix", "/Poll" },
+        { "keys", "params", "user_id" },
+        { "cache", "content_type", "application/json" },
+        { "memcached", "servers", "127.0.0.1:11211" },
+        { "redis", "server", "127.0.0.1:6379" },
+    };
+
+    memset(s, 0, sizeof(*s));
+    s->port = 8101;
+    s->max_header_size = 8192;
+    s->max_body_size = 65536;
+    s->request_timeout_ms = 10000;
+    s->idle_timeout_ms = 60000;
+    s->shutdown_timeout_ms = 5000;
+    s->backend = FP_BACKEND_MEMCACHED;
+    s->cache_timeout_ms = 100;
+    s->redis_db = 0;
+    s->log_level = FP_LOG_INFO;
+    for (size_t i = 0; i < sizeof(defs) / sizeof(defs[0]); i++) {
+        if (fp_config_set(s, defs[i].section, defs[i].name, defs[i].value,
+                          err, errlen) < 0) {
+            fp_config_free(s);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int fp_config_set(struct fp_settings *s, const char *section, const char *key,
+                  const char *value, char *why, size_t whylen)
+{
+    const struct option_def *o = find_option(section, key);
+
+    if (o == NULL) {
+        fmt(why, whylen, "unknown key");
+        return -1;
+    }
+    return o->parse(s, o, value, why, whylen);
+}
+
+/* ---- the INI file ----------------------------------------------------- */
+
+struct ini_ctx {
+    struct fp_settings *s;
+    const char *name;
+    FILE *f;
+    int lineno;                 /* lines handed to libinih so far */
+    int err_line;               /* first error we found, 0 = none */
+    char *err;
+    size_t errlen;
+    int set_line[NOPTIONS];     /* where each key was first set */
+    bool servers_seen;
+};
+
+/* libinih's reader: fgets plus line counting, so that the handler knows the
+ * line (Debian builds inih without INI_HANDLER_LINENO) and an over-long
+ * line is an error instead of being split into two. */
+static char *fp_ini_reader(char *str, int num, void *stream)
+{
+    struct ini_ctx *c = stream;
+    size_t n;
+
+    if (c->err_line != 0)       /* stop at our first error */
+        return NULL;
+    if (fgets(str, num, c->f) == NULL)
+        return NULL;
+    c->lineno++;
+    n = strlen(str);
+    if (n == (size_t)num - 1 && str[n - 1] != '\n') {
+        int ch = fgetc(c->f);
+        if (ch == '\r') { /* a CRLF line end does not count */
+            ch = fgetc(c->f);
+            if (ch == EOF)
+                ch = '\n';
+        }
+        if (ch != EOF && ch != '\n') {
+            while (ch != EOF && ch != '\n')
+                ch = fgetc(c->f);
+            c->err_line = c->lineno;
+            fmt(c->err, c->errlen, "%s:%d: line longer than %d bytes (the "
+                "limit of Debian's libinih); split a long [memcached] "
+                "servers list over several \"servers =\" lines",
+                c->name, c->lineno, num - 1);
+            str[0] = '\0';
+        }
+    }
+    return str;
+}
+
+static int fp_ini_handler(void *user, const char *section, const char *name,
+                       const char *value)
+{
+    struct ini_ctx *c = user;
+    const struct option_def *o;
+    char why[256], q[128];
+    size_t idx;
+
+    if (c->err_line != 0)
+        return 0;
+    if (section[0] == '\0') {
+        fmt(c->err, c->errlen, "%s:%d: key \"%s\" outside of any [section]",
+            c->name, c->lineno, name);
+        goto fail;
+    }
+    if (!known_section(section))
+        return 1; /* [app] and other programs' sections */
+    o = find_option(section, name);
+    if (o == NULL) {
+        quote(q, sizeof(q), name);
+        fmt(c->err, c->errlen, "%s:%d: unknown key %s in [%s]", c->name,
+            c->lineno, q, section);
+        goto fail;
+    }
+    idx = (size_t)(o - options);
+    if (c->set_line[idx] != 0 && !o->repeat) {
+        fmt(c->err, c->errlen, "%s:%d: [%s] %s given twice (first on line %d)",
+            c->name, c->lineno, section, name, c->set_line[idx]);
+        goto fail;
+    }
+    if (c->set_line[idx] == 0)
+        c->set_line[idx] = c->lineno;
+    if (o->parse == set_servers && !c->servers_seen) {
+        clear_servers(c->s); /* the file's list replaces the default */
+        c->servers_seen = true;
+    }
+    if (o->parse(c->s, o, value, why, sizeof(why)) < 0) {
+        quote(q, sizeof(q), value);
+        fmt(c->err, c->errlen, "%s:%d: [%s] %s = %s: %s", c->name, c->lineno,
+            section, name, q, why);
+        goto fail;
+    }
+    return 1;
+fail:
+    c->err_line = c->lineno;
+    return 0;
+}
+
+int fp_config_load_stream(struct fp_settings *s, FILE *f, const char *name,
+                          char *err, size_t errlen)
+{
+    static char comment_prefixes[] = ";#";
+    struct ini_ctx c;
+    int r;
+
+    memset(&c, 0, sizeof(c));
+    c.s = s;
+    c.name = name;
+    c.f = f;
+    c.err = err;
+    c.errlen = errlen;
+
+    /* Debian's libinih exposes its options as variables: match the app's
+     * reader (inline ';' and '#' comments, no continuation lines). */
+    ini_allow_multiline = false;
+    ini_allow_inline_comments = true;
+    ini_inline_comment_prefixes = comment_prefixes;
+
+    r = ini_parse_stream(fp_ini_reader, &c, fp_ini_handler, &c);
+    if (c.err_line != 0 && (r <= 0 || r >= c.err_line))
+        return -1;
+    if (r > 0) {
+        fmt(err, errlen, "%s:%d: syntax error: expected \"key = value\", "
+            "\"[section]\" or a comment", name, r);
+        return -1;
+    }
+    if (r < 0 || ferror(f)) {
+        fmt(err, errlen, "%s: read error", name);
+        return -1;
+    }
+    return 0;
+}
+
+int fp_config_load_file(struct fp_settings *s, const char *path,
+                        char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    int rc;
+
+    if (f == NULL) {
+        fmt(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    rc = fp_config_load_stream(s, f, path, err, errlen);
+    fclose(f);
+    return rc;
+}
+
+/* ---- the command line ------------------------------------------------- */
+
+struct flag_def {
+    int ch;
+    const char *longname;
+    const char *section, *key;
+};
+
+static const struct flag_def flags[] = {
+    { 'l', "listen", "server", "listen" },
+    { 'p', "port", "server", "port" },
+    { 'b', "backend", "cache", "backend" },
+    { 's', "servers", "memcached", "servers" },
+    { 'r', "redis", "redis", "server" },
+    { 'L', "log-level", "log", "level" },
+};
+
+#define NFLAGS (sizeof(flags) / sizeof(flags[0]))
+
+void fp_config_usage(FILE *out, const char *prog)
+{
+    fprintf(out,
+        "usage: %s [-c FILE] [-t] [-l ADDR] [-p PORT] [-b memcached|redis]\n"
+        "       [-s \"host:port host:port\"] [-r host:port|unix:/path]\n"
+        "       [-L debug|info|warn|error] [-h] [-V]\n"
+        "  -c, --config FILE     read FILE (fastpoll.ini); without it, defaults\n"
+        "  -t, --test            check the configuration, print \"config OK\", exit\n"
+        "  -l, --listen ADDR     [server] listen\n"
+        "  -p, --port PORT       [server] port\n"
+        "  -b, --backend NAME    [cache] backend\n"
+        "  -s, --servers LIST    [memcached] servers (replaces the file's list)\n"
+        "  -r, --redis ADDR      [redis] server\n"
+        "  -L, --log-level LEVEL [log] level\n"
+        "  -h, --help            this text\n"
+        "  -V, --version         print the version\n"
+        "Flags override the file. See docs/configuration.md.\n", prog);
+}
+
+int fp_config_from_args(struct fp_settings *s, struct fp_cli *cli,
+                        int argc, char **argv, char *err, size_t errlen)
+{
+    static const struct option longopts[] = {
+        { "config", required_argument, NULL, 'c' },
+        { "test", no_argument, NULL, 't' },
+        { "listen", required_argument, NULL, 'l' },
+        { "port", required_argument, NULL, 'p' },
+        { "backend", required_argument, NULL, 'b' },
+        { "servers", required_argument, NULL, 's' },
+        { "redis", required_argument, NULL, 'r' },
+        { "log-level", required_argument, NULL, 'L' },
+        { "help", no_argument, NULL, 'h' },
+        { "version", no_argument, NULL, 'V' },
+        { NULL, 0, NULL, 0 },
+    };
+    /* Flags are applied after the file, in command-line order. */
+    struct { const struct flag_def *flag; const char *value; } over[64];
+    size_t nover = 0;
+    int ch;
+
+    memset(cli, 0, sizeof(*cli));
+    memset(s, 0, sizeof(*s));
+    opterr = 0;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, ":c:tl:p:b:s:r:L:hV", longopts,
+                             NULL)) != -1) {
+        size_t i;
+
+        switch (ch) {
+        case 'c': cli->config_path = optarg; continue;
+        case 't': cli->test_only = 1; continue;
+        case 'h': cli->help = 1; return 0;
+        case 'V': cli->version = 1; return 0;
+        case ':':
+            fmt(err, errlen, "option %s needs a value", argv[optind - 1]);
+            return -1;
+        case '?':
+            if (optopt)
+                fmt(err, errlen, "unknown option -%c (try -h)", optopt);
+            else
+                fmt(err, errlen, "unknown option %s (try -h)", argv[optind - 1]);
+            return -1;
+        default:
+            break;
+        }
+        for (i = 0; i < NFLAGS; i++)
+            if (flags[i].ch == ch)
+                break;
+        if (i == NFLAGS || nover == sizeof(over) / sizeof(over[0])) {
+            fmt(err, errlen, "too many options");
+            return -1;
+        }
+        over[nover].flag = &flags[i];
+        over[nover].value = optarg;
+        nover++;
+    }
+    if (optind < argc) {
+        fmt(err, errlen, "unexpected argument \"%s\" (try -h)", argv[optind]);
+        return -1;
+    }
+
+    if (fp_config_defaults(s, err, errlen) < 0)
+        return -1;
+    if (cli->config_path != NULL &&
+        fp_config_load_file(s, cli->config_path, err, errlen) < 0)
+        return -1;
+
+    for (size_t i = 0; i < nover; i++) {
+        const struct flag_def *fl = over[i].flag;
+        char why[256], q[128];
+
+        if (fl->ch == 's')
+            clear_servers(s); /* -s replaces the list */
+        if (fp_config_set(s, fl->section, fl->key, over[i].value, why,
+                          sizeof(why)) < 0) {
+            quote(q, sizeof(q), over[i].value);
+            fmt(err, errlen, "-%c/--%s %s: %s ([%s] %s)", fl->ch, fl->longname,
+                q, why, fl->section, fl->key);
+            return -1;
+        }
+    }
+    return 0;
+}

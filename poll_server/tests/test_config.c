@@ -1,0 +1,480 @@
+/* test_config.c -- config.c: defaults, a good file, every kind of bad value
+ * (the error names file, line and key), unknown keys and sections, repeats,
+ * libinih's line limit, the password file and command-line overrides. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "../src/config.h"
+#include "../src/log.h"
+
+static char err[FP_CONFIG_ERRLEN];
+
+/* Parses `text` over the defaults; returns the load result. */
+static int load(struct fp_settings *s, const char *text)
+{
+    FILE *f;
+    int rc;
+
+    assert_int_equal(fp_config_defaults(s, err, sizeof(err)), 0);
+    f = fmemopen((void *)text, strlen(text), "r");
+    assert_non_null(f);
+    err[0] = '\0';
+    rc = fp_config_load_stream(s, f, "fastpoll.ini", err, sizeof(err));
+    fclose(f);
+    return rc;
+}
+
+/* The file must be refused with an error containing every needle. */
+static void expect_error(const char *text, const char *n1, const char *n2,
+                         const char *n3)
+{
+    struct fp_settings s;
+    const char *needles[] = { n1, n2, n3 };
+
+    if (load(&s, text) == 0)
+        fail_msg("accepted: %s", text);
+    for (size_t i = 0; i < 3; i++)
+        if (needles[i] != NULL && strstr(err, needles[i]) == NULL)
+            fail_msg("error \"%s\" lacks \"%s\"", err, needles[i]);
+    fp_config_free(&s);
+}
+
+static void test_defaults(void **state)
+{
+    struct fp_settings s;
+    (void)state;
+
+    assert_int_equal(fp_config_defaults(&s, err, sizeof(err)), 0);
+    assert_string_equal(s.listen, "127.0.0.1");
+    assert_int_equal(s.port, 8101);
+    assert_int_equal(s.max_header_size, 8192);
+    assert_int_equal(s.max_body_size, 65536);
+    assert_int_equal(s.request_timeout_ms, 10000);
+    assert_int_equal(s.idle_timeout_ms, 60000);
+    assert_int_equal(s.shutdown_timeout_ms, 5000);
+    assert_string_equal(s.key_prefix, "/Poll");
+    assert_int_equal(s.nkey_params, 1);
+    assert_string_equal(s.key_params[0], "user_id");
+    assert_int_equal(s.backend, FP_BACKEND_MEMCACHED);
+    assert_int_equal(s.cache_timeout_ms, 100);
+    assert_string_equal(s.content_type, "application/json");
+    assert_int_equal(s.nmc_servers, 1);
+    assert_string_equal(s.mc_servers[0].host, "127.0.0.1");
+    assert_int_equal(s.mc_servers[0].port, 11211);
+    assert_string_equal(s.redis.host, "127.0.0.1");
+    assert_int_equal(s.redis.port, 6379);
+    assert_null(s.redis.unix_path);
+    assert_null(s.redis_password);
+    assert_int_equal(s.redis_db, 0);
+    assert_int_equal(s.log_level, FP_LOG_INFO);
+    fp_config_free(&s);
+}
+
+static void test_good_file(void **state)
+{
+    struct fp_settings s;
+    (void)state;
+
+    assert_int_equal(load(&s,
+        "; fastpoll\n"
+        "# both comment styles\n"
+        "[server]\n"
+        "listen = 0.0.0.0\n"
+        "port = 9000 ; inline comment\n"
+        "max_header_size = 4096\n"
+        "max_body_size = 0\n"
+        "request_timeout_ms = 2000\n"
+        "idle_timeout_ms = 30000   # also inline\n"
+        "shutdown_timeout_ms = 0\n"
+        "\n"
+        "[keys]\n"
+        "prefix = fp:\n"
+        "params = user_id, channel  user_id a.b\n"
+        "[cache]\n"
+        "backend = redis\n"
+        "timeout_ms = 250\n"
+        "content_type = application/json; charset=utf-8\n"
+        "ttl = 0\n"
+        "[memcached]\n"
+        "servers = 10.0.0.1:11211, mc-2.example:11212\n"
+        "servers: 10.0.0.3:1\n"
+        "[redis]\n"
+        "server = unix:/run/redis/redis.sock\n"
+        "db = 3\n"
+        "[log]\n"
+        "level = debug\n"
+        "[app]\n"
+        "database = /var/lib/fastpoll.db\n"
+        "anything = goes here\n"
+        "[something_else]\n"
+        "whatever = 1\n"), 0);
+    assert_string_equal(s.listen, "0.0.0.0");
+    assert_int_equal(s.port, 9000);
+    assert_int_equal(s.max_header_size, 4096);
+    assert_int_equal(s.max_body_size, 0);
+    assert_int_equal(s.request_timeout_ms, 2000);
+    assert_int_equal(s.idle_timeout_ms, 30000);
+    assert_int_equal(s.shutdown_timeout_ms, 0);
+    assert_string_equal(s.key_prefix, "fp:");
+    /* sorted bytewise, duplicates dropped */
+    assert_int_equal(s.nkey_params, 3);
+    assert_string_equal(s.key_params[0], "a.b");
+    assert_string_equal(s.key_params[1], "channel");
+    assert_string_equal(s.key_params[2], "user_id");
+    assert_int_equal(s.backend, FP_BACKEND_REDIS);
+    assert_int_equal(s.cache_timeout_ms, 250);
+    assert_string_equal(s.content_type, "application/json; charset=utf-8");
+    /* the file's list replaces the default; a repeated key appends */
+    assert_int_equal(s.nmc_servers, 3);
+    assert_string_equal(s.mc_servers[0].host, "10.0.0.1");
+    assert_int_equal(s.mc_servers[0].port, 11211);
+    assert_string_equal(s.mc_servers[1].host, "mc-2.example");
+    assert_int_equal(s.mc_servers[1].port, 11212);
+    assert_string_equal(s.mc_servers[2].host, "10.0.0.3");
+    assert_int_equal(s.mc_servers[2].port, 1);
+    assert_null(s.redis.host);
+    assert_string_equal(s.redis.unix_path, "/run/redis/redis.sock");
+    assert_int_equal(s.redis_db, 3);
+    assert_int_equal(s.log_level, FP_LOG_DEBUG);
+    fp_config_free(&s);
+}
+
+static void test_empty_values(void **state)
+{
+    struct fp_settings s;
+    (void)state;
+
+    /* An empty prefix and no keyed params are legal (see the vectors). */
+    assert_int_equal(load(&s, "[keys]\nprefix =\nparams =\n"), 0);
+    assert_string_equal(s.key_prefix, "");
+    assert_int_equal(s.nkey_params, 0);
+    fp_config_free(&s);
+    assert_int_equal(load(&s, ""), 0);
+    fp_config_free(&s);
+}
+
+static void test_bad_values(void **state)
+{
+    (void)state;
+    expect_error("[cache]\n\ntimeout_ms = abc\n", "fastpoll.ini:3:",
+                 "timeout_ms = \"abc\"", "not an integer in 1..60000");
+    expect_error("[cache]\ntimeout_ms = 0\n", ":2:", "timeout_ms", "1..60000");
+    expect_error("[cache]\ntimeout_ms = 60001\n", ":2:", "timeout_ms", NULL);
+    expect_error("[cache]\ntimeout_ms = -5\n", ":2:", "timeout_ms", NULL);
+    expect_error("[cache]\ntimeout_ms = 10ms\n", ":2:", "timeout_ms", NULL);
+    expect_error("[cache]\ntimeout_ms = 99999999999999999999999\n", ":2:",
+                 "timeout_ms", NULL);
+    expect_error("[cache]\ntimeout_ms =\n", ":2:", "timeout_ms", NULL);
+    expect_error("[server]\nport = 0\n", ":2:", "port", "1..65535");
+    expect_error("[server]\nport = 65536\n", ":2:", "port", NULL);
+    expect_error("[server]\nlisten = 127.0.0.1 x\n", ":2:", "listen", NULL);
+    expect_error("[server]\nlisten =\n", ":2:", "listen", NULL);
+    expect_error("[server]\nmax_header_size = 10\n", ":2:", "max_header_size", NULL);
+    expect_error("[server]\nmax_body_size = 1e6\n", ":2:", "max_body_size", NULL);
+    expect_error("[server]\nrequest_timeout_ms = 0\n", ":2:", "request_timeout_ms", NULL);
+    expect_error("[server]\nidle_timeout_ms = x\n", ":2:", "idle_timeout_ms", NULL);
+    expect_error("[server]\nshutdown_timeout_ms = 600001\n", ":2:",
+                 "shutdown_timeout_ms", NULL);
+    expect_error("[keys]\nprefix = has space\n", ":2:", "prefix", "0x21-0x7E");
+    expect_error("[keys]\nprefix = "
+                 "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
+                 ":2:", "prefix", "64");
+    expect_error("[keys]\nprefix = caf\xc3\xa9\n", ":2:", "prefix", "\\xC3");
+    expect_error("[keys]\nparams = user_id us/er\n", ":2:", "params", "us/er");
+    expect_error("[keys]\nparams = "
+                 "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
+                 ":2:", "params", "1..64");
+    expect_error("[keys]\nparams = a b c d e f g h i j k l m n o p q\n", ":2:",
+                 "params", "more than 16");
+    expect_error("[cache]\nbackend = couchbase\n", ":2:", "backend",
+                 "not memcached or redis");
+    expect_error("[cache]\ncontent_type =\n", ":2:", "content_type", NULL);
+    expect_error("[cache]\nttl = 2592001\n", ":2:", "ttl", "0..2592000");
+    expect_error("[memcached]\nservers = 127.0.0.1\n", ":2:", "servers",
+                 "host:port");
+    expect_error("[memcached]\nservers = 127.0.0.1:0\n", ":2:", "servers", "1..65535");
+    expect_error("[memcached]\nservers = a:1 b_c:2\n", ":2:", "servers", "b_c:2");
+    expect_error("[memcached]\nservers = 127.0.0.1:11211\nservers = ,\n", ":3:",
+                 "servers", "no host:port");
+    expect_error("[memcached]\nservers = :11211\n", ":2:", "servers", "bad host");
+    expect_error("[redis]\nserver = unix:relative.sock\n", ":2:", "server",
+                 "absolute");
+    expect_error("[redis]\nserver = localhost\n", ":2:", "server", "unix:/path");
+    expect_error("[redis]\ndb = 65536\n", ":2:", "db", "0..65535");
+    expect_error("[redis]\npassword_file = /nonexistent/fastpoll-pw\n", ":2:",
+                 "password_file", "cannot read");
+    expect_error("[log]\nlevel = verbose\n", ":2:", "level", "debug, info");
+}
+
+static void test_unknown_and_repeats(void **state)
+{
+    (void)state;
+    expect_error("[server]\nport = 1\n\n[cache]\nbackedn = redis\n",
+                 "fastpoll.ini:5:", "unknown key \"backedn\"", "[cache]");
+    expect_error("[log]\nlevel = info\nLevel = info\n", ":3:", "\"Level\"", NULL);
+    expect_error("port = 1\n", ":1:", "outside", "port");
+    expect_error("[cache]\ntimeout_ms = 1\ntimeout_ms = 2\n", ":3:",
+                 "given twice", "line 2");
+    /* No continuation lines: the app does not have them either. */
+    expect_error("[memcached]\nservers = a:1\n  b:2\n", ":3:",
+                 "unknown key \"b\"", NULL);
+    expect_error("[memcached]\nservers = a:1\n  b\n", ":3:", "syntax", NULL);
+    expect_error("[server\nport = 1\n", ":1:", "syntax", NULL);
+    /* The first error wins, whichever kind it is. */
+    expect_error("[server]\nport = x\nnonsense\n", ":2:", "port", NULL);
+    expect_error("[server]\nnonsense\nport = x\n", ":2:", "syntax", NULL);
+}
+
+/* "[memcached]\nservers = h:1   ...   last-host:11211" + tail, where the
+ * servers line is exactly `len` bytes long. */
+static void long_line(char *text, size_t cap, size_t len, const char *tail)
+{
+    size_t n = (size_t)snprintf(text, cap, "[memcached]\nservers = h:1");
+
+    assert_true(12 + len + strlen(tail) + 16 < cap);
+    memset(text + n, ' ', 12 + len - 15 - n);
+    n = 12 + len - 15;
+    snprintf(text + n, cap - n, "last-host:11211%s", tail);
+}
+
+static void test_long_lines(void **state)
+{
+    char text[1024];
+    struct fp_settings s;
+    (void)state;
+
+    /* libinih's buffer is 200 bytes: 199 bytes + line end is the limit. */
+    long_line(text, sizeof(text), 199, "\n[log]\nlevel = warn\n");
+    assert_int_equal(load(&s, text), 0);
+    assert_int_equal(s.nmc_servers, 2);
+    assert_string_equal(s.mc_servers[1].host, "last-host");
+    assert_int_equal(s.log_level, FP_LOG_WARN);
+    fp_config_free(&s);
+    long_line(text, sizeof(text), 199, "\r\n");
+    assert_int_equal(load(&s, text), 0);
+    assert_int_equal(s.mc_servers[1].port, 11211);
+    fp_config_free(&s);
+    long_line(text, sizeof(text), 199, "");
+    assert_int_equal(load(&s, text), 0);
+    fp_config_free(&s);
+
+    /* One byte more is an error naming the line, not a line split in two. */
+    long_line(text, sizeof(text), 200, "\n");
+    expect_error(text, "fastpoll.ini:2:", "longer than 199 bytes", "servers =");
+    long_line(text, sizeof(text), 200, "");
+    expect_error(text, "fastpoll.ini:2:", "longer than 199 bytes", NULL);
+    long_line(text, sizeof(text), 198, "\r\n");
+    assert_int_equal(load(&s, text), 0);
+    fp_config_free(&s);
+    long_line(text, sizeof(text), 500, "\n[cache]\nbackend = x\n");
+    expect_error(text, "fastpoll.ini:2:", "longer than", NULL);
+    /* Line counting goes on after a long line in an ignored section. */
+    long_line(text, sizeof(text), 150, "\n[app]\n");
+    strcat(text, "x = ");
+    memset(text + strlen(text), 'x', 300);
+    strcpy(text + strlen(text) + 300, "\n[cache]\nbackend = y\n");
+    expect_error(text, "fastpoll.ini:4:", "longer than", NULL);
+}
+
+static void test_password_file(void **state)
+{
+    char path[] = "/tmp/fp-test-pw-XXXXXX";
+    char text[256];
+    struct fp_settings s;
+    int fd;
+    (void)state;
+
+    fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "s3cret\r\nsecond line\n", 20), 20);
+    assert_int_equal(close(fd), 0);
+    snprintf(text, sizeof(text), "[redis]\npassword_file = %s\n", path);
+    assert_int_equal(load(&s, text), 0);
+    assert_string_equal(s.redis_password, "s3cret");
+    fp_config_free(&s);
+
+    /* No newline at all. */
+    fd = open(path, O_WRONLY | O_TRUNC);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "pw", 2), 2);
+    assert_int_equal(close(fd), 0);
+    assert_int_equal(load(&s, text), 0);
+    assert_string_equal(s.redis_password, "pw");
+    fp_config_free(&s);
+
+    /* Empty file: an error, not an empty AUTH. */
+    fd = open(path, O_WRONLY | O_TRUNC);
+    assert_true(fd >= 0);
+    assert_int_equal(close(fd), 0);
+    expect_error(text, ":2:", "password_file", "empty");
+
+    assert_int_equal(unlink(path), 0);
+    expect_error(text, ":2:", "password_file", "cannot read");
+}
+
+static int run_args(struct fp_settings *s, struct fp_cli *cli, int argc,
+                    char **argv)
+{
+    err[0] = '\0';
+    return fp_config_from_args(s, cli, argc, argv, err, sizeof(err));
+}
+
+static void test_flags(void **state)
+{
+    char path[] = "/tmp/fp-test-ini-XXXXXX";
+    const char *ini =
+        "[server]\nport = 9000\nlisten = 127.0.0.2\n"
+        "[memcached]\nservers = a:1 b:2\n[log]\nlevel = warn\n";
+    struct fp_settings s;
+    struct fp_cli cli;
+    int fd;
+    (void)state;
+
+    fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, ini, strlen(ini)), (ssize_t)strlen(ini));
+    assert_int_equal(close(fd), 0);
+
+    {   /* the file alone */
+        char *argv[] = { "poll_server", "-c", path, NULL };
+        assert_int_equal(run_args(&s, &cli, 3, argv), 0);
+        assert_string_equal(cli.config_path, path);
+        assert_int_equal(s.port, 9000);
+        assert_int_equal(s.nmc_servers, 2);
+        assert_int_equal(s.log_level, FP_LOG_WARN);
+        fp_config_free(&s);
+    }
+    {   /* flags override the file, -s replaces the list */
+        char *argv[] = { "poll_server", "-p", "9101", "--config", path,
+                         "-s", "x:5,y:6 z:7", "-l", "::1", "-b", "redis",
+                         "-r", "unix:/tmp/r.sock", "-L", "error", "-t", NULL };
+        assert_int_equal(run_args(&s, &cli, 16, argv), 0);
+        assert_int_equal(cli.test_only, 1);
+        assert_int_equal(s.port, 9101);
+        assert_string_equal(s.listen, "::1");
+        assert_int_equal(s.nmc_servers, 3);
+        assert_string_equal(s.mc_servers[0].host, "x");
+        assert_int_equal(s.mc_servers[2].port, 7);
+        assert_int_equal(s.backend, FP_BACKEND_REDIS);
+        assert_string_equal(s.redis.unix_path, "/tmp/r.sock");
+        assert_int_equal(s.log_level, FP_LOG_ERROR);
+        fp_config_free(&s);
+    }
+    {   /* no file: defaults plus flags */
+        char *argv[] = { "poll_server", "--port=8200", NULL };
+        assert_int_equal(run_args(&s, &cli, 2, argv), 0);
+        assert_int_equal(s.port, 8200);
+        assert_int_equal(s.nmc_servers, 1);
+        fp_config_free(&s);
+    }
+    {   /* a bad flag value names the flag */
+        char *argv[] = { "poll_server", "-c", path, "-p", "99999", NULL };
+        assert_int_equal(run_args(&s, &cli, 5, argv), -1);
+        assert_non_null(strstr(err, "-p/--port \"99999\""));
+        assert_non_null(strstr(err, "1..65535"));
+        fp_config_free(&s);
+    }
+    {
+        char *argv[] = { "poll_server", "--servers", "nope", NULL };
+        assert_int_equal(run_args(&s, &cli, 3, argv), -1);
+        assert_non_null(strstr(err, "-s/--servers"));
+        fp_config_free(&s);
+    }
+    {
+        char *argv[] = { "poll_server", "-L", "loud", NULL };
+        assert_int_equal(run_args(&s, &cli, 3, argv), -1);
+        assert_non_null(strstr(err, "-L/--log-level"));
+        fp_config_free(&s);
+    }
+    {   /* unknown flag, missing value, stray argument */
+        char *a1[] = { "poll_server", "-x", NULL };
+        char *a2[] = { "poll_server", "-p", NULL };
+        char *a3[] = { "poll_server", "extra", NULL };
+        char *a4[] = { "poll_server", "--bogus", NULL };
+        assert_int_equal(run_args(&s, &cli, 2, a1), -1);
+        assert_non_null(strstr(err, "-x"));
+        fp_config_free(&s);
+        assert_int_equal(run_args(&s, &cli, 2, a2), -1);
+        assert_non_null(strstr(err, "-p"));
+        fp_config_free(&s);
+        assert_int_equal(run_args(&s, &cli, 2, a3), -1);
+        assert_non_null(strstr(err, "extra"));
+        fp_config_free(&s);
+        assert_int_equal(run_args(&s, &cli, 2, a4), -1);
+        assert_non_null(strstr(err, "--bogus"));
+        fp_config_free(&s);
+    }
+    {   /* an error in the file is reported as such */
+        char *argv[] = { "poll_server", "-c", "/nonexistent/fastpoll.ini", NULL };
+        assert_int_equal(run_args(&s, &cli, 3, argv), -1);
+        assert_non_null(strstr(err, "/nonexistent/fastpoll.ini: cannot open"));
+        fp_config_free(&s);
+    }
+    {
+        char *argv[] = { "poll_server", "-V", NULL };
+        assert_int_equal(run_args(&s, &cli, 2, argv), 0);
+        assert_int_equal(cli.version, 1);
+        fp_config_free(&s);
+    }
+    assert_int_equal(unlink(path), 0);
+}
+
+static void test_example_file(void **state)
+{
+    struct fp_settings s, d;
+    (void)state;
+
+    /* etc/fastpoll.ini.example sets every key to its default. */
+    assert_int_equal(fp_config_defaults(&d, err, sizeof(err)), 0);
+    assert_int_equal(fp_config_defaults(&s, err, sizeof(err)), 0);
+    if (fp_config_load_file(&s, "../../etc/fastpoll.ini.example", err,
+                            sizeof(err)) < 0)
+        fail_msg("%s", err);
+    assert_string_equal(s.listen, d.listen);
+    assert_int_equal(s.port, d.port);
+    assert_int_equal(s.max_header_size, d.max_header_size);
+    assert_int_equal(s.max_body_size, d.max_body_size);
+    assert_int_equal(s.request_timeout_ms, d.request_timeout_ms);
+    assert_int_equal(s.idle_timeout_ms, d.idle_timeout_ms);
+    assert_int_equal(s.shutdown_timeout_ms, d.shutdown_timeout_ms);
+    assert_string_equal(s.key_prefix, d.key_prefix);
+    assert_int_equal(s.nkey_params, d.nkey_params);
+    assert_string_equal(s.key_params[0], d.key_params[0]);
+    assert_int_equal(s.backend, d.backend);
+    assert_int_equal(s.cache_timeout_ms, d.cache_timeout_ms);
+    assert_string_equal(s.content_type, d.content_type);
+    assert_int_equal(s.nmc_servers, d.nmc_servers);
+    assert_string_equal(s.mc_servers[0].host, d.mc_servers[0].host);
+    assert_int_equal(s.mc_servers[0].port, d.mc_servers[0].port);
+    assert_string_equal(s.redis.host, d.redis.host);
+    assert_int_equal(s.redis.port, d.redis.port);
+    assert_int_equal(s.redis_db, d.redis_db);
+    assert_int_equal(s.log_level, d.log_level);
+    fp_config_free(&s);
+    fp_config_free(&d);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_good_file),
+        cmocka_unit_test(test_empty_values),
+        cmocka_unit_test(test_bad_values),
+        cmocka_unit_test(test_unknown_and_repeats),
+        cmocka_unit_test(test_long_lines),
+        cmocka_unit_test(test_password_file),
+        cmocka_unit_test(test_flags),
+        cmocka_unit_test(test_example_file),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
