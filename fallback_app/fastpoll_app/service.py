@@ -121,25 +121,37 @@ class FastPoll:
         with self._pending_lock:
             self._pending.add(user_id)
 
-    def repair(self, user_id: int) -> bool:
-        """Rewrite user_id's answer under the write lock (no data change)."""
+    def repair(self, user_id: int) -> str:
+        """One repair round for user_id under the write lock (no data change).
+
+        A `set` that failed by timeout may still sit in a hung server's socket
+        buffer and land later, after a newer write. So a user stays pending
+        until a round finds the cache already equal to the database; a round
+        that finds it different rewrites it and checks again next round.
+        Returns "verified", "rewritten" or "failed".
+        """
+        key = self.user_key(user_id)
         try:
             with self.store.write() as tx:
                 answer = tx.poll_answer(user_id)
-                self._publish.publish(self.user_key(user_id), answer)
+                verified = self._publish.get(key) == answer
+                if not verified:
+                    self._publish.publish(key, answer)
         except (CacheError, sqlite3.Error) as exc:
             self._warn.warning("repair", f"cache repair failed, will retry: {exc}")
-            return False
+            return "failed"
+        if not verified:
+            return "rewritten"
         with self._pending_lock:
             self._pending.discard(user_id)
-        return True
+        return "verified"
 
     def repair_pending(self) -> int:
-        """Retry every pending rewrite once; return how many are still pending."""
+        """One repair round for every pending user; return how many remain pending."""
         with self._pending_lock:
             todo = sorted(self._pending)
         for uid in todo:
-            if not self.repair(uid):
+            if self.repair(uid) == "failed":
                 break  # the cache is still failing; try again next round
         with self._pending_lock:
             return len(self._pending)

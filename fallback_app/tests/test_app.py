@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-
-import dataclasses
 from collections.abc import Iterator
 
 import pytest
