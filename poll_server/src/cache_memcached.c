@@ -8,8 +8,9 @@
  *
  * Failure policy, per server, so a sick node only hurts its own keys:
  * - refused / reset / EOF / protocol error: pending requests get ERROR, the
- *   connection is dropped, reconnect after a backoff (100 ms doubling to 2 s);
- *   requests arriving during the backoff fail fast with ERROR.
+ *   connection is dropped and retried: at once if it had been answering,
+ *   then after a backoff (100 ms doubling to 2 s); requests arriving while
+ *   it is down fail fast with ERROR.
  * - a request not answered within cache_timeout_ms gets TIMEOUT and the
  *   server is considered hung: the others pending on it get ERROR, the
  *   connection is dropped and retried after the backoff. A stopped server's
@@ -125,17 +126,22 @@ static void server_log_down(struct mc_server *s, const char *why)
     s->logged = MC_LOG_DOWN;
 }
 
+/* A connection that was answering and drops (restart, idle close) is
+ * retried at once; then, and after a timeout, 100 ms doubling to 2 s until
+ * the next answer resets it. */
 static void server_schedule_retry(struct mc_server *s)
 {
     struct timeval tv;
+    unsigned delay;
 
-    if (s->backoff_ms == 0)
+    if (s->backoff_ms == 0 && s->hung)
         s->backoff_ms = MC_BACKOFF_MIN_MS;
-    else if (s->backoff_ms < MC_BACKOFF_MAX_MS)
-        s->backoff_ms = s->backoff_ms * 2 > MC_BACKOFF_MAX_MS ?
-                        MC_BACKOFF_MAX_MS : s->backoff_ms * 2;
-    tv.tv_sec = s->backoff_ms / 1000;
-    tv.tv_usec = (s->backoff_ms % 1000) * 1000;
+    delay = s->backoff_ms;
+    s->backoff_ms = s->backoff_ms == 0 ? MC_BACKOFF_MIN_MS :
+                    s->backoff_ms * 2 > MC_BACKOFF_MAX_MS ? MC_BACKOFF_MAX_MS :
+                    s->backoff_ms * 2;
+    tv.tv_sec = delay / 1000;
+    tv.tv_usec = (delay % 1000) * 1000;
     if (evtimer_add(s->retry, &tv) != 0)
         fp_log(FP_LOG_ERROR, "memcached %s: cannot arm reconnect timer",
                s->name);
@@ -214,7 +220,7 @@ static long parse_value_line(const char *line, size_t n, const struct mc_req *r)
     const char *tok[5];
     size_t toklen[5];
     size_t ntok = 0, i = 0, start;
-    unsigned long long v;
+    unsigned long long flags, len, cas;
 
     while (i < n) {
         if (ntok == 5)
@@ -234,13 +240,11 @@ static long parse_value_line(const char *line, size_t n, const struct mc_req *r)
         return -1;
     if (toklen[1] != r->keylen || memcmp(tok[1], r->key, r->keylen) != 0)
         return -1;
-    if (parse_num(tok[2], toklen[2], UINT32_MAX, &v) != 0)
+    if (parse_num(tok[2], toklen[2], UINT32_MAX, &flags) != 0 ||
+        parse_num(tok[3], toklen[3], MC_MAX_VALUE, &len) != 0 ||
+        (ntok == 5 && parse_num(tok[4], toklen[4], ULLONG_MAX, &cas) != 0))
         return -1;
-    if (parse_num(tok[3], toklen[3], MC_MAX_VALUE, &v) != 0)
-        return -1;
-    if (ntok == 5 && parse_num(tok[4], toklen[4], ULLONG_MAX, &v) != 0)
-        return -1;
-    return (long)v;
+    return (long)len;
 }
 
 /* Consumes every complete answer in the input buffer. Returns 0, or -1

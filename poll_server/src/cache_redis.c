@@ -14,7 +14,8 @@
  * a NULL reply before it returns (when not called from inside a hiredis
  * callback, which we never do), so the others get ERROR at once. Then we
  * reconnect after a backoff (100 ms doubling to 2 s); requests arriving
- * meanwhile fail fast with ERROR.
+ * meanwhile fail fast with ERROR. A lost connection that had been answering
+ * is retried at once (restart, idle timeout), then with the same backoff.
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* getaddrinfo under -std=c11 */
@@ -90,19 +91,24 @@ static void log_down(struct fp_redis *r, const char *why)
     r->logged = RD_LOG_DOWN;
 }
 
+/* A connection that was answering and drops (restart, idle close) is
+ * retried at once; then, and after a timeout, 100 ms doubling to 2 s until
+ * the next reply resets it. */
 static void schedule_retry(struct fp_redis *r)
 {
     struct timeval tv;
+    unsigned delay;
 
     if (r->closing)
         return;
-    if (r->backoff_ms == 0)
+    if (r->backoff_ms == 0 && r->hung)
         r->backoff_ms = RD_BACKOFF_MIN_MS;
-    else
-        r->backoff_ms = r->backoff_ms * 2 > RD_BACKOFF_MAX_MS ?
-                        RD_BACKOFF_MAX_MS : r->backoff_ms * 2;
-    tv.tv_sec = r->backoff_ms / 1000;
-    tv.tv_usec = (r->backoff_ms % 1000) * 1000;
+    delay = r->backoff_ms;
+    r->backoff_ms = r->backoff_ms == 0 ? RD_BACKOFF_MIN_MS :
+                    r->backoff_ms * 2 > RD_BACKOFF_MAX_MS ? RD_BACKOFF_MAX_MS :
+                    r->backoff_ms * 2;
+    tv.tv_sec = delay / 1000;
+    tv.tv_usec = (delay % 1000) * 1000;
     if (evtimer_add(r->retry, &tv) != 0)
         fp_log(FP_LOG_ERROR, "redis %s: cannot arm reconnect timer", r->name);
 }

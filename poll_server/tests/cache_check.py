@@ -1,0 +1,520 @@
+#!/usr/bin/env python3
+"""Fault drill for the cache backends (not part of `make test`: it measures
+time and stops servers). Starts its own memcached/redis on free loopback
+ports, drives build/cache_driver through stdin/stdout, kills only its pids.
+
+    python3 tests/cache_check.py [--driver build/cache_driver]
+        [--wrap "valgrind -q --error-exitcode=9 --leak-check=full"]
+        [--pylibmc-python /path/to/venv/bin/python]
+
+Each scenario prints PASS/FAIL; the exit status is the number of failures.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable
+
+TIMEOUT_MS = 100
+SLACK_MS = 40       # timer slack + scheduling on a loaded 2-core box
+FAST_MS = 20        # "fails fast"
+
+failures = 0
+
+
+def check(cond: bool, what: str) -> None:
+    global failures
+    print(("PASS " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures += 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, limit: float = 5.0) -> None:
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} never opened")
+
+
+class Server:
+    def __init__(self, argv: list[str], port: int, tmp: str) -> None:
+        self.argv, self.port = argv, port
+        self.log = open(os.path.join(tmp, f"srv_{port}.log"), "ab")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=self.log)
+        wait_port(self.port)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            self.proc.wait(5)
+        self.proc = None
+
+    def sig(self, s: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(s)
+
+
+def memcached(tmp: str) -> Server:
+    p = free_port()
+    return Server(["memcached", "-l", "127.0.0.1", "-p", str(p), "-U", "0",
+                   "-u", "nobody"], p, tmp)
+
+
+def redis(tmp: str, *extra: str) -> Server:
+    p = free_port()
+    return Server(["redis-server", "--port", str(p), "--bind", "127.0.0.1",
+                   "--save", "", "--appendonly", "no", *extra], p, tmp)
+
+
+def mc_set(port: int, key: str, val: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", port), 2) as s:
+        s.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (key.encode(), len(val), val))
+        assert s.recv(100) == b"STORED\r\n"
+
+
+def mc_stats_get(port: int) -> int:
+    with socket.create_connection(("127.0.0.1", port), 2) as s:
+        s.sendall(b"stats\r\n")
+        buf = b""
+        while not buf.endswith(b"END\r\n"):
+            buf += s.recv(65536)
+    for line in buf.split(b"\r\n"):
+        if line.startswith(b"STAT cmd_get "):
+            return int(line.split()[2])
+    return -1
+
+
+def redis_cmd(port: int, *args: bytes, password: bytes | None = None) -> bytes:
+    def enc(a: tuple[bytes, ...]) -> bytes:
+        return b"*%d\r\n" % len(a) + b"".join(b"$%d\r\n%s\r\n" % (len(x), x) for x in a)
+    with socket.create_connection(("127.0.0.1", port), 2) as s:
+        n = 1
+        if password is not None:
+            s.sendall(enc((b"AUTH", password)))
+            n += 1
+        s.sendall(enc(args))
+        time.sleep(0.05)
+        return s.recv(65536)
+
+
+class Driver:
+    def __init__(self, cmd: list[str], args: list[str]) -> None:
+        self.p = subprocess.Popen(cmd + args, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.buf = b""
+
+    def send(self, *lines: str) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write(("".join(x + "\n" for x in lines)).encode())
+        self.p.stdin.flush()
+
+    def line(self, limit: float = 10.0) -> str:
+        assert self.p.stdout is not None
+        fd = self.p.stdout.fileno()
+        end = time.monotonic() + limit
+        while b"\n" not in self.buf:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError("driver said nothing")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise EOFError("driver exited")
+            self.buf += chunk
+        ln, self.buf = self.buf.split(b"\n", 1)
+        return ln.decode(errors="replace")
+
+    def gets(self, keys: list[str]) -> dict[str, tuple[str, float, str]]:
+        """Issues all gets at once; returns key -> (status, ms, value)."""
+        self.send(*(f"get {k}" for k in keys))
+        out: dict[str, tuple[str, float, str]] = {}
+        while len(out) < len(keys):
+            ln = self.line()
+            if ln.startswith("VIOLATION"):
+                check(False, ln)
+                continue
+            parts = ln.split(" ", 5)
+            out[parts[1]] = (parts[2], float(parts[4]), parts[5] if len(parts) > 5 else "")
+        return out
+
+    def mget(self, n: int, prefix: str) -> tuple[dict[str, str], list[str]]:
+        self.send(f"mget {n} {prefix}")
+        ln = self.line(30)
+        while not ln.startswith("mget "):
+            if ln.startswith("VIOLATION"):
+                check(False, ln)
+            ln = self.line(30)
+        summary = dict(kv.split("=") for kv in ln.split()[1:])
+        missing = []
+        total = sum(int(summary[k]) for k in ("miss", "error", "timeout"))
+        for _ in range(total):
+            missing.append(self.line().split(" ", 1)[1])
+        return summary, missing
+
+    def hash(self, key: str) -> int:
+        self.send(f"hash {key}")
+        return int(self.line().split()[2])
+
+    def quit(self) -> int:
+        try:
+            self.send("quit")
+            assert self.p.stdin is not None
+            self.p.stdin.close()
+        except BrokenPipeError:
+            pass
+        rc = self.p.wait(30)
+        rest = self.buf.decode() + (self.p.stdout.read().decode() if self.p.stdout else "")
+        err = self.p.stderr.read().decode() if self.p.stderr else ""
+        if "VIOLATION" in rest or rc != 0:
+            print(rest + err)
+        self.stderr = err
+        return rc
+
+
+def wait_until(f: Callable[[], bool], limit: float = 5.0) -> bool:
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if f():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def scenario_memcached(drv: list[str], tmp: str) -> None:
+    nodes = [memcached(tmp) for _ in range(3)]
+    try:
+        spec = " ".join(f"127.0.0.1:{n.port}" for n in nodes)
+        d = Driver(drv, ["-T", str(TIMEOUT_MS), "-s", spec])
+        keys = [f"/Poll/k?user_id={i}" for i in range(30)]
+        home = {k: d.hash(k) for k in keys}
+        check(len(set(home.values())) == 3, "memcached: keys spread over 3 nodes")
+        for i, k in enumerate(keys):
+            mc_set(nodes[home[k]].port, k, b"v%d" % i)
+        mc_set(nodes[home["/Poll/k?user_id=0"]].port, "/Poll/empty", b"")
+        nul = b"a\x00b\r\nEND\r\nVALUE x 0 1\r\nz"
+        for n in nodes:
+            mc_set(n.port, "/Poll/nul", nul)
+            mc_set(n.port, "/Poll/empty", b"")
+        r = d.gets(keys + ["/Poll/empty", "/Poll/nul", "/Poll/absent"])
+        check(all(r[k][0] == "HIT" and r[k][2] == f"v{i}" for i, k in enumerate(keys)),
+              "memcached: 30 hits with the right values")
+        check(r["/Poll/empty"][:1] == ("HIT",) and r["/Poll/empty"][2] == "",
+              "memcached: empty value is a hit")
+        check(r["/Poll/nul"][0] == "HIT" and
+              r["/Poll/nul"][2] == "a\\x00b\\x0D\\x0AEND\\x0D\\x0AVALUE\\x20x\\x200\\x201\\x0D\\x0Az",
+              "memcached: value with NUL/CRLF/END bytes is exact")
+        check(r["/Poll/absent"][0] == "MISS", "memcached: miss")
+
+        # SIGSTOP one node: only its keys wait, and only up to the timeout.
+        sick = nodes[1]
+        sick.sig(signal.SIGSTOP)
+        r = d.gets(keys)
+        on_sick = [k for k in keys if home[k] == 1]
+        others = [k for k in keys if home[k] != 1]
+        check(all(r[k][0] == "HIT" and r[k][1] < FAST_MS for k in others),
+              f"memcached SIGSTOP: other nodes' keys hit fast "
+              f"(max {max(r[k][1] for k in others):.1f} ms)")
+        check(all(r[k][0] in ("TIMEOUT", "ERROR") and r[k][1] <= TIMEOUT_MS + SLACK_MS
+                  for k in on_sick) and any(r[k][0] == "TIMEOUT" for k in on_sick),
+              f"memcached SIGSTOP: stopped node's keys TIMEOUT/ERROR within "
+              f"{TIMEOUT_MS} ms (+slack) (max {max(r[k][1] for k in on_sick):.1f} ms)")
+        r = d.gets(keys)  # during backoff or reconnected-but-hung
+        check(all(r[k][0] in ("TIMEOUT", "ERROR") and r[k][1] <= TIMEOUT_MS + SLACK_MS
+                  for k in on_sick) and all(r[k][0] == "HIT" for k in others),
+              "memcached SIGSTOP: still bounded on the second round")
+        sick.sig(signal.SIGCONT)
+        check(wait_until(lambda: all(v[0] == "HIT" for v in d.gets(keys).values())),
+              "memcached SIGCONT: all keys hit again without restart")
+
+        # Node killed: its keys fail fast; restarted on the same port: recover.
+        sick.stop()
+        time.sleep(0.05)
+        r = d.gets(keys)
+        check(all(r[k][0] == "ERROR" and r[k][1] < FAST_MS for k in on_sick),
+              f"memcached down: ERROR fast (max {max(r[k][1] for k in on_sick):.1f} ms)")
+        check(all(r[k][0] == "HIT" for k in others), "memcached down: other nodes unaffected")
+        sick.start()
+        for k in on_sick:
+            mc_set(sick.port, k, b"v%d" % keys.index(k))
+        check(wait_until(lambda: all(v[0] == "HIT" for v in d.gets(keys).values()), 4),
+              "memcached restarted: recovers without restarting the client")
+
+        # Unsafe keys never reach the wire.
+        before = sum(mc_stats_get(n.port) for n in nodes)
+        r = d.gets(["/Poll/bad\x7fkey"])
+        after = sum(mc_stats_get(n.port) for n in nodes)
+        check(r["/Poll/bad\x7fkey"][0] == "ERROR" and before == after,
+              "memcached: key with 0x7F refused, not sent")
+
+        # free() with requests in flight answers them all.
+        sick.sig(signal.SIGSTOP)
+        d.send(*(f"get {k}" for k in on_sick))
+        d.send("free")
+        ln = d.line()
+        answered = []
+        while not ln.startswith("freed"):
+            answered.append(ln)
+            ln = d.line()
+        check(ln == "freed outstanding=0" and all(" ERROR " in a for a in answered),
+              "memcached: free() answers in-flight requests with ERROR")
+        sick.sig(signal.SIGCONT)
+        check(d.quit() == 0, "memcached: driver exits clean (no contract violation)")
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def scenario_ketama(drv: list[str], tmp: str, py: str | None) -> None:
+    if py is None:
+        print("SKIP ketama: no --pylibmc-python")
+        return
+    nodes = [memcached(tmp) for _ in range(3)]
+    try:
+        servers = [f"127.0.0.1:{n.port}" for n in nodes]
+        code = (
+            "import pylibmc,sys\n"
+            f"c=pylibmc.Client({servers!r}, binary=False, behaviors={{'ketama': True}})\n"
+            "for i in range(1000):\n"
+            "    assert c.set('/Poll/getMessages?user_id=%d' % i, b'v%d' % i)\n"
+        )
+        subprocess.run([py, "-c", code], check=True)
+        d = Driver(drv, ["-T", "1000", "-s", " ".join(servers)])
+        summary, missing = d.mget(1000, "/Poll/getMessages?user_id=")
+        check(summary["hit"] == "1000",
+              f"ketama: 1000 keys written by pylibmc, all found ({summary}, missing {missing[:5]})")
+        # And each key lives on exactly the node memcached_generate_hash names.
+        per_node = [
+            subprocess.run([py, "-c",
+                            "import pylibmc\n"
+                            f"c=pylibmc.Client(['127.0.0.1:{n.port}'], binary=False)\n"
+                            "print(' '.join(str(i) for i in range(1000) "
+                            "if c.get('/Poll/getMessages?user_id=%d' % i) is not None))"],
+                           check=True, capture_output=True, text=True).stdout.split()
+            for n in nodes]
+        where = {int(i): idx for idx, lst in enumerate(per_node) for i in lst}
+        ok = len(where) == 1000 and sum(len(x) for x in per_node) == 1000 and all(
+            d.hash(f"/Poll/getMessages?user_id={i}") == where[i] for i in range(1000))
+        check(ok, f"ketama: node per key agrees with pylibmc "
+                  f"(split {[len(x) for x in per_node]})")
+        check(d.quit() == 0, "ketama: driver exits clean")
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def scenario_redis(drv: list[str], tmp: str) -> None:
+    sock = os.path.join(tmp, "redis.sock")
+    r1 = redis(tmp, "--unixsocket", sock, "--unixsocketperm", "700")
+    r2 = redis(tmp, "--requirepass", "s3cr et")
+    passfile = os.path.join(tmp, "pass")
+    with open(passfile, "w") as f:
+        f.write("s3cr et\n")
+    try:
+        nul = b"a\x00b\r\n$3\r\nc"
+        redis_cmd(r1.port, b"SET", b"/Poll/k", b"hello")
+        redis_cmd(r1.port, b"SET", b"/Poll/empty", b"")
+        redis_cmd(r1.port, b"SET", b"/Poll/nul", nul)
+        redis_cmd(r1.port, b"LPUSH", b"/Poll/list", b"x")
+        with socket.create_connection(("127.0.0.1", r1.port)) as s:
+            s.sendall(b"SELECT 3\r\nSET /Poll/k db3\r\n")
+            time.sleep(0.05)
+            s.recv(100)
+        redis_cmd(r2.port, b"SET", b"/Poll/k", b"authed", password=b"s3cr et")
+
+        d = Driver(drv, ["-b", "redis", "-T", str(TIMEOUT_MS), "-r", f"127.0.0.1:{r1.port}"])
+        r = d.gets(["/Poll/k", "/Poll/empty", "/Poll/nul", "/Poll/absent", "/Poll/list"])
+        check(r["/Poll/k"][0::2] == ("HIT", "hello"), "redis tcp: hit")
+        check(r["/Poll/empty"][0::2] == ("HIT", ""), "redis: empty value is a hit")
+        check(r["/Poll/nul"][0::2] == ("HIT", "a\\x00b\\x0D\\x0A$3\\x0D\\x0Ac"),
+              "redis: value with NUL/CRLF bytes is exact")
+        check(r["/Poll/absent"][0] == "MISS", "redis: miss")
+        check(r["/Poll/list"][0] == "ERROR", "redis: WRONGTYPE is ERROR")
+
+        r1.sig(signal.SIGSTOP)
+        r = d.gets(["/Poll/k", "/Poll/a", "/Poll/b"])
+        check(r["/Poll/k"][0] == "TIMEOUT" and
+              all(v[0] in ("TIMEOUT", "ERROR") and v[1] <= TIMEOUT_MS + SLACK_MS
+                  for v in r.values()),
+              f"redis SIGSTOP: TIMEOUT within {TIMEOUT_MS} ms (+slack) {r}")
+        r = d.gets(["/Poll/k"])
+        check(r["/Poll/k"][0] in ("TIMEOUT", "ERROR") and r["/Poll/k"][1] <= TIMEOUT_MS + SLACK_MS,
+              "redis SIGSTOP: still bounded on the second round")
+        r1.sig(signal.SIGCONT)
+        check(wait_until(lambda: d.gets(["/Poll/k"])["/Poll/k"][0] == "HIT"),
+              "redis SIGCONT: recovers")
+        r1.stop()
+        time.sleep(0.05)
+        r = d.gets(["/Poll/k"])
+        check(r["/Poll/k"][0] == "ERROR" and r["/Poll/k"][1] < FAST_MS,
+              f"redis down: ERROR fast ({r['/Poll/k'][1]:.1f} ms)")
+        r1.start()
+        redis_cmd(r1.port, b"SET", b"/Poll/k", b"again")
+        check(wait_until(lambda: d.gets(["/Poll/k"])["/Poll/k"][0::2] == ("HIT", "again"), 4),
+              "redis restarted: recovers without restarting the client")
+        check(d.quit() == 0, "redis tcp: driver exits clean")
+
+        wait_until(lambda: os.path.exists(sock))
+        redis_cmd(r1.port, b"SET", b"/Poll/k", b"hello")
+        with socket.create_connection(("127.0.0.1", r1.port)) as s:
+            s.sendall(b"SELECT 3\r\nSET /Poll/k db3\r\n")
+            time.sleep(0.05)
+            s.recv(100)
+        d = Driver(drv, ["-b", "redis", "-r", f"unix:{sock}", "-d", "3"])
+        check(d.gets(["/Poll/k"])["/Poll/k"][0::2] == ("HIT", "db3"),
+              "redis unix socket + SELECT 3: hit from db 3")
+        check(d.quit() == 0, "redis unix: driver exits clean")
+
+        d = Driver(drv, ["-b", "redis", "-r", f"127.0.0.1:{r2.port}", "-a", passfile])
+        check(d.gets(["/Poll/k"])["/Poll/k"][0::2] == ("HIT", "authed"), "redis AUTH: hit")
+        check(d.quit() == 0, "redis auth: driver exits clean")
+        d = Driver(drv, ["-b", "redis", "-r", f"127.0.0.1:{r2.port}"])
+        check(d.gets(["/Poll/k"])["/Poll/k"][0] == "ERROR", "redis without AUTH: NOAUTH is ERROR")
+        check(d.quit() == 0, "redis noauth: driver exits clean")
+
+        r2.sig(signal.SIGSTOP)
+        d = Driver(drv, ["-b", "redis", "-r", f"127.0.0.1:{r2.port}", "-a", passfile])
+        d.send("get /Poll/k", "free")
+        lines = [d.line(), d.line()]
+        check(lines[1] == "freed outstanding=0" and " ERROR " in lines[0],
+              f"redis: free() answers in-flight requests with ERROR {lines}")
+        r2.sig(signal.SIGCONT)
+        check(d.quit() == 0, "redis free: driver exits clean")
+    finally:
+        r1.stop()
+        r2.stop()
+
+
+FAKE_ANSWERS: dict[bytes, list[bytes]] = {
+    # key -> chunks the fake memcached writes back (with tiny pauses between)
+    b"split": [bytes([c]) for c in b"VALUE split 0 5\r\nhello\r\nEND\r\n"],
+    b"cas": [b"VALUE cas 7 2 12345\r\nok\r\nEND\r\n"],
+    b"miss": [b"END\r\n"],
+    b"srverr": [b"SERVER_ERROR out of memory\r\n"],
+    b"clierr": [b"CLIENT_ERROR bad command line format\r\n"],
+    b"big": [b"VALUE big 0 2000000\r\n"],
+    b"wrongkey": [b"VALUE other 0 1\r\nx\r\nEND\r\n"],
+    b"badterm": [b"VALUE badterm 0 1\r\nx\r\nEMD\r\n"],
+    b"negative": [b"VALUE negative 0 -1\r\n"],
+    b"longline": [b"X" * 600],
+    b"garbage": [b"HELLO\r\n"],
+    b"twice": [b"END\r\nEND\r\n"],  # the request gets MISS, then a reset
+}
+
+
+def fake_memcached(sock: socket.socket, stop: list[bool]) -> None:
+    import threading
+
+    def serve(c: socket.socket) -> None:
+        buf = b""
+        with c:
+            while not stop[0]:
+                try:
+                    chunk = c.recv(4096)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                buf += chunk
+                while b"\r\n" in buf:
+                    line, buf = buf.split(b"\r\n", 1)
+                    key = line[4:] if line.startswith(b"get ") else b"?"
+                    for part in FAKE_ANSWERS.get(key, [b"ERROR\r\n"]):
+                        try:
+                            c.sendall(part)
+                        except OSError:
+                            return
+                        if len(FAKE_ANSWERS.get(key, [])) > 1:
+                            time.sleep(0.001)
+
+    sock.settimeout(0.2)
+    while not stop[0]:
+        try:
+            c, _ = sock.accept()
+        except OSError:
+            continue
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+
+def scenario_protocol(drv: list[str], tmp: str) -> None:
+    import threading
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    stop = [False]
+    t = threading.Thread(target=fake_memcached, args=(lsock, stop), daemon=True)
+    t.start()
+    try:
+        d = Driver(drv, ["-T", "500", "-s", f"127.0.0.1:{lsock.getsockname()[1]}"])
+        want = {"split": ("HIT", "hello"), "cas": ("HIT", "ok"), "miss": ("MISS", ""),
+                "srverr": ("ERROR", "")}
+        for k, v in want.items():
+            r = d.gets([k])
+            check(r[k][0::2] == v, f"protocol: {k} -> {v[0]} ({r[k]})")
+        time.sleep(0.15)
+        r = d.gets(["twice"])
+        check(r["twice"][0] == "MISS", f"protocol: twice -> MISS ({r['twice']})")
+        for k in ("clierr", "big", "wrongkey", "badterm", "negative", "longline",
+                  "garbage"):
+            time.sleep(0.15)  # past the reconnect backoff
+            r = d.gets([k])
+            check(r[k][0] == "ERROR" and r[k][1] < 400, f"protocol: {k} -> ERROR ({r[k]})")
+        # pipelined: several answers may arrive in one segment, in order
+        time.sleep(2.2)
+        r = d.gets(["cas", "split", "miss", "srverr"])
+        check(r["cas"][0::2] == ("HIT", "ok") and r["miss"][0] == "MISS"
+              and r["split"][0::2] == ("HIT", "hello") and r["srverr"][0] == "ERROR",
+              f"protocol: pipelined {r}")
+        check(d.quit() == 0, "protocol: driver exits clean")
+    finally:
+        stop[0] = True
+        t.join(2)
+        lsock.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--driver", default=os.path.join(here, "..", "build", "cache_driver"))
+    ap.add_argument("--wrap", default="", help="e.g. valgrind command prefix")
+    ap.add_argument("--pylibmc-python", default=None)
+    ap.add_argument("--only", default="memcached,ketama,redis,protocol")
+    a = ap.parse_args()
+    drv = shlex.split(a.wrap) + [a.driver, "-q"]
+    only = a.only.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        if "memcached" in only:
+            scenario_memcached(drv, tmp)
+        if "ketama" in only:
+            scenario_ketama(drv, tmp, a.pylibmc_python)
+        if "redis" in only:
+            scenario_redis(drv, tmp)
+        if "protocol" in only:
+            scenario_protocol(drv, tmp)
+    print(f"{failures} failure(s)")
+    return min(failures, 100)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
