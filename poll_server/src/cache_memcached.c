@@ -41,7 +41,7 @@
 #include "log.h"
 #include "settings.h"
 
-#define MC_MAX_VALUE      (1024 * 1024) /* larger VALUE: protocol error */
+#define MC_MAX_VALUE      (1024UL * 1024UL) /* larger VALUE: protocol error */
 #define MC_MAX_LINE       512           /* VALUE line: 6 + 250 + 3 numbers */
 #define MC_MAX_PENDING    10000         /* per server, beyond: fail fast */
 #define MC_BACKOFF_MIN_MS 100
@@ -141,7 +141,7 @@ static void server_schedule_retry(struct mc_server *s)
                     s->backoff_ms * 2 > MC_BACKOFF_MAX_MS ? MC_BACKOFF_MAX_MS :
                     s->backoff_ms * 2;
     tv.tv_sec = delay / 1000;
-    tv.tv_usec = (delay % 1000) * 1000;
+    tv.tv_usec = (suseconds_t)(delay % 1000) * 1000;
     if (evtimer_add(s->retry, &tv) != 0)
         fp_log(FP_LOG_ERROR, "memcached %s: cannot arm reconnect timer",
                s->name);

@@ -108,7 +108,7 @@ static void schedule_retry(struct fp_redis *r)
                     r->backoff_ms * 2 > RD_BACKOFF_MAX_MS ? RD_BACKOFF_MAX_MS :
                     r->backoff_ms * 2;
     tv.tv_sec = delay / 1000;
-    tv.tv_usec = (delay % 1000) * 1000;
+    tv.tv_usec = (suseconds_t)(delay % 1000) * 1000;
     if (evtimer_add(r->retry, &tv) != 0)
         fp_log(FP_LOG_ERROR, "redis %s: cannot arm reconnect timer", r->name);
 }
