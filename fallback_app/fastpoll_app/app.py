@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from . import config
+from . import __version__, config
 from .cache import make_cache
 from .config import Settings
 from .service import FastPoll
@@ -188,6 +188,20 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        where = (
+            " ".join(settings.memcached.servers)
+            if settings.cache.backend == "memcached"
+            else settings.redis.server
+        )
+        log.info(
+            "fastpoll_app %s: database %s, cache %s %s, ttl %ss, config %s",
+            __version__,
+            settings.app.database,
+            settings.cache.backend,
+            where,
+            settings.cache.ttl,
+            settings.source,
+        )
         fp.start()
         try:
             yield

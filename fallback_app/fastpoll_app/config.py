@@ -20,6 +20,9 @@ CONFIG_ENV = "FASTPOLL_CONFIG"
 # memcached reads an exptime above 30 days as a Unix timestamp.
 MAX_TTL = 30 * 24 * 3600
 MAX_PREFIX = 64
+# Debian's libinih reads lines into a 200-byte buffer (newline and NUL
+# included): a longer line is an error for the poll server, so for us too.
+MAX_LINE = 198
 
 _IGNORED_SECTIONS = frozenset({"server", "log"})
 _PARAM_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -117,6 +120,8 @@ def _parse_lines(text: str, rd: _Reader) -> dict[str, dict[str, list[_Entry]]]:
     out: dict[str, dict[str, list[_Entry]]] = {}
     section: str | None = None
     for lineno, raw in enumerate(text.splitlines(), start=1):
+        if len(raw.encode("utf-8")) > MAX_LINE:
+            raise rd.error(lineno, f"line longer than {MAX_LINE} bytes; repeat the key instead")
         line = raw.strip()
         if not line or line[0] in ";#":
             continue

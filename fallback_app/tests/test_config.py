@@ -97,6 +97,7 @@ max_body_size = 1024
         ("[redis]\ndb = x\n", 2, "db"),
         ("[app]\nmax_body_size = 0\n", 2, "max_body_size"),
         ("[app]\ndatabase =\n", 2, "database"),
+        ("[memcached]\nservers = " + "h:1 " * 50 + "\n", 2, "longer than 198 bytes"),
     ],
 )
 def test_errors_name_line_and_key(text: str, line: int, words: str) -> None:
