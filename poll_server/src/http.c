@@ -1,0 +1,339 @@
+/* http.c -- the poll server's HTTP side on libevent 2.1 evhttp.
+ *
+ * Every request we are handed gets a `struct request` (from a free list)
+ * that lives until its answer has been written or its connection is gone:
+ *
+ *   on_request   -> 405 / 404 right away, or WAITING on the coalescer
+ *   on_answer    -> WAITING -> ANSWERED: reply queued on the connection
+ *   on_complete  -> reply written (evhttp_send_done): release
+ *   on_close     -> connection freed first: detach, release
+ *
+ * Why on_close is enough to never touch a freed request (libevent 2.1.12
+ * http.c): evhttp frees an incoming request only in evhttp_send_done (after
+ * on_complete), in evhttp_connection_free (requests still queued on the
+ * connection; closecb runs first), or leaves it to us: when the client
+ * closes or times out while we hold the request (evhttp_connection_fail_ ->
+ * evhttp_connection_incoming_fail, userdone == 0) it unlinks the request,
+ * sets req->evcon = NULL and frees the connection -- closecb runs inside
+ * that free. So in on_close: a request whose connection is still `evcon`
+ * is about to be freed by evhttp; one whose connection is NULL is orphaned
+ * and ours to free. In both cases we forget it, and nothing else points to
+ * it: the coalescer only knows our struct, never the evhttp_request. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "cache.h"
+#include "coalesce.h"
+#include "http.h"
+#include "keys.h"
+#include "log.h"
+#include "settings.h"
+
+#define FREE_REQ_MAX 4096 /* recycled request objects kept */
+
+enum req_state { REQ_IDLE, REQ_WAITING, REQ_ANSWERED };
+
+struct request {
+    struct fp_waiter w;            /* first: the coalescer's handle */
+    struct evhttp_request *req;
+    struct fp_http *h;
+    struct request *free_next;
+    enum req_state state;
+    int head;                      /* HEAD: headers only */
+};
+
+struct fp_http {
+    struct event_base *base;
+    const struct fp_settings *s;
+    struct evhttp *http;
+    struct evhttp_bound_socket *bound;
+    struct fp_coalesce *co;
+    struct request *free_list;
+    size_t nfree;
+    unsigned long inflight;
+    int draining;
+    void (*drained)(void *arg);
+    void *drained_arg;
+    struct timeval request_tv, idle_tv;
+};
+
+static void ms_to_tv(unsigned ms, struct timeval *tv)
+{
+    tv->tv_sec = (time_t)(ms / 1000);
+    tv->tv_usec = (suseconds_t)(ms % 1000) * 1000;
+}
+
+static struct request *request_get(struct fp_http *h)
+{
+    struct request *r = h->free_list;
+
+    if (r != NULL) {
+        h->free_list = r->free_next;
+        h->nfree--;
+    } else if ((r = malloc(sizeof(*r))) == NULL) {
+        return NULL;
+    }
+    memset(r, 0, sizeof(*r));
+    r->h = h;
+    h->inflight++;
+    return r;
+}
+
+static void request_put(struct request *r)
+{
+    struct fp_http *h = r->h;
+
+    if (h->nfree < FREE_REQ_MAX) {
+        r->free_next = h->free_list;
+        h->free_list = r;
+        h->nfree++;
+    } else {
+        free(r);
+    }
+    h->inflight--;
+    if (h->draining && h->inflight == 0 && h->drained != NULL) {
+        void (*cb)(void *) = h->drained;
+        h->drained = NULL;
+        cb(h->drained_arg);
+    }
+}
+
+/* Queues the answer. Content-Length is always ours: evhttp leaves it out
+ * for HEAD, where it must still be the length of the body GET would get. */
+static void reply(struct request *r, int code, const char *reason,
+                  const char *body, size_t len, int from_cache)
+{
+    struct evhttp_request *req = r->req;
+    struct evkeyvalq *hdr = evhttp_request_get_output_headers(req);
+    char clen[24];
+    int ok;
+
+    ok = snprintf(clen, sizeof(clen), "%zu", len) > 0 &&
+         evhttp_add_header(hdr, "Content-Length", clen) == 0;
+    if (ok && from_cache)
+        ok = evhttp_add_header(hdr, "Content-Type", r->h->s->content_type) == 0 &&
+             evhttp_add_header(hdr, "X-Poll-Source", "cache") == 0;
+    if (ok && code == 405)
+        ok = evhttp_add_header(hdr, "Allow", "GET, HEAD, POST") == 0;
+    if (ok && r->h->draining)
+        ok = evhttp_add_header(hdr, "Connection", "close") == 0;
+    if (ok && !r->head && len > 0)
+        ok = evbuffer_add(evhttp_request_get_output_buffer(req), body, len) == 0;
+    if (!ok) {
+        /* Out of memory: an empty 503 still lets nginx fall back. */
+        evhttp_clear_headers(hdr);
+        if (evbuffer_drain(evhttp_request_get_output_buffer(req),
+                           evbuffer_get_length(evhttp_request_get_output_buffer(req))) < 0 ||
+            evhttp_add_header(hdr, "Connection", "close") < 0)
+            fp_log(FP_LOG_ERROR, "http: out of memory building a reply");
+        code = 503;
+        reason = "Service Unavailable";
+    }
+    r->state = REQ_ANSWERED;
+    evhttp_send_reply(req, code, reason, NULL);
+}
+
+static void on_answer(struct fp_waiter *w, enum fp_cache_status st,
+                      const char *value, size_t len, void *arg)
+{
+    struct request *r = (struct request *)(void *)w;
+
+    (void)arg;
+    switch (st) {
+    case FP_CACHE_HIT:
+        reply(r, 200, "OK", value, len, 1);
+        break;
+    case FP_CACHE_MISS:
+        reply(r, 404, "Not Found", NULL, 0, 0);
+        break;
+    case FP_CACHE_ERROR:
+    case FP_CACHE_TIMEOUT:
+    default:
+        reply(r, 503, "Service Unavailable", NULL, 0, 0);
+        break;
+    }
+}
+
+/* The reply has been written: evhttp frees req right after this. */
+static void on_complete(struct evhttp_request *req, void *arg)
+{
+    struct request *r = arg;
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+
+    if (evcon != NULL) {
+        evhttp_connection_set_closecb(evcon, NULL, NULL);
+        /* Idle until the next request: the keep-alive limit applies. */
+        evhttp_connection_set_timeout_tv(evcon, &r->h->idle_tv);
+    }
+    request_put(r);
+}
+
+/* The connection is being freed while we still hold its request. */
+static void on_close(struct evhttp_connection *evcon, void *arg)
+{
+    struct request *r = arg;
+
+    if (r->state == REQ_WAITING) {
+        fp_coalesce_detach(&r->w);
+        if (evhttp_request_get_connection(r->req) != evcon)
+            evhttp_request_free(r->req); /* orphaned: ours to free */
+    }
+    /* ANSWERED (or never attached): still queued on evcon, evhttp frees it. */
+    evhttp_connection_set_closecb(evcon, NULL, NULL);
+    request_put(r);
+}
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+    struct fp_http *h = arg;
+    const struct fp_settings *s = h->s;
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+    char key[FP_MAX_KEY_LEN + 1];
+    const char *uri;
+    struct request *r;
+    ssize_t keylen;
+
+    if ((r = request_get(h)) == NULL) {
+        fp_log(FP_LOG_ERROR, "http: out of memory");
+        evhttp_send_error(req, 503, NULL);
+        return;
+    }
+    r->req = req;
+    r->head = cmd == EVHTTP_REQ_HEAD;
+    evhttp_connection_set_closecb(evcon, on_close, r);
+    evhttp_request_set_on_complete_cb(req, on_complete, r);
+    /* Until the answer is written, the request limit applies. */
+    evhttp_connection_set_timeout_tv(evcon, &h->request_tv);
+
+    if (cmd != EVHTTP_REQ_GET && cmd != EVHTTP_REQ_HEAD &&
+        cmd != EVHTTP_REQ_POST) {
+        reply(r, 405, "Method Not Allowed", NULL, 0, 0);
+        return;
+    }
+    if (cmd == EVHTTP_REQ_POST) { /* read (bounded by evhttp), unused */
+        struct evbuffer *in = evhttp_request_get_input_buffer(req);
+        if (evbuffer_drain(in, evbuffer_get_length(in)) < 0)
+            fp_log(FP_LOG_DEBUG, "http: cannot drain a POST body");
+    }
+
+    uri = evhttp_request_get_uri(req);
+    keylen = uri == NULL ? -1 :
+        key_derive(s->key_prefix, s->key_params, s->nkey_params, uri,
+                   strlen(uri), key, sizeof(key));
+    if (keylen < 0) {
+        /* Never sent to a cache: the app is the authority on odd requests. */
+        fp_log(FP_LOG_DEBUG, "http: no key for %.200s", uri ? uri : "(null)");
+        reply(r, 404, "Not Found", NULL, 0, 0);
+        return;
+    }
+    r->state = REQ_WAITING;
+    if (fp_coalesce_get(h->co, key, (size_t)keylen, &r->w) < 0) {
+        fp_log(FP_LOG_DEBUG, "http: cache get failed for %s", key);
+        reply(r, 503, "Service Unavailable", NULL, 0, 0);
+        return;
+    }
+    fp_log(FP_LOG_DEBUG, "http: %s waits for %s",
+           r->head ? "HEAD" : cmd == EVHTTP_REQ_POST ? "POST" : "GET", key);
+}
+
+struct fp_http *fp_http_start(struct event_base *base,
+                              const struct fp_settings *s,
+                              struct fp_cache *cache)
+{
+    struct fp_http *h = calloc(1, sizeof(*h));
+    struct timeval tv;
+
+    if (h == NULL) {
+        fp_log(FP_LOG_ERROR, "http: out of memory");
+        return NULL;
+    }
+    h->base = base;
+    h->s = s;
+    ms_to_tv(s->request_timeout_ms, &h->request_tv);
+    ms_to_tv(s->idle_timeout_ms, &h->idle_tv);
+    if ((h->co = fp_coalesce_new(cache, on_answer, h)) == NULL ||
+        (h->http = evhttp_new(base)) == NULL) {
+        fp_log(FP_LOG_ERROR, "http: out of memory");
+        goto fail;
+    }
+    evhttp_set_max_headers_size(h->http, (ev_ssize_t)s->max_header_size);
+    evhttp_set_max_body_size(h->http, (ev_ssize_t)s->max_body_size);
+    /* A new connection starts under the request limit; see on_request and
+     * on_complete for the switches between request and idle limits. */
+    tv = h->request_tv;
+    evhttp_set_timeout_tv(h->http, &tv);
+    /* Every method reaches on_request, which answers 405 itself. */
+    evhttp_set_allowed_methods(h->http, 0xFFFF);
+    /* No text/html on our empty 404/503; hits set their own type. */
+    evhttp_set_default_content_type(h->http, NULL);
+    /* Read the rest of an oversized body before answering 413, so the
+     * client sees the 413 rather than a reset. */
+    if (evhttp_set_flags(h->http, EVHTTP_SERVER_LINGERING_CLOSE) != 0)
+        fp_log(FP_LOG_WARN, "http: lingering close not supported");
+    evhttp_set_gencb(h->http, on_request, h);
+
+    h->bound = evhttp_bind_socket_with_handle(h->http, s->listen, s->port);
+    if (h->bound == NULL) {
+        fp_log(FP_LOG_ERROR, "http: cannot listen on %s:%u: %s", s->listen,
+               (unsigned)s->port,
+               evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+        goto fail;
+    }
+    return h;
+fail:
+    if (h->http != NULL)
+        evhttp_free(h->http);
+    fp_coalesce_free(h->co);
+    free(h);
+    return NULL;
+}
+
+void fp_http_drain(struct fp_http *h, void (*done)(void *arg), void *arg)
+{
+    if (h->bound != NULL) {
+        evhttp_del_accept_socket(h->http, h->bound);
+        h->bound = NULL;
+    }
+    h->draining = 1;
+    h->drained = done;
+    h->drained_arg = arg;
+    if (h->inflight == 0 && done != NULL) {
+        h->drained = NULL;
+        done(arg);
+    }
+}
+
+unsigned long fp_http_inflight(const struct fp_http *h)
+{
+    return h->inflight;
+}
+
+void fp_http_free(struct fp_http *h)
+{
+    struct request *r;
+
+    if (h == NULL)
+        return;
+    h->drained = NULL;
+    /* Runs on_close for every request still held, which detaches it. */
+    evhttp_free(h->http);
+    fp_coalesce_free(h->co);
+    while ((r = h->free_list) != NULL) {
+        h->free_list = r->free_next;
+        free(r);
+    }
+    if (h->inflight != 0)
+        fp_log(FP_LOG_WARN, "http: %lu requests still in flight at exit",
+               h->inflight);
+    free(h);
+}

@@ -1,0 +1,31 @@
+/* http.h -- the evhttp front: GET/HEAD/POST -> key -> coalesced cache get
+ * -> 200 (hit) / 404 (miss or invalid key) / 503 (cache failed); 405 for
+ * every other method. */
+#ifndef FP_HTTP_H
+#define FP_HTTP_H
+
+struct event_base;
+struct fp_settings;
+struct fp_cache;
+struct fp_http;
+
+/* Binds settings->listen:port and starts serving on base. NULL on error
+ * (logged). The settings and the cache must outlive the server. */
+struct fp_http *fp_http_start(struct event_base *base,
+                              const struct fp_settings *settings,
+                              struct fp_cache *cache);
+
+/* Stops accepting (closes the listening socket) and answers every later
+ * request with "Connection: close". `done` is called, from the loop or
+ * right away, once no request is left in flight (waiting for the cache or
+ * for its answer to be written). */
+void fp_http_drain(struct fp_http *h, void (*done)(void *arg), void *arg);
+
+/* Requests in flight now. */
+unsigned long fp_http_inflight(const struct fp_http *h);
+
+/* Closes every connection and frees the server. Free the cache first, so
+ * that every waiting request has been answered (fp_cache_free calls back). */
+void fp_http_free(struct fp_http *h);
+
+#endif

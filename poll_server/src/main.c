@@ -1,0 +1,194 @@
+/* main.c -- poll_server: configuration, one event loop, graceful shutdown.
+ *
+ * SIGTERM/SIGINT: stop accepting, let the requests in flight finish (at
+ * most shutdown_timeout_ms), then free everything and exit 0. A second
+ * signal during the drain stops at once. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include <event2/event.h>
+
+#include "cache.h"
+#include "config.h"
+#include "http.h"
+#include "log.h"
+#include "settings.h"
+#include "version.h"
+
+struct app {
+    struct event_base *base;
+    struct fp_http *http;
+    struct event *sigterm, *sigint, *drain_timer;
+    const struct fp_settings *s;
+    int stopping;
+};
+
+static void drained(void *arg)
+{
+    struct app *a = arg;
+
+    fp_log(FP_LOG_INFO, "shutdown: no request left in flight");
+    if (event_base_loopexit(a->base, NULL) != 0)
+        fp_log(FP_LOG_ERROR, "shutdown: cannot leave the event loop");
+}
+
+static void drain_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    struct app *a = arg;
+
+    (void)fd;
+    (void)what;
+    fp_log(FP_LOG_WARN, "shutdown: %lu requests still in flight after %u ms, "
+           "closing them", fp_http_inflight(a->http), a->s->shutdown_timeout_ms);
+    if (event_base_loopexit(a->base, NULL) != 0)
+        fp_log(FP_LOG_ERROR, "shutdown: cannot leave the event loop");
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    struct app *a = arg;
+    struct timeval tv;
+
+    (void)what;
+    if (a->stopping) {
+        fp_log(FP_LOG_WARN, "shutdown: signal %d again, stopping now", (int)sig);
+        if (event_base_loopbreak(a->base) != 0)
+            fp_log(FP_LOG_ERROR, "shutdown: cannot leave the event loop");
+        return;
+    }
+    a->stopping = 1;
+    fp_log(FP_LOG_INFO, "shutdown: signal %d, no longer accepting; %lu "
+           "requests in flight", (int)sig, fp_http_inflight(a->http));
+    tv.tv_sec = (time_t)(a->s->shutdown_timeout_ms / 1000);
+    tv.tv_usec = (suseconds_t)(a->s->shutdown_timeout_ms % 1000) * 1000;
+    if (evtimer_add(a->drain_timer, &tv) != 0) {
+        fp_log(FP_LOG_ERROR, "shutdown: cannot arm the drain timer");
+        if (event_base_loopexit(a->base, NULL) != 0)
+            fp_log(FP_LOG_ERROR, "shutdown: cannot leave the event loop");
+        return;
+    }
+    fp_http_drain(a->http, drained, a);
+}
+
+static void log_startup(const struct fp_settings *s, const char *config)
+{
+    char servers[512];
+    size_t n = 0;
+
+    servers[0] = '\0';
+    if (s->backend == FP_BACKEND_MEMCACHED) {
+        for (size_t i = 0; i < s->nmc_servers && n < sizeof(servers); i++) {
+            int r = snprintf(servers + n, sizeof(servers) - n, "%s%s:%u",
+                             i ? " " : "", s->mc_servers[i].host,
+                             (unsigned)s->mc_servers[i].port);
+            if (r < 0)
+                break;
+            n += (size_t)r;
+        }
+        if (n >= sizeof(servers))
+            memcpy(servers + sizeof(servers) - 4, "...", 4);
+    } else if (s->redis.unix_path != NULL) {
+        snprintf(servers, sizeof(servers), "unix:%s db %d%s", s->redis.unix_path,
+                 s->redis_db, s->redis_password ? " (AUTH)" : "");
+    } else {
+        snprintf(servers, sizeof(servers), "%s:%u db %d%s", s->redis.host,
+                 (unsigned)s->redis.port, s->redis_db,
+                 s->redis_password ? " (AUTH)" : "");
+    }
+    fp_log(FP_LOG_INFO, "poll_server %s (libevent %s) listening on %s:%u, "
+           "config %s, backend %s: %s, timeout %u ms, log level %s",
+           FP_VERSION, event_get_version(), s->listen, (unsigned)s->port,
+           config ? config : "(defaults)",
+           s->backend == FP_BACKEND_MEMCACHED ? "memcached" : "redis",
+           servers, s->cache_timeout_ms, fp_config_level_name(s->log_level));
+}
+
+int main(int argc, char **argv)
+{
+    struct fp_settings s;
+    struct fp_cli cli;
+    struct fp_cache *cache = NULL;
+    struct app a;
+    struct sigaction sa;
+    char err[FP_CONFIG_ERRLEN];
+    int rc = 1;
+
+    memset(&a, 0, sizeof(a));
+    if (fp_config_from_args(&s, &cli, argc, argv, err, sizeof(err)) < 0) {
+        if (cli.test_only) {
+            fprintf(stderr, "%s\n", err);
+        } else {
+            fp_log(FP_LOG_ERROR, "config: %s", err);
+        }
+        goto out;
+    }
+    if (cli.help) {
+        fp_config_usage(stdout, "poll_server");
+        rc = 0;
+        goto out;
+    }
+    if (cli.version) {
+        printf("poll_server %s\n", FP_VERSION);
+        rc = 0;
+        goto out;
+    }
+    if (cli.test_only) {
+        printf("config OK\n");
+        rc = 0;
+        goto out;
+    }
+    fp_log_set_level(s.log_level);
+    a.s = &s;
+
+    /* A client gone mid-write must be an error return, not a signal. */
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = SIG_IGN;
+    if (sigemptyset(&sa.sa_mask) != 0 || sigaction(SIGPIPE, &sa, NULL) != 0) {
+        fp_log(FP_LOG_ERROR, "cannot ignore SIGPIPE");
+        goto out;
+    }
+
+    if ((a.base = event_base_new()) == NULL) {
+        fp_log(FP_LOG_ERROR, "cannot create the event loop");
+        goto out;
+    }
+    if ((cache = fp_cache_create(a.base, &s)) == NULL)
+        goto out; /* logged by the backend */
+    if ((a.http = fp_http_start(a.base, &s, cache)) == NULL)
+        goto out;
+    a.sigterm = evsignal_new(a.base, SIGTERM, on_signal, &a);
+    a.sigint = evsignal_new(a.base, SIGINT, on_signal, &a);
+    a.drain_timer = evtimer_new(a.base, drain_timeout, &a);
+    if (a.sigterm == NULL || a.sigint == NULL || a.drain_timer == NULL ||
+        evsignal_add(a.sigterm, NULL) != 0 || evsignal_add(a.sigint, NULL) != 0) {
+        fp_log(FP_LOG_ERROR, "cannot install signal handlers");
+        goto out;
+    }
+    log_startup(&s, cli.config_path);
+
+    if (event_base_dispatch(a.base) < 0) {
+        fp_log(FP_LOG_ERROR, "event loop failed");
+        goto out;
+    }
+    rc = 0;
+out:
+    /* The cache first: it answers every waiting request (503), which the
+     * HTTP side can still route; then the connections go. */
+    fp_cache_free(cache);
+    fp_http_free(a.http);
+    if (a.drain_timer != NULL)
+        event_free(a.drain_timer);
+    if (a.sigint != NULL)
+        event_free(a.sigint);
+    if (a.sigterm != NULL)
+        event_free(a.sigterm);
+    if (a.base != NULL)
+        event_base_free(a.base);
+    if (a.stopping)
+        fp_log(FP_LOG_INFO, "shutdown: done, exit %d", rc);
+    fp_config_free(&s);
+    return rc;
+}
