@@ -1,0 +1,574 @@
+"""fastpoll's benchmark: `make bench` (full, <= 10 minutes) and `make bench-quick` (CI smoke, < 1 min).
+
+    .venv/bin/python loadtests/bench.py            # full: results, plots, docs/benchmarks.md
+    .venv/bin/python loadtests/bench.py --quick    # smoke: asserts 0 failed requests, right bodies
+    .venv/bin/python loadtests/bench.py --attach run/   # measure the stack `make up` started
+
+It starts the stack through tests/stack.py (tuned for many connections, see TUNING) unless told to
+attach to a running one, preloads the answers of 100,000 users into memcached (ketama, the app's
+key function), starts the peers (nginx `return 200`, nginx `memcached_pass`), then runs, with the
+same client for every system:
+
+1. the seed's `ab -c 50 -n 5000` on a poll URL, without and with -k;
+2. wrk -c50 keep-alive: hits (one hot key / 100,000 keys), GET and POST, 95% and 50% hit mixes,
+   all misses (the fallback), the poll server directly, the peers, and the app alone;
+3. the concurrency sweep 20 .. 15,000 over fastpoll and the peers (the app up to 1,000);
+4. the poll servers' CPU time per 100,000 hits, and one poll server's memory with 10,000
+   connections open.
+
+One JSON file per run goes to loadtests/results/ (raw tool outputs beside it), with the machine's
+details; then the plots and docs/benchmarks.md are made from it (loadtests/report.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import clients  # noqa: E402
+import conns  # noqa: E402
+import peers  # noqa: E402
+import preload  # noqa: E402
+import stackctl  # noqa: E402
+import sysinfo  # noqa: E402
+
+RESULTS = HERE / "results"
+POLL_SERVER = ROOT / "poll_server" / "build" / "poll_server"
+SWEEP = (20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 15000)
+APP_SWEEP_MAX = 1000  # the app at 15,000 connections only measures wrk's timeouts
+USERS = 100_000
+HOT_USER = 1
+
+# nginx tuning for every nginx in the run (the stack's and the peers'), so they are measured alike.
+# Limits here: 2 cores, RLIMIT_NOFILE 20,000 per process. At 15,000 client connections one worker
+# holds ~7,500 clients plus up to as many upstream connections, so worker_connections must exceed
+# 15,000; reuseport gives each worker its own accept queue, so the kernel spreads the clients evenly.
+TUNING: dict[str, object] = {
+    "worker_processes": "auto",
+    "worker_rlimit_nofile": 20000,
+    "worker_connections": 19500,
+    "listen_options": " backlog=4096 reuseport",
+    "fastpoll_upstream_keepalive": 1024,
+}
+
+SYSTEMS = {
+    "fastpoll": "fastpoll: nginx -> poll_server -> memcached",
+    "direct": "poll_server directly (one instance, no nginx)",
+    "memcached_pass": "nginx memcached_pass (keepalive upstream)",
+    "return200": "nginx return 200 (ceiling)",
+    "app": "fallback app alone (no cache)",
+}
+
+
+@dataclass
+class Plan:
+    """One measurement."""
+
+    group: str  # ab | c50 | sweep
+    system: str
+    scenario: str  # hit-hot, hit-many, mix95, mix50, miss, ...
+    conns: int
+    tool: str = "wrk"
+    seconds: float = 5.0  # wrk duration
+    n: int = 5000  # ab requests
+    keepalive: bool = True
+    users: int = USERS
+    hit: float = 1.0
+    method: str = "GET"
+    check: str | None = None
+    rep: int = 0
+
+    @property
+    def name(self) -> str:
+        ka = "" if self.tool == "wrk" else (" -k" if self.keepalive else "")
+        return (f"{self.group} {self.tool}{ka} c={self.conns} {self.system} {self.scenario} "
+                f"{self.method}" + (f" #{self.rep + 1}" if self.rep else ""))
+
+    def est_seconds(self) -> float:
+        if self.tool == "ab":
+            return 1.0 + self.n / (1500 if self.system == "app" else 12000)
+        return self.seconds + 1.0 + (1.5 if self.conns >= 5000 else 0.0)
+
+
+@dataclass
+class Ctx:
+    args: argparse.Namespace
+    target: stackctl.Target
+    peers: dict[str, peers.Peer]
+    raw_log: Path
+    miss_prefix: int = 0
+    results: list[dict[str, object]] = field(default_factory=list)
+
+    def next_miss_prefix(self) -> str:
+        # A miss polls a user id nobody polled before: 11 digits of tenths of a second (unique
+        # across runs), the wrk thread, 7 digits of counter: 19 digits, below 2**63.
+        self.miss_prefix = max(self.miss_prefix + 1, int(time.time() * 10) % 10**11)
+        return str(self.miss_prefix)
+
+
+# ---- plans -------------------------------------------------------------------------------------
+
+def full_plan(reps: int) -> list[Plan]:
+    plans: list[Plan] = []
+    # 1. the seed's ab, interleaved over the systems and repeated: a 5,000-request run lasts
+    #    well under a second here, so one run alone is mostly noise.
+    for rep in range(reps):
+        for ka in (False, True):
+            for system in ("fastpoll", "return200", "memcached_pass"):
+                plans.append(Plan("ab", system, "hit-hot", 50, tool="ab", n=5000, keepalive=ka,
+                                  users=1, rep=rep))
+    plans.append(Plan("ab", "app", "nocache-hot", 50, tool="ab", n=2000, keepalive=False,
+                      users=1))
+    # 2. wrk -c50 keep-alive. The ratio runs are interleaved and repeated.
+    for rep in range(reps):
+        for system in ("fastpoll", "memcached_pass", "return200"):
+            plans.append(Plan("c50", system, "hit-hot", 50, users=1, rep=rep))
+        for system in ("fastpoll", "memcached_pass"):
+            plans.append(Plan("c50", system, "hit-many", 50, rep=rep))
+        plans.append(Plan("c50", "app", "nocache-many", 50, rep=rep))
+    plans += [
+        Plan("c50", "fastpoll", "hit-hot", 50, users=1, method="POST"),
+        Plan("c50", "fastpoll", "hit-many", 50, method="POST"),
+        Plan("c50", "return200", "hit-hot", 50, users=1, method="POST"),
+        Plan("c50", "fastpoll", "mix95", 50, hit=0.95),
+        Plan("c50", "fastpoll", "mix50", 50, hit=0.50),
+        Plan("c50", "fastpoll", "miss", 50, hit=0.0),
+        Plan("c50", "direct", "hit-hot", 50, users=1),
+        Plan("c50", "direct", "hit-many", 50),
+    ]
+    # 3. the sweep, interleaved level by level (order rotated) so drift hits every system alike.
+    for i, c in enumerate(SWEEP):
+        systems = ["fastpoll", "memcached_pass", "return200"]
+        systems = systems[i % 3:] + systems[: i % 3]
+        if c <= APP_SWEEP_MAX:
+            systems.append("app")
+        secs = 3.0 if c <= 200 else (4.0 if c <= 2000 else 6.0)
+        for system in systems:
+            scen = "nocache-many" if system == "app" else "hit-many"
+            plans.append(Plan("sweep", system, scen, c, seconds=secs))
+    return plans
+
+
+def quick_plan() -> list[Plan]:
+    """CI smoke: every path and every peer once, short, with every answer checked."""
+    s = 1.0
+    return [
+        Plan("ab", "fastpoll", "hit-hot", 50, tool="ab", n=1000, keepalive=False, users=1),
+        Plan("ab", "fastpoll", "hit-hot", 50, tool="ab", n=1000, keepalive=True, users=1),
+        Plan("c50", "fastpoll", "hit-hot", 50, seconds=s, users=1, check="hit"),
+        Plan("c50", "fastpoll", "hit-many", 50, seconds=s, check="hit"),
+        Plan("c50", "fastpoll", "hit-many", 50, seconds=s, method="POST", check="hit"),
+        Plan("c50", "fastpoll", "mix50", 50, seconds=s, hit=0.5, check="any"),
+        Plan("c50", "fastpoll", "miss", 20, seconds=s, hit=0.0, check="any"),
+        Plan("c50", "direct", "hit-many", 50, seconds=s, check="hit"),
+        Plan("c50", "memcached_pass", "hit-many", 50, seconds=s, check="hit"),
+        Plan("c50", "return200", "hit-hot", 50, seconds=s, users=1, check="hit"),
+        Plan("c50", "app", "nocache-many", 20, seconds=s, check="any"),
+        Plan("sweep", "fastpoll", "hit-many", 1000, seconds=2.0, check="hit"),
+    ]
+
+
+# ---- running one plan ---------------------------------------------------------------------------
+
+def system_url(ctx: Ctx, system: str) -> tuple[str, str]:
+    """(base URL, poll path) of a system."""
+    t = ctx.target
+    if system == "fastpoll":
+        return t.base_url, "/Poll/getMessages"
+    if system == "direct":
+        return f"http://127.0.0.1:{t.poller_ports[0]}", "/getMessages"
+    if system == "app":
+        return f"http://127.0.0.1:{t.app_port}", "/Poll/getMessages"
+    return ctx.peers[system].base_url, "/Poll/getMessages"
+
+
+def cpu_groups(ctx: Ctx) -> dict[str, list[int]]:
+    t = ctx.target
+    groups = {
+        "poll_servers": t.poller_pids,
+        "nginx": [t.nginx_pid, *sysinfo.children(t.nginx_pid)],
+        "memcached": t.memcached_pids,
+        "app": [t.app_pid, *sysinfo.children(t.app_pid)],
+    }
+    for name, peer in ctx.peers.items():
+        groups[f"peer_{name}"] = [peer.pid, *sysinfo.children(peer.pid)]
+    return groups
+
+
+def run_plan(ctx: Ctx, p: Plan, users: int) -> dict[str, object]:
+    base, path = system_url(ctx, p.system)
+    n_users = min(p.users, users)
+    pad = "0" if p.system == "app" else ""  # 0NNN: the app answers, but never reads or fills
+    env = {"FP_PATH": path, "FP_USERS": str(n_users), "FP_HIT": str(p.hit),
+           "FP_METHOD": p.method, "FP_ZERO_PAD": "1" if pad else "0",
+           "FP_MISS_PREFIX": ctx.next_miss_prefix()}
+    if p.check:
+        env["FP_CHECK"] = p.check
+        if p.system in ("fastpoll", "direct") and p.scenario.startswith("hit"):
+            env["FP_SOURCE"] = "cache"
+    meter = sysinfo.CpuMeter(cpu_groups(ctx))
+    mc_before = stackctl.memcached_stats(ctx.target.memcached_ports)
+    meter.start()
+    if p.tool == "ab":
+        body = None
+        if p.method == "POST":
+            body = ctx.raw_log.parent / "post-body.json.tmp"
+            body.write_text('{"since":0}')
+        r = clients.run_ab(f"{base}{path}?user_id={pad}{HOT_USER}", p.conns, p.n, p.keepalive,
+                           raw_log=ctx.raw_log, method_body=body)
+    else:
+        r = clients.run_wrk(f"{base}{path}", p.conns, p.seconds, threads=2, env=env,
+                            timeout_s=10.0, raw_log=ctx.raw_log)
+    cpu = meter.stop()
+    mc = stackctl.mc_delta(mc_before, stackctl.memcached_stats(ctx.target.memcached_ports))
+    row: dict[str, object] = {
+        "name": p.name, "group": p.group, "system": p.system, "scenario": p.scenario,
+        "method": p.method, "rep": p.rep, "users": n_users, "hit_ratio": p.hit,
+        **r.as_dict(), "cpu_s": cpu, "memcached": mc,
+    }
+    # Hits that quietly went to the app would still be 200s: memcached's own counters show them
+    # (the app's fill is an `add`, counted in cmd_set).
+    if p.system in ("fastpoll", "direct") and p.scenario.startswith("hit"):
+        row["fallbacks_seen"] = mc["cmd_set"]
+    return row
+
+
+# ---- derived figures ---------------------------------------------------------------------------
+
+def _median(rows: list[dict[str, object]], key: str = "rps") -> float | None:
+    vals = [float(r[key]) for r in rows if r.get(key) is not None]  # type: ignore[arg-type]
+    return statistics.median(vals) if vals else None
+
+
+def pick(results: list[dict[str, object]], **kw: object) -> list[dict[str, object]]:
+    return [r for r in results if all(r.get(k) == v for k, v in kw.items())]
+
+
+def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str, object]:
+    def med(**kw: object) -> float | None:
+        return _median(pick(results, **kw))
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a and b else None
+
+    ab = {f"{s}{'_k' if ka else ''}": med(group="ab", system=s, keepalive=ka)
+          for s in ("fastpoll", "return200", "memcached_pass", "app") for ka in (False, True)}
+    c50 = {f"{s}_{sc}": med(group="c50", system=s, scenario=sc, method="GET")
+           for s in ("fastpoll", "memcached_pass", "return200", "direct")
+           for sc in ("hit-hot", "hit-many")}
+    c50["app_nocache-many"] = med(group="c50", system="app", scenario="nocache-many")
+    for sc in ("mix95", "mix50", "miss"):
+        c50[f"fastpoll_{sc}"] = med(group="c50", system="fastpoll", scenario=sc)
+    for sc in ("hit-hot", "hit-many"):
+        c50[f"fastpoll_{sc}_POST"] = med(group="c50", system="fastpoll", scenario=sc,
+                                         method="POST")
+    c50["return200_hit-hot_POST"] = med(group="c50", system="return200", method="POST")
+
+    sweep: dict[str, dict[int, dict[str, object]]] = {}
+    for r in pick(results, group="sweep"):
+        sweep.setdefault(str(r["system"]), {})[int(r["conns"])] = {  # type: ignore[arg-type]
+            k: r.get(k) for k in ("rps", "p50_ms", "p99_ms", "failed", "errors", "non2xx")}
+
+    def flat(system: str, c: int) -> float | None:
+        s = sweep.get(system, {})
+        if c in s and 50 in s:
+            return ratio(s[c]["rps"], s[50]["rps"])  # type: ignore[arg-type]
+        return None
+
+    # CPU of the poll servers per 100,000 hits, in the c50 GET hit runs through nginx.
+    cpu = {}
+    for sys_ in ("fastpoll", "direct"):
+        for sc in ("hit-hot", "hit-many"):
+            rows = pick(results, group="c50", system=sys_, scenario=sc, method="GET")
+            reqs = sum(int(r["requests"]) for r in rows)  # type: ignore[arg-type]
+            secs = sum(float(r["cpu_s"]["poll_servers"]) for r in rows)  # type: ignore[index]
+            if reqs:
+                cpu[f"{sys_}_{sc}"] = round(secs / reqs * 100_000 * 1000, 1)  # ms
+    ratios = {
+        "c50_vs_memcached_pass_hot": ratio(c50["fastpoll_hit-hot"], c50["memcached_pass_hit-hot"]),
+        "c50_vs_memcached_pass_many": ratio(c50["fastpoll_hit-many"],
+                                            c50["memcached_pass_hit-many"]),
+        "c50_vs_return200_hot": ratio(c50["fastpoll_hit-hot"], c50["return200_hit-hot"]),
+        "ab_vs_return200": ratio(ab["fastpoll"], ab["return200"]),
+        "ab_k_vs_return200": ratio(ab["fastpoll_k"], ab["return200_k"]),
+        "ab_vs_memcached_pass": ratio(ab["fastpoll"], ab["memcached_pass"]),
+        "c50_vs_app": ratio(c50["fastpoll_hit-many"], c50["app_nocache-many"]),
+        "ab_vs_app": ratio(ab["fastpoll"], ab["app"]),
+        "sweep_10000_vs_50": flat("fastpoll", 10000),
+        "sweep_15000_vs_50": flat("fastpoll", 15000),
+        "peer_memcached_pass_15000_vs_50": flat("memcached_pass", 15000),
+        "peer_return200_15000_vs_50": flat("return200", 15000),
+    }
+    fp = sweep.get("fastpoll", {})
+    sweep_errors = sum(int(v["failed"]) for c, v in fp.items() if c >= 10000)  # type: ignore
+    targets = [
+        _target("wrk -c50 keep-alive, hot key: fastpoll >= 1.0x nginx memcached_pass",
+                ratios["c50_vs_memcached_pass_hot"], 1.0),
+        _target("wrk -c50 keep-alive, 100,000 keys: fastpoll >= 1.0x nginx memcached_pass",
+                ratios["c50_vs_memcached_pass_many"], 1.0),
+        _target("sweep flat: 10,000 connections >= 0.9x its own 50",
+                ratios["sweep_10000_vs_50"], 0.9),
+        _target("sweep flat: 15,000 connections >= 0.9x its own 50",
+                ratios["sweep_15000_vs_50"], 0.9),
+        {"target": "sweep: 0 errors or timeouts at 10,000 and 15,000", "value": sweep_errors,
+         "need": 0, "met": (sweep_errors == 0) if fp else None},
+        _target("ab -c 50 -n 5000: fastpoll >= 0.95x nginx return 200",
+                ratios["ab_vs_return200"], 0.95),
+        _target("wrk -c50: fastpoll >= 10x the app alone", ratios["c50_vs_app"], 10.0),
+    ]
+    return {"ab": ab, "c50": c50, "sweep": sweep, "ratios": ratios,
+            "cpu_ms_per_100k_hits": cpu, "rss": rss, "targets": targets}
+
+
+def _target(what: str, value: float | None, need: float) -> dict[str, object]:
+    return {"target": what, "value": value, "need": need,
+            "met": None if value is None else value >= need}
+
+
+# ---- memory with many connections ---------------------------------------------------------------
+
+def measure_rss(ctx: Ctx, count: int) -> dict[str, object]:
+    t = ctx.target
+    pid, port = t.poller_pids[0], t.poller_ports[0]
+    before = sysinfo.status_kb(pid, "VmRSS")
+    req = b"GET /getMessages?user_id=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    t0 = time.monotonic()
+    with conns.ConnectionCrowd(port, req, count) as crowd:
+        time.sleep(0.5)
+        during = sysinfo.status_kb(pid, "VmRSS")
+        alive = crowd.still_open()
+        answered, failed = crowd.answered, crowd.failed
+    return {"connections": count, "answered": answered, "failed": failed, "still_open": alive,
+            "rss_kb_before": before, "rss_kb_with_connections": during,
+            "bytes_per_connection": round((during - before) * 1024 / max(1, answered)),
+            "seconds": round(time.monotonic() - t0, 1)}
+
+
+# ---- main --------------------------------------------------------------------------------------
+
+def fmt_row(r: dict[str, object]) -> str:
+    def ms(v: object) -> str:
+        return "-" if v is None else (f"{v:.2f}ms" if float(v) < 100 else f"{v:.0f}ms")  # type: ignore
+    s = (f"{float(r['rps']):>10,.0f} req/s  p50 {ms(r['p50_ms']):>8}  p99 {ms(r['p99_ms']):>8}"  # type: ignore
+         f"  failed {r['failed']}")
+    if r.get("check"):
+        s += f"  checked {r['check']}"
+    if r.get("fallbacks_seen"):
+        s += f"  fallbacks(app adds) {r['fallbacks_seen']}"
+    return s
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="CI smoke: < 1 minute, checks bodies")
+    ap.add_argument("--attach", type=Path, metavar="RUN_DIR",
+                    help="use the stack `make up` started (its run dir) instead of a fresh one")
+    ap.add_argument("--users", type=int, default=None, help=f"preloaded users (default {USERS})")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of the ratio runs")
+    ap.add_argument("--rss-conns", type=int, default=None, help="default 10000 (quick: 1000)")
+    ap.add_argument("--max-minutes", type=float, default=None,
+                    help="skip what is left after this long (default 12, quick 1.5)")
+    ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
+    ap.add_argument("--only", default="", help="comma list of groups to run: ab,c50,sweep,rss")
+    args = ap.parse_args()
+    quick = args.quick
+    users = args.users or (2000 if quick else USERS)
+    max_s = 60 * (args.max_minutes or (1.5 if quick else 12.0))
+    rss_n = args.rss_conns or (1000 if quick else 10000)
+    only = {g for g in args.only.split(",") if g}
+
+    for tool in ("wrk", "ab", "nginx", "memcached"):
+        if shutil.which(tool) is None:
+            print(f"bench: {tool} is not installed (make deps)", file=sys.stderr)
+            return 2
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # children inherit it
+
+    t_start = time.monotonic()
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    run_id = f"{'quick' if quick else 'bench'}-{stamp}"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    suffix = ".tmp" if quick else ""  # quick runs are not kept in git (.gitignore: *.tmp)
+    out_json = RESULTS / f"{run_id}.json{suffix}"
+    raw_log = RESULTS / f"{run_id}-raw.log{suffix}"
+    work = ROOT / "run" / "bench"
+    if work.exists():
+        shutil.rmtree(work)  # our own scratch dir from an earlier run (stopped, by pid)
+    work.mkdir(parents=True)
+
+    print(f"bench {run_id}: {'quick smoke' if quick else 'full run'}; results -> {out_json}",
+          flush=True)
+    machine = sysinfo.machine(POLL_SERVER)
+    ini = {"log": {"level": "warn"}}
+    if args.attach:
+        target = stackctl.attach(args.attach.resolve())
+        print(f"  attached to the running stack at {target.base_url} (its own nginx tuning)")
+    else:
+        target = stackctl.start(work / "stack", TUNING, ini)
+        print(f"  stack up at {target.base_url}: {len(target.poller_ports)} poll servers "
+              f"{target.poller_ports}, memcached {target.memcached_ports}, app {target.app_port}"
+              f" ({time.monotonic() - t_start:.1f}s)", flush=True)
+    peer_tuning = {k: v for k, v in TUNING.items() if not k.startswith("fastpoll_")}
+    ctx = Ctx(args=args, target=target, peers={}, raw_log=raw_log)
+    failures: list[str] = []
+    rss: dict[str, object] = {}
+    doc: dict[str, object] = {}
+    try:
+        mc_servers = [f"127.0.0.1:{p}" for p in target.memcached_ports]
+        t0 = time.monotonic()
+        preload.preload(mc_servers, users)
+        print(f"  preloaded {users:,} users into memcached ({time.monotonic() - t0:.1f}s)")
+        ctx.peers = {
+            "return200": peers.Peer("return200", work / "peer-return200", peer_tuning,
+                                    {"body": preload.answer(HOT_USER).decode()}),
+            "memcached_pass": peers.Peer(
+                "memcached_pass", work / "peer-memcached_pass", peer_tuning,
+                {"memcached": mc_servers[0],
+                 "upstream_keepalive": TUNING["fastpoll_upstream_keepalive"]}),
+        }
+        for peer in ctx.peers.values():
+            peer.start()
+        print("  peers up: " + ", ".join(f"{n} {p.base_url}" for n, p in ctx.peers.items()))
+
+        failures += sanity(ctx, users, quick)
+        if failures:
+            raise SystemExit("bench: the stack does not answer right:\n  " + "\n  ".join(failures))
+
+        plans = quick_plan() if quick else full_plan(args.reps)
+        if only:
+            plans = [p for p in plans if p.group in only]
+        total_est = sum(p.est_seconds() for p in plans)
+        print(f"  {len(plans)} runs planned, ~{total_est / 60:.1f} min of load", flush=True)
+        done_est = 0.0
+        for i, p in enumerate(plans, 1):
+            elapsed = time.monotonic() - t_start
+            if elapsed > max_s:
+                print(f"  time limit reached: skipping the last {len(plans) - i + 1} runs")
+                failures.append(f"{len(plans) - i + 1} runs skipped (time limit)")
+                break
+            try:
+                row = run_plan(ctx, p, users)
+            except clients.ToolError as e:
+                failures.append(f"{p.name}: {e}")
+                print(f"  [{i:3}/{len(plans)}] {p.name}: FAILED TO RUN: {e}", flush=True)
+                continue
+            ctx.results.append(row)
+            done_est += p.est_seconds()
+            left = max(0.0, total_est - done_est)
+            print(f"  [{i:3}/{len(plans)} {_mmss(elapsed)} ~{_mmss(left)} left] "
+                  f"{p.name:44} {fmt_row(row)}", flush=True)
+            if quick or p.check:
+                if row["failed"]:
+                    failures.append(f"{p.name}: {row['failed']} failed requests "
+                                    f"(errors {row['errors']}, non-2xx {row['non2xx']})")
+                if row.get("check") and row["check"]["n_hit"] + row["check"]["n_miss"] == 0:  # type: ignore
+                    failures.append(f"{p.name}: no requests were checked")
+            # Let the closed connections settle (TIME_WAIT, nginx's upstream pool) before the next.
+            time.sleep(0.2 if quick else (2.0 if p.conns >= 5000 else 0.5))
+
+        if not only or "rss" in only:
+            rss = measure_rss(ctx, rss_n)
+            print(f"  poll server RSS: {rss['rss_kb_before']} KB idle, "
+                  f"{rss['rss_kb_with_connections']} KB with {rss['answered']:,} connections open"
+                  f" ({rss['bytes_per_connection']} B each; {rss['still_open']} still open)")
+            if rss["answered"] != rss_n or rss["still_open"] != rss_n:
+                failures.append(f"rss: {rss['answered']} of {rss_n} connections answered, "
+                                f"{rss['still_open']} still open")
+        peak = {f"poller-{i}": sysinfo.status_kb(pid, "VmHWM")
+                for i, pid in enumerate(target.poller_pids)}
+        failures += sanity(ctx, users, quick, after=True)
+        derived = derive(ctx.results, rss)
+        derived["poll_server_peak_rss_kb"] = peak
+        doc = {
+            "run_id": run_id, "mode": "quick" if quick else "full",
+            "started_utc": stamp, "seconds": round(time.monotonic() - t_start, 1),
+            "machine": machine,
+            "tuning": {"nginx": TUNING, "nginx_applied_via": target.nginx_vars_via,
+                       "attached": bool(args.attach), "nofile": [hard, hard],
+                       "wrk": {"threads": 2, "timeout_s": 10}, "ini": ini,
+                       "sysctl_changed": {}},
+            "stack": {"http_port": target.http_port, "poller_ports": target.poller_ports,
+                      "memcached_ports": target.memcached_ports, "app_port": target.app_port},
+            "users": users, "derived": derived, "results": ctx.results,
+            "failures": failures,
+        }
+    finally:
+        for peer in ctx.peers.values():
+            peer.stop()
+        if target.started_here:
+            target.stack.stop()
+        if doc:
+            out_json.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+            print(f"  wrote {out_json.relative_to(ROOT)}")
+
+    if not quick and doc:
+        import report
+        doc = json.loads(out_json.read_text())  # exactly what is stored (string keys and all)
+        pngs = report.plots(doc, RESULTS)
+        print("  plots: " + ", ".join(str(p.relative_to(ROOT)) for p in pngs))
+        if not args.no_docs and not only:
+            md = report.write_markdown(doc, out_json, pngs)
+            print(f"  wrote {md.relative_to(ROOT)}")
+        for t in doc["derived"]["targets"]:  # type: ignore[index]
+            mark = {True: "met   ", False: "MISSED", None: "n/a   "}[t["met"]]
+            print(f"  target {mark} {t['target']}: {t['value']}")
+    print(f"bench {run_id}: {'OK' if not failures else 'FAILED'} in "
+          f"{_mmss(time.monotonic() - t_start)}")
+    for f in failures:
+        print(f"  FAIL {f}")
+    return 1 if failures else 0
+
+
+def sanity(ctx: Ctx, users: int, quick: bool, after: bool = False) -> list[str]:
+    """Right bytes from every path before (and after) the load; returns problems."""
+    import random
+    rnd = random.Random(11 if after else 5)
+    sample = sorted({HOT_USER, users, *rnd.sample(range(1, users + 1), min(users, 50))})
+    t = ctx.target
+    problems = [f"fastpoll {m}" for m in stackctl.check_hits(t.base_url, "/Poll/getMessages",
+                                                             sample)]
+    problems += [f"fastpoll POST {m}" for m in stackctl.check_hits(
+        t.base_url, "/Poll/getMessages", sample[:10], post=True)]
+    problems += [f"direct {m}" for m in stackctl.check_hits(
+        f"http://127.0.0.1:{t.poller_ports[0]}", "/getMessages", sample[:10])]
+    if "memcached_pass" in ctx.peers:
+        problems += [f"memcached_pass {m}" for m in stackctl.check_hits(
+            ctx.peers["memcached_pass"].base_url, "/Poll/getMessages", sample[:10], source=None)]
+    if "return200" in ctx.peers:
+        problems += [f"return200 {m}" for m in stackctl.check_hits(
+            ctx.peers["return200"].base_url, "/Poll/getMessages", [HOT_USER], source=None)]
+    # A miss goes to the app (empty body: nothing new for a user with no messages).
+    uid = ctx.next_miss_prefix() + "00000001"
+    a = stackctl.get(f"{t.base_url}/Poll/getMessages?user_id={uid}")
+    if (a.status, a.body, a.source) != (200, b"", "app"):
+        problems.append(f"miss: {a.status} {a.source} {a.body[:80]!r}")
+    a = stackctl.get(f"http://127.0.0.1:{t.app_port}/Poll/getMessages?user_id=0{HOT_USER}")
+    if (a.status, a.source) != (200, "app"):
+        problems.append(f"app alone: {a.status} {a.source} {a.body[:80]!r}")
+    if not problems:
+        print(f"  answers {'after' if after else 'before'} the load: right "
+              f"({len(sample)} users, POST, direct, peers, a miss, the app)")
+    return problems
+
+
+def _mmss(s: float) -> str:
+    s = max(0, int(math.ceil(s)))
+    return f"{s // 60}:{s % 60:02d}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The peers: stand-alone nginx instances the poll path is compared with, in the same run.
+
+- return200:      nginx answers /Poll/ itself (`return 200` with the hot user's bytes): the ceiling.
+- memcached_pass: nginx reads the same memcached with the same key through a keepalive upstream.
+
+Each gets its own config rendered from loadtests/peers/*.conf.j2 into its own directory, a free
+loopback port, and is stopped by the pid we started (never by name).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+from stack import free_port, http_status, wait_for  # noqa: E402  (the one stack harness)
+
+TEMPLATES = HERE / "peers"
+
+
+@dataclass
+class Peer:
+    name: str  # "return200" or "memcached_pass"
+    run_dir: Path
+    tuning: dict[str, object]  # worker_processes, worker_connections, ... (same as the stack's)
+    params: dict[str, object] = field(default_factory=dict)  # body / memcached / keepalive
+    port: int = 0
+    popen: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid if self.popen else 0
+
+    def render(self) -> Path:
+        self.port = self.port or free_port()
+        for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            (self.run_dir / "tmp" / sub).mkdir(parents=True, exist_ok=True)
+        env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES),
+                                 undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        conf = env.get_template(f"{self.name}.conf.j2").render(
+            run_dir=str(self.run_dir), port=self.port, **self.tuning, **self.params)
+        path = self.run_dir / "nginx.conf"
+        path.write_text(conf)
+        return path
+
+    def start(self) -> None:
+        conf = self.render()
+        check = subprocess.run(["nginx", "-t", "-q", "-p", str(self.run_dir), "-c", str(conf)],
+                               capture_output=True, text=True)
+        if check.returncode != 0:
+            raise RuntimeError(f"peer {self.name}: nginx -t failed:\n{check.stderr}")
+        log = (self.run_dir / "nginx.out").open("ab")
+        self.popen = subprocess.Popen(
+            ["nginx", "-p", str(self.run_dir), "-c", str(conf), "-g", "daemon off;"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        log.close()
+        try:
+            wait_for(f"peer {self.name}", lambda: http_status(f"{self.base_url}/healthz") == 200,
+                     proc=self.popen)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGQUIT)  # graceful: workers finish, then exit
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self.popen = None

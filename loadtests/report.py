@@ -1,0 +1,205 @@
+"""Plots (matplotlib) and docs/benchmarks.md from one run's JSON.
+
+    .venv/bin/python loadtests/report.py loadtests/results/bench-YYYYmmdd-HHMMSS.json
+
+bench.py calls it at the end of a full run; run it alone to redo the plots and the page from a
+stored run. The page's prose lives in loadtests/benchmarks.md.j2 and loadtests/analysis.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import jinja2
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+DOC = ROOT / "docs" / "benchmarks.md"
+
+LABELS = {
+    "fastpoll": "fastpoll (nginx → poll_server → memcached)",
+    "direct": "poll_server directly",
+    "memcached_pass": "nginx memcached_pass",
+    "return200": "nginx return 200",
+    "app": "fallback app alone",
+}
+COLORS = {"fastpoll": "C0", "memcached_pass": "C1", "return200": "C2", "app": "C3",
+          "direct": "C4"}
+
+
+def _sweep(doc: dict) -> dict[str, dict[int, dict]]:
+    """The sweep with int concurrency keys (JSON turned them into strings)."""
+    return {s: {int(c): v for c, v in pts.items()} for s, pts in doc["derived"]["sweep"].items()}
+
+
+def plots(doc: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_id = doc["run_id"]
+    sweep = _sweep(doc)
+    machine = doc["machine"]
+    subtitle = (f"{run_id}: {machine['nproc']} cores ({machine['cpu_model']}), "
+                f"wrk -t2 keep-alive, 100,000 keys, all hits")
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for system, points in sweep.items():
+        cs = sorted(points)
+        ax.plot(cs, [points[c]["rps"] for c in cs], marker="o",
+                label=LABELS.get(system, system), color=COLORS.get(system))
+        for c in cs:
+            if points[c]["failed"]:
+                ax.annotate(f"{points[c]['failed']} failed", (c, points[c]["rps"]),
+                            fontsize=7, color="red", textcoords="offset points", xytext=(3, 6))
+    ax.set_xscale("log")
+    ax.set_xlabel("concurrent connections")
+    ax.set_ylabel("requests / second")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title("Requests per second against concurrency\n" + subtitle, fontsize=10)
+    ax.legend(fontsize=8)
+    p = out_dir / f"{run_id}-rps.png"
+    fig.tight_layout()
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
+    for ax, key, title in ((axes[0], "p50_ms", "p50"), (axes[1], "p99_ms", "p99")):
+        for system, points in sweep.items():
+            cs = sorted(points)
+            ax.plot(cs, [points[c][key] for c in cs], marker="o",
+                    label=LABELS.get(system, system), color=COLORS.get(system))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrent connections")
+        ax.set_title(f"{title} latency")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("milliseconds")
+    axes[1].legend(fontsize=8)
+    fig.suptitle("Latency percentiles against concurrency\n" + subtitle, fontsize=10)
+    p = out_dir / f"{run_id}-latency.png"
+    fig.tight_layout()
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+
+    rows = c50_rows(doc)
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
+    names = [r["label"] for r in rows][::-1]
+    vals = [r["rps"] or 0 for r in rows][::-1]
+    ax.barh(names, vals, color=[COLORS.get(r["system"], "C7") for r in rows][::-1])
+    for y, v in enumerate(vals):
+        ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
+    ax.set_xlabel("requests / second (wrk -t2 -c50, keep-alive; median of the repeats)")
+    ax.set_title(f"50 keep-alive connections, every system and scenario ({run_id})", fontsize=10)
+    ax.tick_params(axis="y", labelsize=8)
+    p = out_dir / f"{run_id}-c50.png"
+    fig.tight_layout()
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+    return paths
+
+
+SCENARIOS = {
+    "hit-hot": "hits, one hot key",
+    "hit-many": "hits, 100,000 keys",
+    "mix95": "95% hits / 5% misses",
+    "mix50": "50% hits / 50% misses",
+    "miss": "all misses (fallback to the app)",
+    "nocache-many": "no cache, 100,000 users",
+    "nocache-hot": "no cache, one user",
+}
+
+
+def c50_rows(doc: dict) -> list[dict]:
+    """One row per (system, scenario, method) of the c50 group, medians over the repeats."""
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in doc["results"]:
+        if r["group"] == "c50":
+            groups.setdefault((r["system"], r["scenario"], r["method"]), []).append(r)
+    order = ["fastpoll", "direct", "memcached_pass", "return200", "app"]
+    out = []
+    for (system, scen, method), rs in sorted(
+            groups.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][2], kv[0][1])):
+        def med(k: str, rs: list[dict] = rs) -> float | None:
+            vals = [r[k] for r in rs if r.get(k) is not None]
+            return statistics.median(vals) if vals else None
+        cpu = [r["cpu_s"] for r in rs]
+        out.append({
+            "system": system, "scenario": scen, "method": method, "runs": len(rs),
+            "label": f"{LABELS[system].split(' (')[0]}: {SCENARIOS.get(scen, scen)} {method}",
+            "rps": med("rps"), "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
+            "failed": sum(r["failed"] for r in rs),
+            "fallbacks": sum(r.get("fallbacks_seen", 0) for r in rs),
+            "mc_gets": sum(r["memcached"]["cmd_get"] for r in rs),
+            "requests": sum(r["requests"] for r in rs),
+            "cpu": {k: round(sum(c[k] for c in cpu) / max(1, sum(r["requests"] for r in rs))
+                             * 1e8, 1) for k in cpu[0]},  # ms per 100,000 requests
+        })
+    return out
+
+
+def ab_rows(doc: dict) -> list[dict]:
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in doc["results"]:
+        if r["group"] == "ab":
+            groups.setdefault((r["system"], r["keepalive"]), []).append(r)
+    out = []
+    for (system, ka), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        out.append({"system": system, "label": LABELS[system], "keepalive": ka, "runs": len(rs),
+                    "n": rs[0]["requests"], "rps": statistics.median(r["rps"] for r in rs),
+                    "rps_all": [round(r["rps"]) for r in rs],
+                    "p50_ms": statistics.median(r["p50_ms"] for r in rs),
+                    "p99_ms": statistics.median(r["p99_ms"] for r in rs),
+                    "failed": sum(r["failed"] for r in rs)})
+    return out
+
+
+def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC) -> Path:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env.filters["n"] = lambda v, d=0: "–" if v is None else f"{v:,.{d}f}"
+    env.filters["x"] = lambda v: "–" if v is None else f"{v:.2f}×"
+    env.filters["ms"] = lambda v: ("–" if v is None else
+                                   (f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else
+                                    f"{v:,.0f}"))
+    sweep = _sweep(doc)
+    levels = sorted({c for pts in sweep.values() for c in pts})
+    rel = os.path.relpath
+    text = env.get_template("benchmarks.md.j2").render(
+        d=doc, m=doc["machine"], dv=doc["derived"], r=doc["derived"]["ratios"],
+        c50=c50_rows(doc), ab=ab_rows(doc), sweep=sweep, levels=levels, labels=LABELS,
+        json_rel=rel(json_path, out.parent), raw_rel=rel(
+            json_path.with_name(json_path.name.replace(".json", "-raw.log")), out.parent),
+        png={p.stem.rsplit("-", 1)[1]: rel(p, out.parent) for p in pngs},
+        analysis=(HERE / "analysis.md").read_text() if (HERE / "analysis.md").exists() else "",
+    )
+    out.write_text(text)
+    return out
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    path = Path(sys.argv[1]).resolve()
+    doc = json.loads(path.read_text())
+    pngs = plots(doc, path.parent)
+    print(write_markdown(doc, path, pngs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
