@@ -1,0 +1,442 @@
+#!/bin/bash
+# The fleet test: a real Ansible deployment of fastpoll to three Debian 12 hosts booted here with
+# systemd-nspawn, then checks of what the issue asks (docs/deploy.md, "The fleet test").
+#
+#   tests/fleet/run.sh            (as root; `make test-deploy` runs it)
+#
+# Hosts (each its own overlay of one cached debootstrap image, its own network namespace on the
+# bridge fpbr0, 10.77.0.1/24 on this side; no route, NAT or forwarding to anything else):
+#   fp-poll1 10.77.0.11  pollers
+#   fp-poll2 10.77.0.12  pollers, memcached
+#   fp-data1 10.77.0.21  memcached, redis, app
+#
+# Network safety: the bridge and its address exist before any packet is sent, and every ssh, curl
+# and ab to a test address is preceded by `ip route get` proving it leaves through fpbr0.
+# Everything created here (containers by pid, mounts, the bridge, veths, the run directory) is
+# torn down by name in an EXIT trap, also when a check fails.
+#
+# Environment: FLEET_ANSIBLE_BIN (dir with ansible-playbook, default .venv/bin), FLEET_KEEP=1
+# (leave the fleet up at the end, for debugging; tear down with the printed command),
+# FLEET_POLL_SERVER_BIN (deploy this binary instead of building poll_server/).
+set -euo pipefail
+
+T0=$(date +%s)
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+ANSIBLE_BIN=${FLEET_ANSIBLE_BIN:-$REPO/.venv/bin}
+BRIDGE=fpbr0
+NET=10.77.0
+BRIDGE_ADDR=$NET.1
+STATE=/var/tmp/fastpoll-fleet
+RUN=$STATE/run
+LOGS=$STATE/logs
+NAMES=(fp-poll1 fp-poll2 fp-data1)
+declare -A IP=([fp-poll1]=$NET.11 [fp-poll2]=$NET.12 [fp-data1]=$NET.21)
+POLLERS=(fp-poll1 fp-poll2)
+declare -A PID=()
+
+phase_t=$T0
+say() { echo "fleet: $*"; }
+phase() {
+    local now; now=$(date +%s)
+    say "-- $* (+$((now - phase_t))s, total $((now - T0))s)"
+    phase_t=$now
+}
+die() { echo "fleet: FAIL: $*" >&2; exit 1; }
+
+# ---- preconditions ----------------------------------------------------------------------------
+[ "$(id -u)" = 0 ] || die "must run as root (debootstrap, nspawn, bridge)"
+for c in debootstrap systemd-nspawn ip ssh ssh-keygen curl ab flock mount python3; do
+    command -v "$c" >/dev/null || die "missing command: $c"
+done
+[ -x "$ANSIBLE_BIN/ansible-playbook" ] || die "no ansible-playbook in $ANSIBLE_BIN (make venv)"
+
+mkdir -p "$STATE"
+exec 8>"$STATE/.run.lock"
+flock -n 8 || die "another fleet test is running (lock $STATE/.run.lock)"
+
+# ---- teardown (by name and pid, never by pattern) ---------------------------------------------
+teardown() {
+    local rc=$?
+    set +e
+    trap - EXIT INT TERM
+    if [ "${FLEET_KEEP:-0}" = 1 ]; then
+        say "FLEET_KEEP=1: fleet left running (rc $rc); tear down with: FLEET_TEARDOWN_ONLY=1 $0"
+        exit "$rc"
+    fi
+    for n in "${NAMES[@]}"; do
+        p=${PID[$n]:-}
+        [ -n "$p" ] || continue
+        # nspawn turns SIGTERM into an orderly poweroff of the container.
+        kill -TERM "$p" 2>/dev/null
+    done
+    for n in "${NAMES[@]}"; do
+        p=${PID[$n]:-}
+        [ -n "$p" ] || continue
+        for _ in $(seq 1 60); do kill -0 "$p" 2>/dev/null || break; sleep 0.5; done
+        if kill -0 "$p" 2>/dev/null; then
+            say "teardown: $n (nspawn pid $p) did not power off in 30s; killing it"
+            kill -KILL "$p" 2>/dev/null
+            sleep 1
+        fi
+    done
+    for n in "${NAMES[@]}"; do
+        mountpoint -q "$RUN/$n/root" && { umount "$RUN/$n/root" || umount -l "$RUN/$n/root"; }
+        ip link show "vb-$n" >/dev/null 2>&1 && ip link del "vb-$n"
+    done
+    ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
+    [ -d "$RUN" ] && rm -rf --one-file-system "$RUN"
+    if [ "$rc" = 0 ]; then
+        say "PASS in $(( $(date +%s) - T0 ))s"
+    else
+        say "FAILED (rc $rc) after $(( $(date +%s) - T0 ))s; logs in $LOGS"
+    fi
+    exit "$rc"
+}
+
+# Refuse to start if the names or the subnet are taken: they might be someone else's.
+preflight_network() {
+    ip link show "$BRIDGE" >/dev/null 2>&1 && die "$BRIDGE exists (a leftover? check, then: ip link del $BRIDGE)"
+    for n in "${NAMES[@]}"; do
+        ip link show "vb-$n" >/dev/null 2>&1 && die "vb-$n exists"
+    done
+    if ip -4 addr show | grep -q "inet $NET\."; then die "$NET.0/24 is already on an interface here"; fi
+    [ -z "$(ip -4 route show "$NET.0/24")" ] || die "a route to $NET.0/24 exists already"
+    [ "$(cat /proc/sys/net/ipv4/ip_forward)" = 0 ] || say "note: ip_forward is on here; the hosts still have no route out"
+    return 0
+}
+
+if [ "${FLEET_TEARDOWN_ONLY:-0}" = 1 ]; then
+    for n in "${NAMES[@]}"; do
+        f=$RUN/$n/nspawn.pid
+        [ -f "$f" ] && PID[$n]=$(cat "$f")
+    done
+    trap teardown EXIT
+    exit 0
+fi
+[ -e "$RUN" ] && die "$RUN exists (a leftover run? FLEET_TEARDOWN_ONLY=1 $0 cleans it)"
+preflight_network
+trap teardown EXIT
+trap 'exit 130' INT TERM
+
+# Before any packet to a test address: it must route through our bridge, nowhere else.
+assert_route() {
+    local addr=$1 out
+    out=$(ip route get "$addr" 2>&1) || die "ip route get $addr failed: $out"
+    case "$out" in
+        *" dev $BRIDGE "*) ;;
+        *) die "NETWORK SAFETY: $addr does not route via $BRIDGE ($out); nothing sent" ;;
+    esac
+}
+assert_all_routes() { for n in "${NAMES[@]}"; do assert_route "${IP[$n]}"; done; }
+
+# ---- 1. the test network, first ---------------------------------------------------------------
+ip link add "$BRIDGE" type bridge
+echo 1 > "/proc/sys/net/ipv6/conf/$BRIDGE/disable_ipv6"
+ip addr add "$BRIDGE_ADDR/24" dev "$BRIDGE"
+ip link set "$BRIDGE" up
+assert_all_routes
+mkdir -p "$RUN" "$LOGS"
+rm -f "$LOGS"/*
+phase "network: $BRIDGE $BRIDGE_ADDR/24"
+
+# ---- 2. image and artifacts -------------------------------------------------------------------
+ROOTFS=$("$HERE/image.sh")
+phase "image: $ROOTFS"
+
+if [ -n "${FLEET_POLL_SERVER_BIN:-}" ]; then
+    POLL_SERVER_BIN=$FLEET_POLL_SERVER_BIN
+    FASTPOLL_BUILD_POLL_SERVER=0 "$REPO/ansible/build.sh" > "$LOGS/build.log" 2>&1 \
+        || { cat "$LOGS/build.log"; die "ansible/build.sh failed"; }
+else
+    POLL_SERVER_BIN=$REPO/poll_server/build/poll_server
+    "$REPO/ansible/build.sh" > "$LOGS/build.log" 2>&1 || { cat "$LOGS/build.log"; die "ansible/build.sh failed"; }
+fi
+phase "artifacts: $POLL_SERVER_BIN and ansible/build/wheelhouse"
+
+# ---- 3. boot the hosts ------------------------------------------------------------------------
+ssh-keygen -q -N '' -t ed25519 -C fastpoll-fleet-test -f "$RUN/id_ed25519"
+: > "$RUN/known_hosts"
+for n in "${NAMES[@]}"; do
+    d=$RUN/$n
+    mkdir -p "$d/upper" "$d/work" "$d/root"
+    mount -t overlay "overlay-$n" -o "lowerdir=$ROOTFS,upperdir=$d/upper,workdir=$d/work" "$d/root"
+    r=$d/root
+    echo "$n" > "$r/etc/hostname"
+    printf '127.0.0.1 localhost\n127.0.1.1 %s\n' "$n" > "$r/etc/hosts"
+    for m in "${NAMES[@]}"; do echo "${IP[$m]} $m" >> "$r/etc/hosts"; done
+    # Static address, no gateway, no IPv6: the host can reach the test subnet and nothing else.
+    mkdir -p "$r/etc/systemd/network"
+    cat > "$r/etc/systemd/network/10-host0.network" <<EOF
+[Match]
+Name=host0
+
+[Network]
+Address=${IP[$n]}/24
+LinkLocalAddressing=no
+IPv6AcceptRA=no
+EOF
+    ln -sf /lib/systemd/system/systemd-networkd.service \
+        "$r/etc/systemd/system/multi-user.target.wants/systemd-networkd.service"
+    # Per-run keys: our client key, and a host key pinned in known_hosts (strict checking).
+    install -d -m 0700 "$r/root/.ssh"
+    install -m 0600 "$RUN/id_ed25519.pub" "$r/root/.ssh/authorized_keys"
+    ssh-keygen -q -N '' -t ed25519 -C "$n" -f "$r/etc/ssh/ssh_host_ed25519_key"
+    echo "${IP[$n]} $(cut -d' ' -f1,2 "$r/etc/ssh/ssh_host_ed25519_key.pub")" >> "$RUN/known_hosts"
+    systemd-nspawn --boot --keep-unit --register=no --machine="$n" --directory="$r" \
+        --network-bridge="$BRIDGE" --resolv-conf=off --timezone=off \
+        > "$LOGS/$n.console.log" 2>&1 < /dev/null &
+    PID[$n]=$!
+    echo "${PID[$n]}" > "$d/nspawn.pid"
+done
+
+SSH=(ssh -i "$RUN/id_ed25519" -o UserKnownHostsFile="$RUN/known_hosts" -o StrictHostKeyChecking=yes
+     -o BatchMode=yes -o ConnectTimeout=3 -o LogLevel=ERROR)
+on() { local n=$1; shift; assert_route "${IP[$n]}"; "${SSH[@]}" "root@${IP[$n]}" "$@"; }
+
+for n in "${NAMES[@]}"; do
+    ok=0
+    for _ in $(seq 1 60); do
+        kill -0 "${PID[$n]}" 2>/dev/null || { tail -30 "$LOGS/$n.console.log"; die "$n: nspawn exited"; }
+        if on "$n" true 2>/dev/null; then ok=1; break; fi
+        sleep 1
+    done
+    [ "$ok" = 1 ] || { tail -30 "$LOGS/$n.console.log"; die "$n: no ssh after 60s"; }
+    # The hosts' only route is the test subnet.
+    routes=$(on "$n" ip -4 route show)
+    [ "$routes" = "$NET.0/24 dev host0 proto kernel scope link src ${IP[$n]} " ] \
+        || [ "$routes" = "$NET.0/24 dev host0 proto kernel scope link src ${IP[$n]}" ] \
+        || die "$n: unexpected routes: $routes"
+done
+phase "hosts up: ${NAMES[*]}"
+
+# ---- 4. inventory and ansible -----------------------------------------------------------------
+cat > "$RUN/inventory.yml" <<EOF
+all:
+  vars:
+    ansible_user: root
+    ansible_ssh_private_key_file: $RUN/id_ed25519
+    ansible_ssh_common_args: >-
+      -o UserKnownHostsFile=$RUN/known_hosts -o StrictHostKeyChecking=yes -o ConnectTimeout=5
+    # The hosts cannot reach a mirror; everything is in the image.
+    fastpoll_apt_cache_valid_time: 0
+    poll_server_instances: 2
+    # This machine caps open files at 20000 per process.
+    poll_server_limit_nofile: 20000
+    fallback_app_limit_nofile: 20000
+    nginx_worker_rlimit_nofile: 20000
+    nginx_worker_connections: 4096
+    fallback_app_workers: 2
+    memcached_memory_mb: 32
+    redis_maxmemory: 32mb
+  hosts:
+EOF
+for n in "${NAMES[@]}"; do
+    printf '    %s:\n      ansible_host: %s\n      fastpoll_private_ip: %s\n' "$n" "${IP[$n]}" "${IP[$n]}" \
+        >> "$RUN/inventory.yml"
+done
+cat >> "$RUN/inventory.yml" <<EOF
+  children:
+    pollers:
+      hosts:
+        fp-poll1:
+        fp-poll2:
+    memcached:
+      hosts:
+        fp-poll2:
+        fp-data1:
+    redis:
+      hosts:
+        fp-data1:
+    app:
+      hosts:
+        fp-data1:
+EOF
+# The Redis password: per run, never in the repository (as a vault file would be in production).
+( umask 077; printf 'fastpoll_redis_password: "%s"\n' "$(head -c 24 /dev/urandom | base64 | tr -d '/+=')" \
+    > "$RUN/secrets.yml" )
+
+export ANSIBLE_CONFIG=$REPO/ansible/ansible.cfg ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0
+export ANSIBLE_HOME=$RUN/ansible-home ANSIBLE_LOCAL_TEMP=$RUN/ansible-tmp
+export ANSIBLE_SSH_CONTROL_PATH_DIR=$RUN/cp
+EXTRA=(-e "@$RUN/secrets.yml" -e "poll_server_binary_src=$POLL_SERVER_BIN")
+
+run_no=0
+# playbook LABEL [args...]: runs site.yml, keeps the log, fails the test if ansible fails.
+playbook() {
+    local label=$1; shift
+    run_no=$((run_no + 1))
+    local log=$LOGS/ansible-$run_no-$label.log
+    assert_all_routes
+    if ! "$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" "${EXTRA[@]}" "$@" \
+            > "$log" 2>&1; then
+        tail -60 "$log"
+        die "ansible-playbook ($label) failed; log: $log"
+    fi
+    LAST_LOG=$log
+}
+# Sum of changed= over the PLAY RECAP of the last run.
+recap_changed() { awk '/PLAY RECAP/{r=1; next} r && /changed=/{ for(i=1;i<=NF;i++) if ($i ~ /^changed=/) { split($i,a,"="); s+=a[2] } } END{print s+0}' "$LAST_LOG"; }
+
+"$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" --syntax-check > "$LOGS/syntax.log" 2>&1 \
+    || { cat "$LOGS/syntax.log"; die "--syntax-check failed"; }
+
+playbook deploy
+phase "first deploy ($(recap_changed) changes)"
+
+playbook second-run
+changed=$(recap_changed)
+[ "$changed" = 0 ] || { grep -E '^(changed|TASK)' "$LAST_LOG" | grep -B1 '^changed' ; die "second run changed $changed things (want 0)"; }
+phase "second run: changed=0"
+
+playbook check-diff --check --diff
+phase "--check --diff on the deployed fleet: ok"
+
+# ---- 5. the request path through each poller --------------------------------------------------
+# http METHOD HOST PATH [curl args]: prints "status source body-sha" for a request to HOST's nginx.
+http() {
+    local method=$1 n=$2 path=$3; shift 3
+    assert_route "${IP[$n]}"
+    curl -sS -m 10 -X "$method" -o "$RUN/body" -D "$RUN/headers" "$@" "http://${IP[$n]}$path" >/dev/null \
+        || die "curl $method $n $path failed"
+    local status source
+    status=$(awk 'NR==1{print $2}' "$RUN/headers")
+    source=$(tr -d '\r' < "$RUN/headers" | awk -F': ' 'tolower($1)=="x-poll-source"{print $2}')
+    echo "$status ${source:--}"
+}
+expect() { [ "$1" = "$2" ] || die "$3: got '$1', want '$2'"; }
+
+# Messages API through poller 1 (location / -> app); the poll of that user is then a cache hit
+# on both pollers (the app wrote the key with ketama over the same two memcached nodes).
+seed_user=$((RANDOM % 9000 + 1000))
+expect "$(http POST fp-poll1 /api/messages -H 'Content-Type: application/json' \
+    --data "{\"user_id\": $seed_user, \"text\": \"hello fleet\"}" | cut -d' ' -f1)" 201 "publish"
+for n in "${POLLERS[@]}"; do
+    expect "$(http GET "$n" "/Poll/getMessages?user_id=$seed_user")" "200 cache" "$n: hit after publish"
+    grep -q 'hello fleet' "$RUN/body" || die "$n: hit body lacks the message: $(cat "$RUN/body")"
+done
+say "hit: user $seed_user published through fp-poll1, answered from cache by both pollers"
+
+for n in "${POLLERS[@]}"; do
+    u=$((RANDOM % 9000 + 20000))
+    expect "$(http GET "$n" "/Poll/getMessages?user_id=$u&_=$RANDOM")" "200 app" "$n: first poll of user $u (miss -> fallback)"
+    expect "$(http GET "$n" "/Poll/getMessages?user_id=$u")" "200 cache" "$n: second poll of user $u (hit)"
+    # POST through the fallback with its body intact (the app echoes the body's length and hash).
+    u=$((u + 10000))
+    printf 'fleet-post-body-%s' "$n" > "$RUN/post"
+    want=$(sha256sum < "$RUN/post" | cut -d' ' -f1)
+    expect "$(http POST "$n" "/Poll/getMessages?user_id=$u" --data-binary "@$RUN/post")" "200 app" "$n: POST miss"
+    got=$(tr -d '\r' < "$RUN/headers" | awk -F': ' 'tolower($1)=="x-request-body-sha256"{print $2}')
+    expect "$got" "$want" "$n: POST body reached the app intact"
+done
+say "miss -> fallback -> hit, and a POST through the fallback: ok on ${POLLERS[*]}"
+
+# ---- 6. instances under systemd ---------------------------------------------------------------
+# check_instances N: N active instances on every poller, each pinned to its own CPU, nginx's
+# upstream listing exactly them, and no other instance enabled.
+check_instances() {
+    local want=$1 n
+    for n in "${POLLERS[@]}"; do
+        on "$n" bash -s "$want" <<'EOF' || die "$n: instance check failed (want $1)"
+set -euo pipefail
+want=$1
+cpus=$(nproc --all)
+active=$(systemctl list-units --state=active --plain --no-legend 'fastpoll-poller@*.service' | awk '{print $1}' | sort)
+count=$(echo "$active" | grep -c . || true)
+[ "$count" = "$want" ] || { echo "active instances: $count, want $want: $active"; exit 1; }
+i=0
+for port in $(seq 8101 $((8100 + want))); do
+    u=fastpoll-poller@$port.service
+    echo "$active" | grep -qx "$u" || { echo "$u not active"; exit 1; }
+    [ "$(systemctl is-enabled "$u")" = enabled ] || { echo "$u not enabled"; exit 1; }
+    aff=$(systemctl show -p CPUAffinity --value "$u")
+    pid=$(systemctl show -p MainPID --value "$u")
+    real=$(awk '/^Cpus_allowed_list/{print $2}' "/proc/$pid/status")
+    expect=$((i % cpus))
+    [ "$aff" = "$expect" ] && [ "$real" = "$expect" ] || { echo "$u: CPUAffinity=$aff, process on $real, want $expect"; exit 1; }
+    grep -q "server 127.0.0.1:$port " /etc/nginx/sites-enabled/fastpoll.conf || { echo "$port not in nginx upstream"; exit 1; }
+    echo "  $u active, enabled, CPUAffinity=$aff (pid $pid on cpu $real)"
+    i=$((i + 1))
+done
+extra=$(grep -c 'server 127.0.0.1:' /etc/nginx/sites-enabled/fastpoll.conf)
+[ "$extra" = "$want" ] || { echo "nginx upstream lists $extra pollers, want $want"; exit 1; }
+for u in $(systemctl list-units --all --plain --no-legend 'fastpoll-poller@*.service' | awk '{print $1}'); do
+    port=${u#fastpoll-poller@}; port=${port%.service}
+    if [ "$port" -gt $((8100 + want)) ]; then
+        [ "$(systemctl is-active "$u")" != active ] || { echo "surplus $u still active"; exit 1; }
+        [ "$(systemctl is-enabled "$u" 2>/dev/null)" != enabled ] || { echo "surplus $u still enabled"; exit 1; }
+    fi
+done
+EOF
+        say "$n: $want instances"
+    done
+}
+check_instances 2
+phase "request path and instances checked"
+
+# ---- 7. scaling 2 -> 1 -> 2 ---------------------------------------------------------------------
+playbook scale-down --limit pollers -e poll_server_instances=1
+check_instances 1
+expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$seed_user")" "200 cache" "hit after scaling down"
+playbook scale-up --limit pollers -e poll_server_instances=2
+check_instances 2
+expect "$(http GET fp-poll2 "/Poll/getMessages?user_id=$seed_user")" "200 cache" "hit after scaling up"
+phase "scaling 2 -> 1 -> 2"
+
+# ---- 8. rolling upgrade under load ------------------------------------------------------------
+# A new version: the same source with another version string, built on the control node.
+if [ -n "${FLEET_POLL_SERVER_BIN:-}" ]; then
+    cp "$POLL_SERVER_BIN" "$RUN/poll_server-v2"
+    printf '\n# v2\n' >> "$RUN/poll_server-v2"
+    NEW_BIN=$RUN/poll_server-v2
+else
+    mkdir -p "$RUN/v2"
+    cp -r "$REPO/poll_server/Makefile" "$REPO/poll_server/src" "$RUN/v2/"
+    sed -i 's/#define FP_VERSION "\(.*\)"/#define FP_VERSION "\1+fleet-upgrade"/' "$RUN/v2/src/version.h"
+    grep -q 'fleet-upgrade' "$RUN/v2/src/version.h" || die "could not set a new version string"
+    make -s -C "$RUN/v2" build/poll_server > "$LOGS/build-v2.log" 2>&1 || { cat "$LOGS/build-v2.log"; die "v2 build failed"; }
+    NEW_BIN=$RUN/v2/build/poll_server
+fi
+new_sum=$(sha256sum < "$NEW_BIN" | cut -d' ' -f1)
+declare -A OLDPID=()
+for n in "${POLLERS[@]}"; do
+    for port in 8101 8102; do
+        OLDPID[$n:$port]=$(on "$n" systemctl show -p MainPID --value "fastpoll-poller@$port.service")
+    done
+done
+
+# The upgrade runs in the background; ab runs bounded rounds (2000 requests, 10 concurrent, 10 s
+# timeout each) against both pollers, alternating, until it is done. Every round must have 0
+# failed and 0 non-2xx requests.
+EXTRA=(-e "@$RUN/secrets.yml" -e "poll_server_binary_src=$NEW_BIN")
+assert_all_routes
+"$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" "${EXTRA[@]}" --limit pollers \
+    > "$LOGS/ansible-upgrade.log" 2>&1 &
+upgrade_pid=$!
+rounds=0 total=0
+while kill -0 "$upgrade_pid" 2>/dev/null && [ "$rounds" -lt 300 ]; do
+    n=${POLLERS[$((rounds % 2))]}
+    assert_route "${IP[$n]}"
+    ab -q -n 2000 -c 10 -s 10 "http://${IP[$n]}/Poll/getMessages?user_id=$seed_user" > "$RUN/ab.txt" 2>&1 \
+        || { cat "$RUN/ab.txt"; die "ab against $n failed"; }
+    failed=$(awk '/^Failed requests:/{print $3}' "$RUN/ab.txt")
+    complete=$(awk '/^Complete requests:/{print $3}' "$RUN/ab.txt")
+    non2xx=$(awk '/^Non-2xx responses:/{print $3}' "$RUN/ab.txt")
+    [ "$failed" = 0 ] && [ -z "$non2xx" ] && [ "$complete" = 2000 ] \
+        || { cat "$RUN/ab.txt"; die "ab round $rounds against $n during the upgrade: failed=$failed non-2xx=${non2xx:-0}"; }
+    rounds=$((rounds + 1)); total=$((total + complete))
+done
+wait "$upgrade_pid" || { tail -60 "$LOGS/ansible-upgrade.log"; die "the upgrade playbook failed"; }
+[ "$rounds" -ge 2 ] || die "only $rounds ab rounds overlapped the upgrade"
+for n in "${POLLERS[@]}"; do
+    sum=$(on "$n" sha256sum /usr/local/bin/poll_server | cut -d' ' -f1)
+    expect "$sum" "$new_sum" "$n: binary after the upgrade"
+    for port in 8101 8102; do
+        p=$(on "$n" systemctl show -p MainPID --value "fastpoll-poller@$port.service")
+        [ "$p" != "${OLDPID[$n:$port]}" ] && [ "$p" != 0 ] || die "$n:$port was not restarted (pid $p)"
+    done
+done
+check_instances 2
+phase "rolling upgrade: $total requests in $rounds ab rounds, 0 failed, every instance restarted"
+
+say "all checks passed"
