@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import sys
 from typing import Any
 
 import uvicorn
 
 from . import config
+from .store import Store
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"
 
@@ -53,9 +55,14 @@ def main(argv: list[str] | None = None) -> int:
 
     # Validate here, before any worker starts, so a bad file fails once, clearly.
     try:
-        config.load(args.config)
+        settings = config.load(args.config)
     except config.ConfigError as exc:
         print(f"fastpoll_app: {exc}", file=sys.stderr)
+        return 1
+    try:
+        Store(settings.app.database).close()  # creates the schema; fails early on a bad path
+    except sqlite3.Error as exc:
+        print(f"fastpoll_app: [app] database {settings.app.database}: {exc}", file=sys.stderr)
         return 1
     if args.check:
         print(f"fastpoll_app: {args.config or '(defaults)'}: OK", file=sys.stderr)

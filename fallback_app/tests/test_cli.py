@@ -25,7 +25,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_check_ok_and_bad(tmp_path: Path) -> None:
     good = tmp_path / "good.ini"
-    good.write_text("[cache]\nttl = 5\n")
+    good.write_text(f"[cache]\nttl = 5\n[app]\ndatabase = {tmp_path / 'db'}\n")
     r = run_cli("--config", str(good), "--check")
     assert r.returncode == 0, r.stderr
     bad = tmp_path / "bad.ini"
@@ -33,6 +33,14 @@ def test_check_ok_and_bad(tmp_path: Path) -> None:
     r = run_cli("--config", str(bad), "--check")
     assert r.returncode == 1
     assert f"{bad}:3: unknown key 'ttll' in [cache]" in r.stderr
+
+
+def test_bad_database_path(tmp_path: Path) -> None:
+    ini = tmp_path / "f.ini"
+    ini.write_text(f"[app]\ndatabase = {tmp_path}/missing/dir/db\n")
+    r = run_cli("--config", str(ini), "--check")
+    assert r.returncode == 1
+    assert "[app] database" in r.stderr
 
 
 def test_serves_with_two_workers(tmp_path: Path, memcached: Server) -> None:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import sqlite3
 import threading
 from pathlib import Path
+
+import pytest
 
 from fastpoll_app import config
 from fastpoll_app.cache import make_cache
@@ -140,4 +143,25 @@ def test_concurrent_publishers_processes(settings: config.Settings, tmp_path: Pa
     fp = make_fp(settings)
     assert fp._fill.get(fp.user_key(UID)) == fp.store.poll_answer(UID)
     assert json.loads(fp.store.poll_answer(UID))["unread"] == 120
+    fp.close()
+
+
+def test_failed_commit_after_set_is_rewritten(settings: config.Settings) -> None:
+    """The cache must not keep a state the database never committed."""
+    fp = make_fp(settings)
+    key = fp.user_key(UID)
+    fp.poll(UID, key)
+    assert fp._fill.get(key) == b""
+    original = fp._rewrite
+
+    def rewrite_then_fail(tx: object, user_id: int) -> bool:
+        assert original(tx, user_id)  # type: ignore[arg-type]
+        assert b"phantom" in fp._fill.get(key)  # the set happened
+        raise sqlite3.OperationalError("disk I/O error")  # as if COMMIT failed
+
+    fp._rewrite = rewrite_then_fail  # type: ignore[method-assign]
+    with pytest.raises(sqlite3.OperationalError):
+        fp.publish(UID, "phantom")
+    assert fp.store.poll_answer(UID) == b""
+    assert fp._fill.get(key) == b""
     fp.close()
