@@ -9,6 +9,7 @@ ports, drives build/cache_driver through stdin/stdout, kills only its pids.
 
 Each scenario prints PASS/FAIL; the exit status is the number of failures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,11 +22,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 TIMEOUT_MS = 100
-SLACK_MS = 40       # timer slack + scheduling on a loaded 2-core box
-FAST_MS = 20        # "fails fast"
+SLACK_MS = 40  # timer slack + scheduling on a loaded 2-core box
+FAST_MS = 20  # "fails fast"
 
 failures = 0
 
@@ -57,12 +58,13 @@ def wait_port(port: int, limit: float = 5.0) -> None:
 class Server:
     def __init__(self, argv: list[str], port: int, tmp: str) -> None:
         self.argv, self.port = argv, port
-        self.log = open(os.path.join(tmp, f"srv_{port}.log"), "ab")
+        self.logpath = os.path.join(tmp, f"srv_{port}.log")
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=self.log)
+        with open(self.logpath, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log)
         wait_port(self.port)
 
     def stop(self) -> None:
@@ -79,14 +81,27 @@ class Server:
 
 def memcached(tmp: str) -> Server:
     p = free_port()
-    return Server(["memcached", "-l", "127.0.0.1", "-p", str(p), "-U", "0",
-                   "-u", "nobody"], p, tmp)
+    return Server(["memcached", "-l", "127.0.0.1", "-p", str(p), "-U", "0", "-u", "nobody"], p, tmp)
 
 
 def redis(tmp: str, *extra: str) -> Server:
     p = free_port()
-    return Server(["redis-server", "--port", str(p), "--bind", "127.0.0.1",
-                   "--save", "", "--appendonly", "no", *extra], p, tmp)
+    return Server(
+        [
+            "redis-server",
+            "--port",
+            str(p),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            *extra,
+        ],
+        p,
+        tmp,
+    )
 
 
 def mc_set(port: int, key: str, val: bytes) -> None:
@@ -110,6 +125,7 @@ def mc_stats_get(port: int) -> int:
 def redis_cmd(port: int, *args: bytes, password: bytes | None = None) -> bytes:
     def enc(a: tuple[bytes, ...]) -> bytes:
         return b"*%d\r\n" % len(a) + b"".join(b"$%d\r\n%s\r\n" % (len(x), x) for x in a)
+
     with socket.create_connection(("127.0.0.1", port), 2) as s:
         n = 1
         if password is not None:
@@ -122,8 +138,9 @@ def redis_cmd(port: int, *args: bytes, password: bytes | None = None) -> bytes:
 
 class Driver:
     def __init__(self, cmd: list[str], args: list[str]) -> None:
-        self.p = subprocess.Popen(cmd + args, stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.p = subprocess.Popen(
+            cmd + args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         self.buf = b""
 
     def send(self, *lines: str) -> None:
@@ -173,6 +190,16 @@ class Driver:
             missing.append(self.line().split(" ", 1)[1])
         return summary, missing
 
+    def chain(self, n: int, key: str) -> list[str]:
+        """n gets of key, each issued from inside the previous callback."""
+        self.send(f"chain {n} {key}")
+        ln = self.line()
+        while not ln.startswith("chain "):
+            if ln.startswith("VIOLATION"):
+                check(False, ln)
+            ln = self.line()
+        return ln.split()[2:]
+
     def hash(self, key: str) -> int:
         self.send(f"hash {key}")
         return int(self.line().split()[2])
@@ -218,14 +245,24 @@ def scenario_memcached(drv: list[str], tmp: str) -> None:
             mc_set(n.port, "/Poll/nul", nul)
             mc_set(n.port, "/Poll/empty", b"")
         r = d.gets(keys + ["/Poll/empty", "/Poll/nul", "/Poll/absent"])
-        check(all(r[k][0] == "HIT" and r[k][2] == f"v{i}" for i, k in enumerate(keys)),
-              "memcached: 30 hits with the right values")
-        check(r["/Poll/empty"][:1] == ("HIT",) and r["/Poll/empty"][2] == "",
-              "memcached: empty value is a hit")
-        check(r["/Poll/nul"][0] == "HIT" and
-              r["/Poll/nul"][2] == "a\\x00b\\x0D\\x0AEND\\x0D\\x0AVALUE\\x20x\\x200\\x201\\x0D\\x0Az",
-              "memcached: value with NUL/CRLF/END bytes is exact")
+        check(
+            all(r[k][0] == "HIT" and r[k][2] == f"v{i}" for i, k in enumerate(keys)),
+            "memcached: 30 hits with the right values",
+        )
+        check(
+            r["/Poll/empty"][:1] == ("HIT",) and r["/Poll/empty"][2] == "",
+            "memcached: empty value is a hit",
+        )
+        esc = "".join(chr(c) if 0x20 < c < 0x7F and c != 0x5C else f"\\x{c:02X}" for c in nul)
+        check(
+            r["/Poll/nul"][0] == "HIT" and r["/Poll/nul"][2] == esc,
+            "memcached: value with NUL/CRLF/END bytes is exact",
+        )
         check(r["/Poll/absent"][0] == "MISS", "memcached: miss")
+        check(
+            d.chain(5, keys[0]) == ["HIT"] * 5 and d.chain(3, "/Poll/absent") == ["MISS"] * 3,
+            "memcached: get from inside a callback (as coalesce.c does)",
+        )
 
         # SIGSTOP one node: only its keys wait, and only up to the timeout.
         sick = nodes[1]
@@ -233,40 +270,60 @@ def scenario_memcached(drv: list[str], tmp: str) -> None:
         r = d.gets(keys)
         on_sick = [k for k in keys if home[k] == 1]
         others = [k for k in keys if home[k] != 1]
-        check(all(r[k][0] == "HIT" and r[k][1] < FAST_MS for k in others),
-              f"memcached SIGSTOP: other nodes' keys hit fast "
-              f"(max {max(r[k][1] for k in others):.1f} ms)")
-        check(all(r[k][0] in ("TIMEOUT", "ERROR") and r[k][1] <= TIMEOUT_MS + SLACK_MS
-                  for k in on_sick) and any(r[k][0] == "TIMEOUT" for k in on_sick),
-              f"memcached SIGSTOP: stopped node's keys TIMEOUT/ERROR within "
-              f"{TIMEOUT_MS} ms (+slack) (max {max(r[k][1] for k in on_sick):.1f} ms)")
+        check(
+            all(r[k][0] == "HIT" and r[k][1] < FAST_MS for k in others),
+            f"memcached SIGSTOP: other nodes' keys hit fast "
+            f"(max {max(r[k][1] for k in others):.1f} ms)",
+        )
+        check(
+            all(
+                r[k][0] in ("TIMEOUT", "ERROR") and r[k][1] <= TIMEOUT_MS + SLACK_MS
+                for k in on_sick
+            )
+            and any(r[k][0] == "TIMEOUT" for k in on_sick),
+            f"memcached SIGSTOP: stopped node's keys TIMEOUT/ERROR within "
+            f"{TIMEOUT_MS} ms (+slack) (max {max(r[k][1] for k in on_sick):.1f} ms)",
+        )
         r = d.gets(keys)  # during backoff or reconnected-but-hung
-        check(all(r[k][0] in ("TIMEOUT", "ERROR") and r[k][1] <= TIMEOUT_MS + SLACK_MS
-                  for k in on_sick) and all(r[k][0] == "HIT" for k in others),
-              "memcached SIGSTOP: still bounded on the second round")
+        check(
+            all(
+                r[k][0] in ("TIMEOUT", "ERROR") and r[k][1] <= TIMEOUT_MS + SLACK_MS
+                for k in on_sick
+            )
+            and all(r[k][0] == "HIT" for k in others),
+            "memcached SIGSTOP: still bounded on the second round",
+        )
         sick.sig(signal.SIGCONT)
-        check(wait_until(lambda: all(v[0] == "HIT" for v in d.gets(keys).values())),
-              "memcached SIGCONT: all keys hit again without restart")
+        check(
+            wait_until(lambda: all(v[0] == "HIT" for v in d.gets(keys).values())),
+            "memcached SIGCONT: all keys hit again without restart",
+        )
 
         # Node killed: its keys fail fast; restarted on the same port: recover.
         sick.stop()
         time.sleep(0.05)
         r = d.gets(keys)
-        check(all(r[k][0] == "ERROR" and r[k][1] < FAST_MS for k in on_sick),
-              f"memcached down: ERROR fast (max {max(r[k][1] for k in on_sick):.1f} ms)")
+        check(
+            all(r[k][0] == "ERROR" and r[k][1] < FAST_MS for k in on_sick),
+            f"memcached down: ERROR fast (max {max(r[k][1] for k in on_sick):.1f} ms)",
+        )
         check(all(r[k][0] == "HIT" for k in others), "memcached down: other nodes unaffected")
         sick.start()
         for k in on_sick:
             mc_set(sick.port, k, b"v%d" % keys.index(k))
-        check(wait_until(lambda: all(v[0] == "HIT" for v in d.gets(keys).values()), 4),
-              "memcached restarted: recovers without restarting the client")
+        check(
+            wait_until(lambda: all(v[0] == "HIT" for v in d.gets(keys).values()), 4),
+            "memcached restarted: recovers without restarting the client",
+        )
 
         # Unsafe keys never reach the wire.
         before = sum(mc_stats_get(n.port) for n in nodes)
         r = d.gets(["/Poll/bad\x7fkey"])
         after = sum(mc_stats_get(n.port) for n in nodes)
-        check(r["/Poll/bad\x7fkey"][0] == "ERROR" and before == after,
-              "memcached: key with 0x7F refused, not sent")
+        check(
+            r["/Poll/bad\x7fkey"][0] == "ERROR" and before == after,
+            "memcached: key with 0x7F refused, not sent",
+        )
 
         # free() with requests in flight answers them all.
         sick.sig(signal.SIGSTOP)
@@ -277,8 +334,10 @@ def scenario_memcached(drv: list[str], tmp: str) -> None:
         while not ln.startswith("freed"):
             answered.append(ln)
             ln = d.line()
-        check(ln == "freed outstanding=0" and all(" ERROR " in a for a in answered),
-              "memcached: free() answers in-flight requests with ERROR")
+        check(
+            ln == "freed outstanding=0" and all(" ERROR " in a for a in answered),
+            "memcached: free() answers in-flight requests with ERROR",
+        )
         sick.sig(signal.SIGCONT)
         check(d.quit() == 0, "memcached: driver exits clean (no contract violation)")
     finally:
@@ -302,22 +361,36 @@ def scenario_ketama(drv: list[str], tmp: str, py: str | None) -> None:
         subprocess.run([py, "-c", code], check=True)
         d = Driver(drv, ["-T", "1000", "-s", " ".join(servers)])
         summary, missing = d.mget(1000, "/Poll/getMessages?user_id=")
-        check(summary["hit"] == "1000",
-              f"ketama: 1000 keys written by pylibmc, all found ({summary}, missing {missing[:5]})")
+        check(
+            summary["hit"] == "1000",
+            f"ketama: 1000 keys written by pylibmc, all found ({summary}, missing {missing[:5]})",
+        )
         # And each key lives on exactly the node memcached_generate_hash names.
         per_node = [
-            subprocess.run([py, "-c",
-                            "import pylibmc\n"
-                            f"c=pylibmc.Client(['127.0.0.1:{n.port}'], binary=False)\n"
-                            "print(' '.join(str(i) for i in range(1000) "
-                            "if c.get('/Poll/getMessages?user_id=%d' % i) is not None))"],
-                           check=True, capture_output=True, text=True).stdout.split()
-            for n in nodes]
+            subprocess.run(
+                [
+                    py,
+                    "-c",
+                    (
+                        "import pylibmc\n"
+                        f"c=pylibmc.Client(['127.0.0.1:{n.port}'], binary=False)\n"
+                        "print(' '.join(str(i) for i in range(1000) "
+                        "if c.get('/Poll/getMessages?user_id=%d' % i) is not None))"
+                    ),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.split()
+            for n in nodes
+        ]
         where = {int(i): idx for idx, lst in enumerate(per_node) for i in lst}
-        ok = len(where) == 1000 and sum(len(x) for x in per_node) == 1000 and all(
-            d.hash(f"/Poll/getMessages?user_id={i}") == where[i] for i in range(1000))
-        check(ok, f"ketama: node per key agrees with pylibmc "
-                  f"(split {[len(x) for x in per_node]})")
+        ok = (
+            len(where) == 1000
+            and sum(len(x) for x in per_node) == 1000
+            and all(d.hash(f"/Poll/getMessages?user_id={i}") == where[i] for i in range(1000))
+        )
+        check(ok, f"ketama: node per key agrees with pylibmc (split {[len(x) for x in per_node]})")
         check(d.quit() == 0, "ketama: driver exits clean")
     finally:
         for n in nodes:
@@ -347,32 +420,49 @@ def scenario_redis(drv: list[str], tmp: str) -> None:
         r = d.gets(["/Poll/k", "/Poll/empty", "/Poll/nul", "/Poll/absent", "/Poll/list"])
         check(r["/Poll/k"][0::2] == ("HIT", "hello"), "redis tcp: hit")
         check(r["/Poll/empty"][0::2] == ("HIT", ""), "redis: empty value is a hit")
-        check(r["/Poll/nul"][0::2] == ("HIT", "a\\x00b\\x0D\\x0A$3\\x0D\\x0Ac"),
-              "redis: value with NUL/CRLF bytes is exact")
+        check(
+            r["/Poll/nul"][0::2] == ("HIT", "a\\x00b\\x0D\\x0A$3\\x0D\\x0Ac"),
+            "redis: value with NUL/CRLF bytes is exact",
+        )
         check(r["/Poll/absent"][0] == "MISS", "redis: miss")
         check(r["/Poll/list"][0] == "ERROR", "redis: WRONGTYPE is ERROR")
+        check(
+            d.chain(5, "/Poll/k") == ["HIT"] * 5 and d.chain(3, "/Poll/absent") == ["MISS"] * 3,
+            "redis: get from inside a callback (as coalesce.c does)",
+        )
 
         r1.sig(signal.SIGSTOP)
         r = d.gets(["/Poll/k", "/Poll/a", "/Poll/b"])
-        check(r["/Poll/k"][0] == "TIMEOUT" and
-              all(v[0] in ("TIMEOUT", "ERROR") and v[1] <= TIMEOUT_MS + SLACK_MS
-                  for v in r.values()),
-              f"redis SIGSTOP: TIMEOUT within {TIMEOUT_MS} ms (+slack) {r}")
+        check(
+            r["/Poll/k"][0] == "TIMEOUT"
+            and all(
+                v[0] in ("TIMEOUT", "ERROR") and v[1] <= TIMEOUT_MS + SLACK_MS for v in r.values()
+            ),
+            f"redis SIGSTOP: TIMEOUT within {TIMEOUT_MS} ms (+slack) {r}",
+        )
         r = d.gets(["/Poll/k"])
-        check(r["/Poll/k"][0] in ("TIMEOUT", "ERROR") and r["/Poll/k"][1] <= TIMEOUT_MS + SLACK_MS,
-              "redis SIGSTOP: still bounded on the second round")
+        check(
+            r["/Poll/k"][0] in ("TIMEOUT", "ERROR") and r["/Poll/k"][1] <= TIMEOUT_MS + SLACK_MS,
+            "redis SIGSTOP: still bounded on the second round",
+        )
         r1.sig(signal.SIGCONT)
-        check(wait_until(lambda: d.gets(["/Poll/k"])["/Poll/k"][0] == "HIT"),
-              "redis SIGCONT: recovers")
+        check(
+            wait_until(lambda: d.gets(["/Poll/k"])["/Poll/k"][0] == "HIT"),
+            "redis SIGCONT: recovers",
+        )
         r1.stop()
         time.sleep(0.05)
         r = d.gets(["/Poll/k"])
-        check(r["/Poll/k"][0] == "ERROR" and r["/Poll/k"][1] < FAST_MS,
-              f"redis down: ERROR fast ({r['/Poll/k'][1]:.1f} ms)")
+        check(
+            r["/Poll/k"][0] == "ERROR" and r["/Poll/k"][1] < FAST_MS,
+            f"redis down: ERROR fast ({r['/Poll/k'][1]:.1f} ms)",
+        )
         r1.start()
         redis_cmd(r1.port, b"SET", b"/Poll/k", b"again")
-        check(wait_until(lambda: d.gets(["/Poll/k"])["/Poll/k"][0::2] == ("HIT", "again"), 4),
-              "redis restarted: recovers without restarting the client")
+        check(
+            wait_until(lambda: d.gets(["/Poll/k"])["/Poll/k"][0::2] == ("HIT", "again"), 4),
+            "redis restarted: recovers without restarting the client",
+        )
         check(d.quit() == 0, "redis tcp: driver exits clean")
 
         wait_until(lambda: os.path.exists(sock))
@@ -382,8 +472,10 @@ def scenario_redis(drv: list[str], tmp: str) -> None:
             time.sleep(0.05)
             s.recv(100)
         d = Driver(drv, ["-b", "redis", "-r", f"unix:{sock}", "-d", "3"])
-        check(d.gets(["/Poll/k"])["/Poll/k"][0::2] == ("HIT", "db3"),
-              "redis unix socket + SELECT 3: hit from db 3")
+        check(
+            d.gets(["/Poll/k"])["/Poll/k"][0::2] == ("HIT", "db3"),
+            "redis unix socket + SELECT 3: hit from db 3",
+        )
         check(d.quit() == 0, "redis unix: driver exits clean")
 
         d = Driver(drv, ["-b", "redis", "-r", f"127.0.0.1:{r2.port}", "-a", passfile])
@@ -397,8 +489,10 @@ def scenario_redis(drv: list[str], tmp: str) -> None:
         d = Driver(drv, ["-b", "redis", "-r", f"127.0.0.1:{r2.port}", "-a", passfile])
         d.send("get /Poll/k", "free")
         lines = [d.line(), d.line()]
-        check(lines[1] == "freed outstanding=0" and " ERROR " in lines[0],
-              f"redis: free() answers in-flight requests with ERROR {lines}")
+        check(
+            lines[1] == "freed outstanding=0" and " ERROR " in lines[0],
+            f"redis: free() answers in-flight requests with ERROR {lines}",
+        )
         r2.sig(signal.SIGCONT)
         check(d.quit() == 0, "redis free: driver exits clean")
     finally:
@@ -459,6 +553,7 @@ def fake_memcached(sock: socket.socket, stop: list[bool]) -> None:
 
 def scenario_protocol(drv: list[str], tmp: str) -> None:
     import threading
+
     lsock = socket.socket()
     lsock.bind(("127.0.0.1", 0))
     lsock.listen(16)
@@ -467,25 +562,32 @@ def scenario_protocol(drv: list[str], tmp: str) -> None:
     t.start()
     try:
         d = Driver(drv, ["-T", "500", "-s", f"127.0.0.1:{lsock.getsockname()[1]}"])
-        want = {"split": ("HIT", "hello"), "cas": ("HIT", "ok"), "miss": ("MISS", ""),
-                "srverr": ("ERROR", "")}
+        want = {
+            "split": ("HIT", "hello"),
+            "cas": ("HIT", "ok"),
+            "miss": ("MISS", ""),
+            "srverr": ("ERROR", ""),
+        }
         for k, v in want.items():
             r = d.gets([k])
             check(r[k][0::2] == v, f"protocol: {k} -> {v[0]} ({r[k]})")
         time.sleep(0.15)
         r = d.gets(["twice"])
         check(r["twice"][0] == "MISS", f"protocol: twice -> MISS ({r['twice']})")
-        for k in ("clierr", "big", "wrongkey", "badterm", "negative", "longline",
-                  "garbage"):
+        for k in ("clierr", "big", "wrongkey", "badterm", "negative", "longline", "garbage"):
             time.sleep(0.15)  # past the reconnect backoff
             r = d.gets([k])
             check(r[k][0] == "ERROR" and r[k][1] < 400, f"protocol: {k} -> ERROR ({r[k]})")
         # pipelined: several answers may arrive in one segment, in order
         time.sleep(2.2)
         r = d.gets(["cas", "split", "miss", "srverr"])
-        check(r["cas"][0::2] == ("HIT", "ok") and r["miss"][0] == "MISS"
-              and r["split"][0::2] == ("HIT", "hello") and r["srverr"][0] == "ERROR",
-              f"protocol: pipelined {r}")
+        check(
+            r["cas"][0::2] == ("HIT", "ok")
+            and r["miss"][0] == "MISS"
+            and r["split"][0::2] == ("HIT", "hello")
+            and r["srverr"][0] == "ERROR",
+            f"protocol: pipelined {r}",
+        )
         check(d.quit() == 0, "protocol: driver exits clean")
     finally:
         stop[0] = True

@@ -10,6 +10,9 @@
  *   mget N PREFIX     -> N gets PREFIX0..PREFIX<N-1> at once, then
  *                        "mget hit=.. miss=.. error=.. timeout=.. maxms=.."
  *                        followed by "notfound KEY" for each non-hit
+ *   chain N KEY       -> gets KEY again from inside its own callback, N
+ *                        times (re-entrant use, as coalesce.c does), then
+ *                        "chain KEY STATUS..." with every answer's status
  *   hash KEY          -> "hash KEY INDEX" (memcached ketama server index)
  *   sleep MS          -> "slept MS" after MS on the loop
  *   free              -> fp_cache_free() with requests in flight, "freed"
@@ -56,6 +59,9 @@ struct dreq {
     struct timespec t0;
     int done;
     struct mget *m;
+    int chain;                   /* a chain request */
+    int chain_left;              /* chain: gets still to issue */
+    char chain_log[256];
 };
 
 static double now_ms_since(const struct timespec *t0)
@@ -101,6 +107,36 @@ static void on_answer(enum fp_cache_status s, const char *val, size_t len,
         return;
     }
     d->done = 1;
+    if (d->chain) {
+        size_t used = strlen(d->chain_log);
+        snprintf(d->chain_log + used, sizeof(d->chain_log) - used, " %s",
+                 stname(s));
+        if (d->chain_left > 0) {
+            /* Re-entrant: a new get from inside this callback. */
+            struct dreq *n = calloc(1, sizeof(*n));
+            if (n != NULL) {
+                memcpy(n, d, sizeof(*n));
+                n->done = 0;
+                n->chain_left--;
+                clock_gettime(CLOCK_MONOTONIC, &n->t0);
+                in_get = 1;
+                if (fp_cache_get(cache, n->key, strlen(n->key), on_answer,
+                                 n) == 0) {
+                    in_get = 0;
+                    free(d);
+                    return;     /* outstanding stays: n replaces d */
+                }
+                in_get = 0;
+                free(n);
+            }
+        }
+        printf("chain %s%s\n", d->key, d->chain_log);
+        fflush(stdout);
+        free(d);
+        outstanding--;
+        maybe_exit();
+        return;
+    }
     if (ms > st.cache_timeout_ms + SLACK_MS) {
         printf("VIOLATION late answer %s %.1f ms\n", d->key, ms);
         violations++;
@@ -200,6 +236,23 @@ static void on_line(char *line)
             if (start_get(k, m) != 0)
                 m->left--;
         }
+    } else if (sscanf(line, "chain %ld %250s", &n, key) == 2 && n > 0 &&
+               n < 40) {
+        struct dreq *d = calloc(1, sizeof(*d));
+        if (d == NULL)
+            return;
+        snprintf(d->key, sizeof(d->key), "%.250s", key);
+        d->chain = 1;
+        d->chain_left = (int)n - 1;
+        d->chain_log[0] = '\0';
+        clock_gettime(CLOCK_MONOTONIC, &d->t0);
+        outstanding++;
+        in_get = 1;
+        if (fp_cache_get(cache, key, strlen(key), on_answer, d) != 0) {
+            outstanding--;
+            free(d);
+        }
+        in_get = 0;
     } else if (sscanf(line, "hash %511s", key) == 1) {
         printf("hash %s %u\n", key,
                memc ? memcached_generate_hash(memc, key, strlen(key)) : 0);
