@@ -214,6 +214,16 @@ void fp_coalesce_detach(struct fp_waiter *w)
     wlist_remove(w);
 }
 
+void fp_coalesce_fail_all(struct fp_coalesce *co, enum fp_cache_status status)
+{
+    struct fp_fetch *f, *tmp;
+
+    HASH_ITER(hh, co->table, f, tmp) {
+        wlist_deliver(co, &f->cur, status, NULL, 0);
+        wlist_deliver(co, &f->next, status, NULL, 0);
+    }
+}
+
 void fp_coalesce_stats(const struct fp_coalesce *co,
                        struct fp_coalesce_stats *out)
 {

@@ -56,6 +56,10 @@ int fp_coalesce_get(struct fp_coalesce *co, const char *key, size_t keylen,
  * No-op if w is not attached. */
 void fp_coalesce_detach(struct fp_waiter *w);
 
+/* Delivers `status` to every attached waiter now (shutdown: stop waiting).
+ * The gets themselves stay in flight and end normally, with nobody left. */
+void fp_coalesce_fail_all(struct fp_coalesce *co, enum fp_cache_status status);
+
 void fp_coalesce_stats(const struct fp_coalesce *co,
                        struct fp_coalesce_stats *out);
 

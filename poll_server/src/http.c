@@ -313,6 +313,11 @@ void fp_http_drain(struct fp_http *h, void (*done)(void *arg), void *arg)
     }
 }
 
+void fp_http_abort_waiting(struct fp_http *h)
+{
+    fp_coalesce_fail_all(h->co, FP_CACHE_TIMEOUT);
+}
+
 unsigned long fp_http_inflight(const struct fp_http *h)
 {
     return h->inflight;

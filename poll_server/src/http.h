@@ -21,6 +21,10 @@ struct fp_http *fp_http_start(struct event_base *base,
  * for its answer to be written). */
 void fp_http_drain(struct fp_http *h, void (*done)(void *arg), void *arg);
 
+/* Answers every request still waiting for the cache with 503 now (their
+ * connections then close, as during a drain). */
+void fp_http_abort_waiting(struct fp_http *h);
+
 /* Requests in flight now. */
 unsigned long fp_http_inflight(const struct fp_http *h);
 

@@ -23,7 +23,7 @@ struct app {
     struct fp_http *http;
     struct event *sigterm, *sigint, *drain_timer;
     const struct fp_settings *s;
-    int stopping;
+    int stopping, flushing;
 };
 
 static void drained(void *arg)
@@ -35,16 +35,32 @@ static void drained(void *arg)
         fp_log(FP_LOG_ERROR, "shutdown: cannot leave the event loop");
 }
 
+#define FLUSH_MS 200 /* after the drain limit: time to write the 503s */
+
 static void drain_timeout(evutil_socket_t fd, short what, void *arg)
 {
     struct app *a = arg;
+    struct timeval tv = { 0, FLUSH_MS * 1000 };
 
     (void)fd;
     (void)what;
+    if (a->flushing) {
+        fp_log(FP_LOG_WARN, "shutdown: %lu answers not written after %d ms "
+               "more, closing their connections", fp_http_inflight(a->http),
+               FLUSH_MS);
+        if (event_base_loopexit(a->base, NULL) != 0)
+            fp_log(FP_LOG_ERROR, "shutdown: cannot leave the event loop");
+        return;
+    }
+    /* Waiting longer helps nobody: 503 lets nginx fall back to the app. */
     fp_log(FP_LOG_WARN, "shutdown: %lu requests still in flight after %u ms, "
-           "closing them", fp_http_inflight(a->http), a->s->shutdown_timeout_ms);
-    if (event_base_loopexit(a->base, NULL) != 0)
+           "answering 503", fp_http_inflight(a->http),
+           a->s->shutdown_timeout_ms);
+    a->flushing = 1;
+    if (evtimer_add(a->drain_timer, &tv) != 0 &&
+        event_base_loopexit(a->base, NULL) != 0)
         fp_log(FP_LOG_ERROR, "shutdown: cannot leave the event loop");
+    fp_http_abort_waiting(a->http); /* may call drained() */
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)

@@ -291,6 +291,30 @@ static void test_key_identity(void **state)
     assert_string_equal(b.value, "ten");
 }
 
+static void test_fail_all(void **state)
+{
+    struct waiter a, b, c;
+    struct fp_coalesce_stats st;
+    (void)state;
+
+    assert_int_equal(get("k1", &a), 0);
+    assert_int_equal(get("k1", &b), 0);
+    assert_int_equal(get("k2", &c), 0);
+    fp_coalesce_fail_all(co, FP_CACHE_TIMEOUT);
+    assert_int_equal(a.st, FP_CACHE_TIMEOUT);
+    assert_int_equal(b.st, FP_CACHE_TIMEOUT);
+    assert_int_equal(c.st, FP_CACHE_TIMEOUT);
+    fp_coalesce_stats(co, &st);
+    assert_int_equal(st.waiting, 0);
+    assert_int_equal(st.keys, 2); /* the gets are still out */
+    answer(0, FP_CACHE_HIT, "late");
+    answer(1, FP_CACHE_HIT, "late");
+    assert_int_equal(a.delivered + b.delivered + c.delivered, 3);
+    assert_int_equal(ngets, 2);
+    fp_coalesce_stats(co, &st);
+    assert_int_equal(st.keys, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -302,6 +326,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_detach, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cache_refuses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_key_identity, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fail_all, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
