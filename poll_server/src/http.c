@@ -8,17 +8,33 @@
  *   on_complete  -> reply written (evhttp_send_done): release
  *   on_close     -> connection freed first: detach, release
  *
- * Why on_close is enough to never touch a freed request (libevent 2.1.12
- * http.c): evhttp frees an incoming request only in evhttp_send_done (after
- * on_complete), in evhttp_connection_free (requests still queued on the
- * connection; closecb runs first), or leaves it to us: when the client
- * closes or times out while we hold the request (evhttp_connection_fail_ ->
- * evhttp_connection_incoming_fail, userdone == 0) it unlinks the request,
- * sets req->evcon = NULL and frees the connection -- closecb runs inside
- * that free. So in on_close: a request whose connection is still `evcon`
- * is about to be freed by evhttp; one whose connection is NULL is orphaned
- * and ours to free. In both cases we forget it, and nothing else points to
- * it: the coalescer only knows our struct, never the evhttp_request. */
+ * Why this never touches a freed evhttp_request (libevent 2.1.12 http.c):
+ * - evhttp_handle_request disables reading before calling us, and nothing
+ *   re-enables it until our reply is written (evhttp_send_done starts the
+ *   next read). So while a request waits for the cache, evhttp notices
+ *   neither a client's FIN/RST nor a read timeout: the request stays valid,
+ *   and the wait is bounded by the cache timeout. A client that left is
+ *   found out when its answer is written; verified with clients that close
+ *   or reset mid-wait under ASan.
+ * - After evhttp_send_reply, evhttp frees the request in evhttp_send_done
+ *   (on_complete runs just before), or in evhttp_connection_free when the
+ *   write fails (closecb = on_close runs just before).
+ * - evhttp_free (shutdown) frees every connection, each running on_close
+ *   first, with the request still queued on it.
+ * - Defensively, on_close also handles the orphan case of
+ *   evhttp_connection_incoming_fail (EOF/timeout while userdone == 0: the
+ *   request is unlinked, req->evcon = NULL, and the connection freed): the
+ *   request is then ours to free.
+ * In every case on_close detaches the request from the coalescer, which
+ * only ever knows our struct, never the evhttp_request.
+ *
+ * Timeouts: libevent 2.1.12 has one inactivity timeout per connection (the
+ * bufferevent's read/write timeout, evhttp_connection_set_timeout_tv), and
+ * no hook for "the first byte of the next request". So: a new connection
+ * runs under request_timeout_ms (no pause longer than that until its first
+ * request is in, and while its reply is written); once a reply is written
+ * the connection switches to idle_timeout_ms, which then also bounds pauses
+ * inside later requests on that keep-alive connection. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,6 +198,9 @@ static void on_close(struct evhttp_connection *evcon, void *arg)
 {
     struct request *r = arg;
 
+    fp_log(FP_LOG_DEBUG, "http: connection closed with a request %s",
+           r->state == REQ_WAITING ? "waiting for the cache" :
+           r->state == REQ_ANSWERED ? "answered, not yet written" : "new");
     if (r->state == REQ_WAITING) {
         fp_coalesce_detach(&r->w);
         if (evhttp_request_get_connection(r->req) != evcon)
