@@ -318,7 +318,7 @@ static int is_sep(char c)
 static int set_params(struct fp_settings *s, const struct option_def *o,
                       const char *v, char *why, size_t whylen)
 {
-    char *names[FP_MAX_PARAMS];
+    char *names[FP_MAX_PARAMS] = { 0 };
     size_t n = 0, i, out;
     const char *p = v;
     int rc = -1;

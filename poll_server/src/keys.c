@@ -140,6 +140,8 @@ static int match_param(char *const *params, size_t nparams,
     char name[FP_MAX_PARAM_LEN];
     size_t i = 0, len = 0;
 
+    if (n == 0) /* "=x": no parameter has an empty name */
+        return -1;
     while (i < n) {
         int c = decode_one(s, n, &i, 1);
         if (c < 0 || len == sizeof(name))
