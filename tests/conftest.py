@@ -15,7 +15,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stack import Stack  # noqa: E402
+from stack import Stack
 
 _uids = itertools.count(1000)
 
@@ -31,7 +31,9 @@ class Cache:
             self.mc = pylibmc.Client(servers, binary=False, behaviors={"ketama": True})
         else:
             password = (stack.run_dir / "redis.pass").read_text().strip()
-            self.r = redis.Redis(host="127.0.0.1", port=stack.redis_port, password=password)
+            self.r = redis.Redis(
+                host="127.0.0.1", port=stack.redis_port, password=password
+            )
 
     def set(self, key: str, value: bytes) -> None:
         if self.backend == "memcached":
@@ -53,7 +55,9 @@ class Cache:
     def gets_served(self) -> int:
         """How many reads the cache servers have answered, summed over every node."""
         if self.backend == "memcached":
-            return sum(memcached_stats(p)["cmd_get"] for p in self.stack.memcached_ports)
+            return sum(
+                memcached_stats(p)["cmd_get"] for p in self.stack.memcached_ports
+            )
         return int(self.r.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
 
 
@@ -90,9 +94,13 @@ def start_stack(tmp: Path, backend: str, **kw) -> Stack:
 
 
 @pytest.fixture(scope="session", params=["memcached", "redis"])
-def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     """The shared stack for behaviour tests, once per backend. 3 memcached nodes: a small fleet."""
-    s = start_stack(tmp_path_factory.mktemp(f"stack-{request.param}"), request.param, n_memcached=3)
+    s = start_stack(
+        tmp_path_factory.mktemp(f"stack-{request.param}"), request.param, n_memcached=3
+    )
     yield s
     s.stop()
 
@@ -111,5 +119,7 @@ def client(stack: Stack) -> Iterator[httpx.Client]:
 @pytest.fixture()
 def poller(stack: Stack) -> Iterator[httpx.Client]:
     """A client talking to one poll server directly, without nginx."""
-    with httpx.Client(base_url=f"http://127.0.0.1:{stack.poller_ports[0]}", timeout=10) as c:
+    with httpx.Client(
+        base_url=f"http://127.0.0.1:{stack.poller_ports[0]}", timeout=10
+    ) as c:
         yield c

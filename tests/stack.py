@@ -42,12 +42,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(what: str, check, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+def wait_for(
+    what: str, check, timeout: float = 30.0, proc: subprocess.Popen | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with status {proc.returncode} while starting")
+            raise RuntimeError(
+                f"{what} exited with status {proc.returncode} while starting"
+            )
         try:
             if check():
                 return
@@ -111,10 +115,14 @@ class Stack:
 
     def _allocate_ports(self) -> None:
         self.http_port = self.http_port or free_port()
-        self.memcached_ports = self.memcached_ports or [free_port() for _ in range(self.n_memcached)]
+        self.memcached_ports = self.memcached_ports or [
+            free_port() for _ in range(self.n_memcached)
+        ]
         self.redis_port = self.redis_port or free_port()
         self.app_port = self.app_port or free_port()
-        self.poller_ports = self.poller_ports or [free_port() for _ in range(self.n_pollers)]
+        self.poller_ports = self.poller_ports or [
+            free_port() for _ in range(self.n_pollers)
+        ]
 
     def ini_sections(self) -> dict[str, dict[str, str]]:
         sections = {
@@ -126,7 +134,9 @@ class Stack:
                 "content_type": "application/json",
                 "ttl": "300",
             },
-            "memcached": {"servers": " ".join(f"127.0.0.1:{p}" for p in self.memcached_ports)},
+            "memcached": {
+                "servers": " ".join(f"127.0.0.1:{p}" for p in self.memcached_ports)
+            },
             "redis": {
                 "server": f"127.0.0.1:{self.redis_port}",
                 "password_file": str(self.run_dir / "redis.pass"),
@@ -171,12 +181,16 @@ class Stack:
             fastpoll_apps=[f"127.0.0.1:{self.app_port}"],
         )
         (ngx / "fastpoll.conf").write_text(site)
-        main = env.get_template("nginx-local.conf.j2").render(run_dir=str(ngx), run_as_user=run_as)
+        main = env.get_template("nginx-local.conf.j2").render(
+            run_dir=str(ngx), run_as_user=run_as
+        )
         (ngx / "nginx.conf").write_text(main)
 
     # ---- processes -----------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: list[str], port: int = 0, env: dict | None = None) -> Proc:
+    def _spawn(
+        self, name: str, argv: list[str], port: int = 0, env: dict | None = None
+    ) -> Proc:
         log = open(self.run_dir / f"{name}.log", "ab")  # noqa: SIM115 -- owned by the child
         popen = subprocess.Popen(
             argv,
@@ -194,49 +208,90 @@ class Stack:
 
     def start_memcached(self, i: int) -> None:
         port = self.memcached_ports[i]
-        argv = ["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-m", "64", "-c", "4096"]
+        argv = [
+            "memcached",
+            "-l",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-U",
+            "0",
+            "-m",
+            "64",
+            "-c",
+            "4096",
+        ]
         if os.geteuid() == 0:
             argv += ["-u", "nobody"]
         name = f"memcached-{i}"
         self._spawn(name, argv, port)
-        wait_for(name, lambda: tcp_ask(port, b"version\r\n", b"VERSION"), proc=self._popen[name])
+        wait_for(
+            name,
+            lambda: tcp_ask(port, b"version\r\n", b"VERSION"),
+            proc=self._popen[name],
+        )
 
     def start_redis(self) -> None:
         password = (self.run_dir / "redis.pass").read_text().strip()
         conf = self.run_dir / "redis.conf"
         # The password goes in a 0600 file, not on the command line (ps would show it).
         conf.write_text(
-            f"port {self.redis_port}\nbind 127.0.0.1\nsave \"\"\nappendonly no\n"
+            f'port {self.redis_port}\nbind 127.0.0.1\nsave ""\nappendonly no\n'
             f"dir {self.run_dir}\nrequirepass {password}\n"
         )
         conf.chmod(0o600)
         self._spawn("redis", ["redis-server", str(conf)], self.redis_port)
         auth = f"AUTH {password}\r\nPING\r\n".encode()
-        wait_for("redis", lambda: tcp_ask(self.redis_port, auth, b"+PONG"), proc=self._popen["redis"])
+        wait_for(
+            "redis",
+            lambda: tcp_ask(self.redis_port, auth, b"+PONG"),
+            proc=self._popen["redis"],
+        )
 
     def start_app(self) -> None:
         argv = [
-            str(VENV_PYTHON), "-m", "fastpoll_app", "--config", str(self.ini_path),
-            "--host", "127.0.0.1", "--port", str(self.app_port), "--workers", str(self.app_workers),
+            str(VENV_PYTHON),
+            "-m",
+            "fastpoll_app",
+            "--config",
+            str(self.ini_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.app_port),
+            "--workers",
+            str(self.app_workers),
         ]
         self._spawn("app", argv, self.app_port)
         url = f"http://127.0.0.1:{self.app_port}/healthz"
-        wait_for("app", lambda: http_status(url) == 200, timeout=60, proc=self._popen["app"])
+        wait_for(
+            "app", lambda: http_status(url) == 200, timeout=60, proc=self._popen["app"]
+        )
 
     def start_poller(self, i: int, binary: Path | None = None) -> None:
         port = self.poller_ports[i]
         name = f"poller-{i}"
-        argv = [str(binary or self.poll_server), "-c", str(self.ini_path), "-p", str(port)]
+        argv = [
+            str(binary or self.poll_server),
+            "-c",
+            str(self.ini_path),
+            "-p",
+            str(port),
+        ]
         self._spawn(name, argv, port)
         # Any HTTP answer means it is serving: "/" is a valid key that is simply not cached.
         url = f"http://127.0.0.1:{port}/"
-        wait_for(name, lambda: http_status(url) in (200, 404, 503), proc=self._popen[name])
+        wait_for(
+            name, lambda: http_status(url) in (200, 404, 503), proc=self._popen[name]
+        )
 
     def start_nginx(self) -> None:
         conf = self.run_dir / "nginx" / "nginx.conf"
         check = subprocess.run(
             ["nginx", "-t", "-q", "-p", str(conf.parent), "-c", str(conf)],
-            capture_output=True, text=True,
+            check=False,
+            capture_output=True,
+            text=True,
         )
         if check.returncode != 0:
             raise RuntimeError(f"nginx -t failed:\n{check.stderr}")
@@ -261,7 +316,9 @@ class Stack:
             raise
         self.save_state()
 
-    def stop_proc(self, name: str, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
+    def stop_proc(
+        self, name: str, sig: int = signal.SIGTERM, timeout: float = 10.0
+    ) -> int | None:
         """Stop one process we started, by pid. Returns its exit status if we could reap it."""
         proc = self.procs.pop(name, None)
         if proc is None:
@@ -280,7 +337,9 @@ class Stack:
 
     def stop(self) -> None:
         # nginx first, so no client is sent to a part that is going away.
-        for name in sorted(self.procs, key=lambda n: (n != "nginx", n.startswith("memcached"), n)):
+        for name in sorted(
+            self.procs, key=lambda n: (n != "nginx", n.startswith("memcached"), n)
+        ):
             self.stop_proc(name)
         state = self.run_dir / "stack.json"
         if state.exists():
@@ -292,16 +351,23 @@ class Stack:
         state = {
             "backend": self.backend,
             "http_port": self.http_port,
-            "procs": {n: {"pid": p.pid, "port": p.port, "argv": p.argv} for n, p in self.procs.items()},
+            "procs": {
+                n: {"pid": p.pid, "port": p.port, "argv": p.argv}
+                for n, p in self.procs.items()
+            },
         }
         (self.run_dir / "stack.json").write_text(json.dumps(state, indent=1))
 
     @classmethod
     def load(cls, run_dir: Path) -> Stack:
         state = json.loads((run_dir / "stack.json").read_text())
-        stack = cls(run_dir=run_dir, backend=state["backend"], http_port=state["http_port"])
+        stack = cls(
+            run_dir=run_dir, backend=state["backend"], http_port=state["http_port"]
+        )
         for name, p in state["procs"].items():
-            stack.procs[name] = Proc(name=name, argv=p["argv"], pid=p["pid"], port=p["port"])
+            stack.procs[name] = Proc(
+                name=name, argv=p["argv"], pid=p["pid"], port=p["port"]
+            )
         return stack
 
 
@@ -316,25 +382,38 @@ def _is_ours(proc: Proc) -> bool:
 
 def _stop_pid(proc: Proc, sig: int, timeout: float) -> None:
     if not _is_ours(proc):
-        return None
+        return
     os.kill(proc.pid, sig)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and _is_ours(proc):
         time.sleep(0.05)
     if _is_ours(proc):
         os.kill(proc.pid, signal.SIGKILL)
-    return None
+    return
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("command", choices=["up", "down", "status"])
     ap.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
-    ap.add_argument("--backend", choices=["memcached", "redis"],
-                    default=os.environ.get("FP_BACKEND", "memcached"))
-    ap.add_argument("--http-port", type=int, default=int(os.environ.get("FP_HTTP_PORT", "8080")))
-    ap.add_argument("--pollers", type=int, default=int(os.environ.get("FP_POLLERS", "0")) or None)
-    ap.add_argument("--memcached-nodes", type=int, default=int(os.environ.get("FP_MEMCACHED_NODES", "1")))
+    ap.add_argument(
+        "--backend",
+        choices=["memcached", "redis"],
+        default=os.environ.get("FP_BACKEND", "memcached"),
+    )
+    ap.add_argument(
+        "--http-port", type=int, default=int(os.environ.get("FP_HTTP_PORT", "8080"))
+    )
+    ap.add_argument(
+        "--pollers", type=int, default=int(os.environ.get("FP_POLLERS", "0")) or None
+    )
+    ap.add_argument(
+        "--memcached-nodes",
+        type=int,
+        default=int(os.environ.get("FP_MEMCACHED_NODES", "1")),
+    )
     args = ap.parse_args()
     state = args.run_dir / "stack.json"
 
@@ -355,26 +434,45 @@ def main() -> int:
         stack = Stack.load(args.run_dir)
         down = [n for n, p in stack.procs.items() if not _is_ours(p)]
         for name, p in stack.procs.items():
-            print(f"{name:12} pid {p.pid:7} port {p.port:5} {'DOWN' if name in down else 'up'}")
+            print(
+                f"{name:12} pid {p.pid:7} port {p.port:5} {'DOWN' if name in down else 'up'}"
+            )
         return 1 if down else 0
 
     if state.exists():
-        print("fastpoll: already up (run/stack.json exists); `make down` first", file=sys.stderr)
+        print(
+            "fastpoll: already up (run/stack.json exists); `make down` first",
+            file=sys.stderr,
+        )
         return 1
-    stack = Stack(run_dir=args.run_dir, backend=args.backend, http_port=args.http_port,
-                  n_memcached=args.memcached_nodes)
+    stack = Stack(
+        run_dir=args.run_dir,
+        backend=args.backend,
+        http_port=args.http_port,
+        n_memcached=args.memcached_nodes,
+    )
     if args.pollers:
         stack.n_pollers = args.pollers
     stack.start()
-    print(f"fastpoll is up ({stack.backend} backend), logs and config in {args.run_dir}/")
+    print(
+        f"fastpoll is up ({stack.backend} backend), logs and config in {args.run_dir}/"
+    )
     print(f"  entry point (nginx)  {stack.base_url}/")
     print(f"  poll                 {stack.base_url}/Poll/getMessages?user_id=1")
-    print(f"  publish              curl -X POST -H 'Content-Type: application/json' "
-          f"-d '{{\"user_id\": 1, \"text\": \"hi\"}}' {stack.base_url}/api/messages")
-    print(f"  poll servers         {', '.join(f'127.0.0.1:{p}' for p in stack.poller_ports)}")
+    print(
+        f"  publish              curl -X POST -H 'Content-Type: application/json' "
+        f'-d \'{{"user_id": 1, "text": "hi"}}\' {stack.base_url}/api/messages'
+    )
+    print(
+        f"  poll servers         {', '.join(f'127.0.0.1:{p}' for p in stack.poller_ports)}"
+    )
     print(f"  fallback app         http://127.0.0.1:{stack.app_port}/")
-    print(f"  memcached            {', '.join(f'127.0.0.1:{p}' for p in stack.memcached_ports)}")
-    print(f"  redis                127.0.0.1:{stack.redis_port} (password in {args.run_dir}/redis.pass)")
+    print(
+        f"  memcached            {', '.join(f'127.0.0.1:{p}' for p in stack.memcached_ports)}"
+    )
+    print(
+        f"  redis                127.0.0.1:{stack.redis_port} (password in {args.run_dir}/redis.pass)"
+    )
     print("stop it with `make down`")
     return 0
 

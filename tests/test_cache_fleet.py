@@ -14,9 +14,13 @@ from stack import Stack
 
 
 @pytest.fixture(scope="module", params=["memcached", "redis"])
-def own_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def own_stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     """A stack of its own: these tests stop and start cache servers."""
-    s = start_stack(tmp_path_factory.mktemp(f"faults-{request.param}"), request.param, n_memcached=3)
+    s = start_stack(
+        tmp_path_factory.mktemp(f"faults-{request.param}"), request.param, n_memcached=3
+    )
     yield s
     s.stop()
 
@@ -43,12 +47,22 @@ def test_ketama_agreement_app_writes_poller_reads(stack: Stack) -> None:
     assert all(n > 100 for n in items), f"keys not spread over the 3 nodes: {items}"
     for port in own_stack.poller_ports:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as direct:
-            misses = [u for u in uids if direct.get(f"/getMessages?user_id={u}").status_code != 200]
-        assert misses == [], f"poller :{port} missed {len(misses)} keys the app wrote, e.g. {misses[:5]}"
+            misses = [
+                u
+                for u in uids
+                if direct.get(f"/getMessages?user_id={u}").status_code != 200
+            ]
+        assert misses == [], (
+            f"poller :{port} missed {len(misses)} keys the app wrote, e.g. {misses[:5]}"
+        )
 
 
 def _cache_names(stack: Stack) -> list[str]:
-    return [n for n in stack.procs if n.startswith("memcached")] if stack.backend == "memcached" else ["redis"]
+    return (
+        [n for n in stack.procs if n.startswith("memcached")]
+        if stack.backend == "memcached"
+        else ["redis"]
+    )
 
 
 def test_cache_down_everything_falls_back_then_hits_resume(own_stack: Stack) -> None:
@@ -73,7 +87,9 @@ def test_cache_down_everything_falls_back_then_hits_resume(own_stack: Stack) -> 
         uid = uids[0]
 
         def hit() -> bool:
-            r = c.get(f"/Poll/getMessages?user_id={uid}")  # a miss refills the empty cache
+            r = c.get(
+                f"/Poll/getMessages?user_id={uid}"
+            )  # a miss refills the empty cache
             assert r.status_code == 200
             return r.headers["x-poll-source"] == "cache"
 
@@ -99,13 +115,17 @@ def test_invalid_keys_never_reach_the_cache(stack: Stack, cache: Cache) -> None:
     for port in stack.poller_ports:
         for target in INVALID_TARGETS:
             with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-                s.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+                s.sendall(
+                    f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+                )
                 reply = _read_all(s)
             status = reply.split(b"\r\n", 1)[0]
             assert status.split()[1] in (b"400", b"404", b"414"), (target, status)
     assert cache.gets_served() == before, "an invalid key was sent to the cache"
     # A valid request on the same servers does reach it: the counter is live.
-    httpx.get(f"http://127.0.0.1:{stack.poller_ports[0]}/getMessages?user_id={new_uid()}")
+    httpx.get(
+        f"http://127.0.0.1:{stack.poller_ports[0]}/getMessages?user_id={new_uid()}"
+    )
     assert cache.gets_served() == before + 1
 
 
@@ -121,8 +141,18 @@ def test_config_check_names_key_and_line(tmp_path: Path, stack: Stack) -> None:
 
     bad = tmp_path / "bad.ini"
     bad.write_text("[server]\nport = 8101\n\n[cache]\ntimeout_ms = soon\n")
-    r = subprocess.run([str(stack.poll_server), "-t", "-c", str(bad)], capture_output=True, text=True)
+    r = subprocess.run(
+        [str(stack.poll_server), "-t", "-c", str(bad)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode != 0
     assert "timeout_ms" in r.stderr and ":5" in r.stderr, r.stderr
-    r = subprocess.run([str(stack.poll_server), "-t", "-c", str(stack.ini_path)], capture_output=True, text=True)
+    r = subprocess.run(
+        [str(stack.poll_server), "-t", "-c", str(stack.ini_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr

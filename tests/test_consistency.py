@@ -13,7 +13,7 @@ ROUNDS = 40
 POLLERS = 6
 
 
-def test_no_stale_answer_under_concurrent_polls_and_publishes(stack: Stack, cache: Cache) -> None:
+def test_no_stale_answer_under_concurrent_polls_and_publishes(stack: Stack) -> None:
     uid = new_uid()
     url = f"/Poll/getMessages?user_id={uid}"
     stop = threading.Event()
@@ -21,9 +21,10 @@ def test_no_stale_answer_under_concurrent_polls_and_publishes(stack: Stack, cach
 
     def hammer() -> None:
         # Keep the key churning: drop it and poll, so fills (add) race the publishes (set).
+        own = Cache(stack)  # cache clients are not thread-safe: one per thread
         with httpx.Client(base_url=stack.base_url, timeout=10) as c:
             while not stop.is_set():
-                cache.delete(poll_key(uid))
+                own.delete(poll_key(uid))
                 r = c.get(url)
                 if r.status_code != 200:
                     errors.append(f"poll answered {r.status_code}")
@@ -35,27 +36,39 @@ def test_no_stale_answer_under_concurrent_polls_and_publishes(stack: Stack, cach
         with httpx.Client(base_url=stack.base_url, timeout=10) as c:
             unread = 0
             for n in range(1, ROUNDS + 1):
-                published = c.post("/api/messages", json={"user_id": uid, "text": f"m{n}"})
+                published = c.post(
+                    "/api/messages", json={"user_id": uid, "text": f"m{n}"}
+                )
                 assert published.status_code == 201
                 unread += 1
                 # Every poll from now on must show this message.
                 for _ in range(3):
                     r = c.get(url)
-                    assert r.status_code == 200 and r.content, f"round {n}: empty after publish"
+                    assert r.status_code == 200 and r.content, (
+                        f"round {n}: empty after publish"
+                    )
                     answer = r.json()
                     source = r.headers["x-poll-source"]
-                    assert answer["unread"] == unread, f"round {n}: stale {answer} from {source}"
-                    assert answer["newest"]["id"] == published.json()["id"], f"round {n}: {answer}"
+                    assert answer["unread"] == unread, (
+                        f"round {n}: stale {answer} from {source}"
+                    )
+                    assert answer["newest"]["id"] == published.json()["id"], (
+                        f"round {n}: {answer}"
+                    )
                 if n % 10 == 0:
-                    assert c.post("/api/messages/read", json={"user_id": uid}).status_code == 200
+                    assert (
+                        c.post("/api/messages/read", json={"user_id": uid}).status_code
+                        == 200
+                    )
                     unread = 0
                     # Every answer is now empty until the next publish.
                     for _ in range(3):
                         r = c.get(url)
-                        assert (r.status_code, r.content) == (200, b""), f"round {n}: stale after read"
+                        assert (r.status_code, r.content) == (200, b""), (
+                            f"round {n}: stale after read"
+                        )
     finally:
         stop.set()
         for t in threads:
             t.join()
     assert not errors, errors[:5]
-

@@ -25,7 +25,9 @@ def test_hit_is_served_from_cache(client: httpx.Client, cache: Cache) -> None:
     assert r.headers["content-length"] == str(len(b'{"unread":1}'))
 
 
-def test_miss_falls_back_and_fills_the_cache(client: httpx.Client, cache: Cache) -> None:
+def test_miss_falls_back_and_fills_the_cache(
+    client: httpx.Client, cache: Cache
+) -> None:
     uid = new_uid()
     first = poll(client, uid)
     assert first.status_code == 200
@@ -50,7 +52,11 @@ def test_post_hit_is_served_from_cache(client: httpx.Client, cache: Cache) -> No
     uid = new_uid()
     cache.set(poll_key(uid), b"posted")
     r = poll(client, uid, "POST", content=b"a=1&b=2")
-    assert (r.status_code, r.content, r.headers["x-poll-source"]) == (200, b"posted", "cache")
+    assert (r.status_code, r.content, r.headers["x-poll-source"]) == (
+        200,
+        b"posted",
+        "cache",
+    )
 
 
 def test_keys_are_per_user(client: httpx.Client, cache: Cache) -> None:
@@ -97,10 +103,16 @@ def test_head_has_headers_and_no_body(client: httpx.Client, cache: Cache) -> Non
 
 
 @pytest.mark.parametrize("method", ["PUT", "DELETE", "PATCH", "OPTIONS"])
-def test_other_methods_get_405(client: httpx.Client, poller: httpx.Client, method: str) -> None:
+def test_other_methods_get_405(
+    client: httpx.Client, poller: httpx.Client, method: str
+) -> None:
     direct = poller.request(method, "/getMessages?user_id=1")
     assert direct.status_code == 405
-    assert set(direct.headers["allow"].replace(" ", "").split(",")) == {"GET", "HEAD", "POST"}
+    assert set(direct.headers["allow"].replace(" ", "").split(",")) == {
+        "GET",
+        "HEAD",
+        "POST",
+    }
     assert client.request(method, "/Poll/getMessages?user_id=1").status_code == 405
 
 
@@ -124,18 +136,33 @@ def test_publish_then_read(client: httpx.Client) -> None:
     r = client.post("/api/messages/read", json={"user_id": uid})
     assert r.status_code == 200
     after = poll(client, uid)
-    assert (after.status_code, after.content, after.headers["x-poll-source"]) == (200, b"", "cache")
+    assert (after.status_code, after.content, after.headers["x-poll-source"]) == (
+        200,
+        b"",
+        "cache",
+    )
 
 
 @pytest.mark.parametrize(
     "body",
-    [b"{not json", b'{"user_id": 1}', b'{"text": "x"}', b'{"user_id": "1", "text": "x"}',
-     b'{"user_id": true, "text": "x"}', b'{"user_id": 1, "text": ""}', b"[]"],
+    [
+        b"{not json",
+        b'{"user_id": 1}',
+        b'{"text": "x"}',
+        b'{"user_id": "1", "text": "x"}',
+        b'{"user_id": true, "text": "x"}',
+        b'{"user_id": 1, "text": ""}',
+        b"[]",
+    ],
 )
-def test_bad_publish_is_rejected_and_stores_nothing(client: httpx.Client, body: bytes) -> None:
+def test_bad_publish_is_rejected_and_stores_nothing(
+    client: httpx.Client, body: bytes
+) -> None:
     uid = new_uid()
     body = body.replace(b'"user_id": 1', f'"user_id": {uid}'.encode())
-    r = client.post("/api/messages", content=body, headers={"Content-Type": "application/json"})
+    r = client.post(
+        "/api/messages", content=body, headers={"Content-Type": "application/json"}
+    )
     assert 400 <= r.status_code < 500
     assert "error" in r.json()
     assert poll(client, uid).content == b""
@@ -144,6 +171,8 @@ def test_bad_publish_is_rejected_and_stores_nothing(client: httpx.Client, body: 
 def test_oversized_publish_is_rejected(client: httpx.Client) -> None:
     uid = new_uid()
     body = b'{"user_id": %d, "text": "%s"}' % (uid, b"x" * 200_000)
-    r = client.post("/api/messages", content=body, headers={"Content-Type": "application/json"})
+    r = client.post(
+        "/api/messages", content=body, headers={"Content-Type": "application/json"}
+    )
     assert r.status_code == 413
     assert poll(client, uid).content == b""
