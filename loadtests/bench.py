@@ -1,4 +1,4 @@
-"""fastpoll's benchmark: `make bench` (full, <= 10 minutes) and `make bench-quick` (CI smoke, < 1 min).
+"""fastpoll's benchmark: `make bench` (full, <= 10 min) and `make bench-quick` (CI smoke, < 1 min).
 
     .venv/bin/python loadtests/bench.py            # full: results, plots, docs/benchmarks.md
     .venv/bin/python loadtests/bench.py --quick    # smoke: asserts 0 failed requests, right bodies
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import resource
 import shutil
 import statistics
@@ -56,7 +55,7 @@ HOT_USER = 1
 # nginx tuning for every nginx in the run (the stack's and the peers'), so they are measured alike.
 # Limits here: 2 cores, RLIMIT_NOFILE 20,000 per process. At 15,000 client connections one worker
 # holds ~7,500 clients plus up to as many upstream connections, so worker_connections must exceed
-# 15,000; reuseport gives each worker its own accept queue, so the kernel spreads the clients evenly.
+# 15,000; reuseport gives each worker its own accept queue, so the kernel spreads clients evenly.
 TUNING: dict[str, object] = {
     "worker_processes": "auto",
     "worker_rlimit_nofile": 20000,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -145,10 +146,8 @@ class CpuMeter:
         out = {}
         for pids in self.groups.values():
             for pid in pids:
-                try:
+                with contextlib.suppress(OSError):  # it exited
                     out[pid] = cpu_seconds(pid)
-                except OSError:
-                    pass
         return out
 
     def start(self) -> None:

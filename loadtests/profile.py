@@ -1,0 +1,160 @@
+"""Where the CPU goes on a cache hit: a system-wide perf profile during wrk -c50 keep-alive runs.
+
+    .venv/bin/python loadtests/profile.py [--seconds 5] [--attach run/]
+
+For each case (fastpoll with one hot key, fastpoll with 100,000 keys, the nginx memcached_pass
+peer with 100,000 keys) it runs wrk while `perf record -e cpu-clock -a` samples every CPU, then
+prints: the share of CPU per process (wrk, nginx, poll_server, memcached) split into user and
+kernel time, CPU microseconds per request for each, and the poll server's hottest symbols.
+No hardware counters exist in this VM (`perf stat -e instructions` is <not supported>), so this
+samples the clock; instruction counts need valgrind --tool=callgrind (see --callgrind).
+Output: loadtests/results/profile-<stamp>.txt (and on stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import bench  # noqa: E402
+import clients  # noqa: E402
+import peers  # noqa: E402
+import preload  # noqa: E402
+import stackctl  # noqa: E402
+import sysinfo  # noqa: E402
+
+COMMS = ("wrk", "nginx", "poll_server", "memcached")
+
+
+def user_sys(pids: list[int]) -> tuple[float, float]:
+    u = s = 0.0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        f = stat[stat.rindex(")") + 2 :].split()
+        u += int(f[11]) / sysinfo.CLK_TCK
+        s += int(f[12]) / sysinfo.CLK_TCK
+    return u, s
+
+
+def perf_breakdown(data: Path) -> tuple[str, dict[str, float]]:
+    """Samples per comm and per kernel/user, as percent of all samples."""
+    out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--sort", "comm,dso",
+                          "--percent-limit", "0.5"], capture_output=True, text=True,
+                         timeout=120).stdout
+    share: dict[str, float] = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*([0-9.]+)%\s+(\S+)\s+(\S+)", line)
+        if m:
+            pct, comm, dso = float(m.group(1)), m.group(2), m.group(3)
+            side = "kernel" if dso.startswith("[kernel") else "user"
+            share[f"{comm}/{side}"] = share.get(f"{comm}/{side}", 0.0) + pct
+    return out, share
+
+
+def top_symbols(data: Path, comm: str, limit: int = 30) -> str:
+    out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--comms", comm,
+                          "--sort", "dso,sym", "--percent-limit", "0.7"],
+                         capture_output=True, text=True, timeout=120).stdout
+    lines = [ln for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
+    return "\n".join(lines[:limit])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--attach", type=Path)
+    ap.add_argument("--users", type=int, default=bench.USERS)
+    args = ap.parse_args()
+    if shutil.which("perf") is None:
+        print("profile: perf is not installed (apt-get install linux-perf)", file=sys.stderr)
+        return 2
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    work = ROOT / "run" / "profile"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    out_txt = bench.RESULTS / f"profile-{stamp}.txt"
+    report: list[str] = [f"# profile {stamp}: wrk -t2 -c50 keep-alive, {args.seconds:g}s per case",
+                         f"# machine: {sysinfo.cpu_model()}, {os.cpu_count()} cores"]
+
+    if args.attach:
+        target = stackctl.attach(args.attach.resolve())
+    else:
+        target = stackctl.start(work / "stack", bench.TUNING, {"log": {"level": "warn"}})
+    mc_servers = [f"127.0.0.1:{p}" for p in target.memcached_ports]
+    peer = peers.Peer("memcached_pass", work / "peer", {
+        k: v for k, v in bench.TUNING.items() if not k.startswith("fastpoll_")},
+        {"memcached": mc_servers[0],
+         "upstream_keepalive": bench.TUNING["fastpoll_upstream_keepalive"]})
+    try:
+        preload.preload(mc_servers, args.users)
+        peer.start()
+        cases = [
+            ("fastpoll, one hot key", target.base_url, 1, {
+                "nginx": [target.nginx_pid, *sysinfo.children(target.nginx_pid)],
+                "poll_server": target.poller_pids, "memcached": target.memcached_pids}),
+            ("fastpoll, 100,000 keys", target.base_url, args.users, {
+                "nginx": [target.nginx_pid, *sysinfo.children(target.nginx_pid)],
+                "poll_server": target.poller_pids, "memcached": target.memcached_pids}),
+            ("nginx memcached_pass, 100,000 keys", peer.base_url, args.users, {
+                "nginx": [peer.pid, *sysinfo.children(peer.pid)],
+                "memcached": target.memcached_pids}),
+        ]
+        for title, base, users, groups in cases:
+            data = work / f"perf-{len(report)}.data"
+            before = {g: user_sys(p) for g, p in groups.items()}
+            perf = subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", "1999", "-a",
+                                     "-o", str(data), "--", "sleep", f"{args.seconds + 0.5:g}"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(0.3)
+            r = clients.run_wrk(f"{base}/Poll/getMessages", 50, args.seconds, env={
+                "FP_PATH": "/Poll/getMessages", "FP_USERS": str(users)})
+            perf.wait(timeout=60)
+            after = {g: user_sys(p) for g, p in groups.items()}
+            report.append(f"\n## {title}: {r.rps:,.0f} req/s, {r.requests:,} requests, "
+                          f"p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms, failed {r.failed}")
+            report.append(f"{'process':12} {'user s':>8} {'sys s':>8} {'µs/req':>8} "
+                          f"{'user µs':>8} {'sys µs':>8}")
+            cu, cs = r.client_cpu_s, 0.0
+            rows = [("wrk (u+s)", cu, cs)]
+            rows += [(g, after[g][0] - before[g][0], after[g][1] - before[g][1]) for g in groups]
+            for name, u, s in rows:
+                report.append(f"{name:12} {u:8.2f} {s:8.2f} {(u + s) / r.requests * 1e6:8.1f} "
+                              f"{u / r.requests * 1e6:8.1f} {s / r.requests * 1e6:8.1f}")
+            text, share = perf_breakdown(data)
+            report.append("perf samples by process (percent of all CPUs' samples):")
+            for k in sorted(share, key=lambda k: -share[k]):
+                if k.split("/")[0] in COMMS or share[k] >= 2.0:
+                    report.append(f"  {k:28} {share[k]:5.1f}%")
+            if "poll_server" in groups:
+                report.append("poll_server hottest symbols (percent of all samples):")
+                report.append(top_symbols(data, "poll_server"))
+            else:
+                report.append("nginx (memcached_pass) hottest symbols:")
+                report.append(top_symbols(data, "nginx", 20))
+            print("\n".join(report[-40:]), flush=True)
+    finally:
+        peer.stop()
+        if target.started_here:
+            target.stack.stop()
+    out_txt.write_text("\n".join(report) + "\n")
+    print(f"wrote {out_txt.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
