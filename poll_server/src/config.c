@@ -8,9 +8,9 @@
  * The file dialect is the one the Python app reads too (docs/configuration.md):
  * `[section]`, `key = value`, comments starting with ';' or '#' at the start
  * of a line or after whitespace, no continuation lines, names case-sensitive.
- * Debian's libinih reads at most 200 bytes per line (INI_MAX_LINE, a compile
- * time constant there): a longer line is an error naming the line, and a
- * long memcached server list is written as several `servers =` lines, which
+ * Debian's libinih reads lines into a 200-byte buffer (INI_MAX_LINE, a compile
+ * time constant there): a line over 198 bytes (line end excluded) is an error
+ * naming the line, as in the app, and a long memcached server list is written as several `servers =` lines, which
  * append. */
 #include <errno.h>
 #include <getopt.h>
@@ -705,7 +705,8 @@ struct ini_ctx {
 static char *fp_ini_reader(char *str, int num, void *stream)
 {
     struct ini_ctx *c = stream;
-    size_t n;
+    size_t n, content;
+    int overlong = 0;
 
     if (c->err_line != 0)       /* stop at our first error */
         return NULL;
@@ -714,22 +715,29 @@ static char *fp_ini_reader(char *str, int num, void *stream)
     c->lineno++;
     n = strlen(str);
     if (n == (size_t)num - 1 && str[n - 1] != '\n') {
+        /* The buffer is full: the line ends here, or it is too long. */
         int ch = fgetc(c->f);
-        if (ch == '\r') { /* a CRLF line end does not count */
-            ch = fgetc(c->f);
-            if (ch == EOF)
-                ch = '\n';
-        }
+        if (ch == '\r')
+            ch = fgetc(c->f) == '\n' ? '\n' : 'x';
         if (ch != EOF && ch != '\n') {
+            overlong = 1;
             while (ch != EOF && ch != '\n')
                 ch = fgetc(c->f);
-            c->err_line = c->lineno;
-            fmt(c->err, c->errlen, "%s:%d: line longer than %d bytes (the "
-                "limit of Debian's libinih); split a long [memcached] "
-                "servers list over several \"servers =\" lines",
-                c->name, c->lineno, num - 1);
-            str[0] = '\0';
         }
+    }
+    content = n;
+    if (content > 0 && str[content - 1] == '\n')
+        content--;
+    if (content > 0 && str[content - 1] == '\r')
+        content--;
+    /* The app refuses the same lines (fallback_app config.py MAX_LINE). */
+    if (overlong || content > (size_t)num - 2) {
+        c->err_line = c->lineno;
+        fmt(c->err, c->errlen, "%s:%d: line longer than %d bytes (the "
+            "limit of Debian's libinih); split a long [memcached] "
+            "servers list over several \"servers =\" lines",
+            c->name, c->lineno, num - 2);
+        str[0] = '\0';
     }
     return str;
 }
