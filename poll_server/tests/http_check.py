@@ -1,0 +1,382 @@
+#!/usr/bin/env python3
+"""Hand check of the poll server's HTTP side against a real memcached.
+
+Starts its own memcached and poll_server on free loopback ports, checks hit, miss,
+NUL bytes, empty value, HEAD, 405, 413, 400, invalid keys (memcached's cmd_get must not
+move), coalescing, clients that hang up while waiting, timeouts, and the SIGTERM drain
+(exit 0, answers carry "Connection: close"); then stops exactly the pids it started.
+Not part of `make test` (it sends signals to memcached and takes a few seconds).
+
+    python3 tests/http_check.py [--binary build/poll_server-asan]
+
+With the ASan binary, any sanitizer report in the server's stderr fails the check.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, proc: subprocess.Popen, what: str) -> None:
+    for _ in range(100):
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"{what} did not listen on {port}")
+
+
+class Check:
+    def __init__(self, port: int, mc_port: int, mc_pid: int) -> None:
+        self.port, self.mc_port, self.mc_pid = port, mc_port, mc_pid
+        self.failed = 0
+
+    def ok(self, name: str, cond: bool, detail: object = "") -> None:
+        print(
+            ("PASS " if cond else "FAIL ")
+            + name
+            + (f"  ({detail})" if detail and not cond else "")
+        )
+        self.failed += 0 if cond else 1
+
+    def mc(self, cmd: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", self.mc_port), timeout=2) as s:
+            s.sendall(cmd)
+            out = b""
+            while not out.endswith(
+                (b"END\r\n", b"STORED\r\n", b"DELETED\r\n", b"NOT_FOUND\r\n")
+            ):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                out += chunk
+            return out
+
+    def cmd_get(self) -> int:
+        for line in self.mc(b"stats\r\n").split(b"\r\n"):
+            if line.startswith(b"STAT cmd_get "):
+                return int(line.split()[2])
+        raise RuntimeError("no cmd_get in stats")
+
+    def raw(self, data: bytes, wait: float = 2.0) -> bytes:
+        with socket.create_connection(("127.0.0.1", self.port)) as s:
+            s.sendall(data)
+            s.settimeout(wait)
+            out = b""
+            try:
+                while chunk := s.recv(65536):
+                    out += chunk
+            except (TimeoutError, ConnectionResetError):
+                pass
+            return out
+
+    def req(self, target: bytes, method: bytes = b"GET", extra: bytes = b"") -> bytes:
+        return self.raw(
+            b"%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s\r\n"
+            % (method, target, extra)
+        )
+
+
+def run_checks(c: Check) -> None:
+    c.mc(b"set /Poll/getMessages?user_id=1 0 0 5\r\nhello\r\n")
+    c.mc(b"set /Poll/bin?user_id=2 0 0 7\r\na\x00b\x00c\r\n\r\n")
+    c.mc(b"set /Poll/empty?user_id=3 0 0 0\r\n\r\n")
+
+    r = c.req(b"/getMessages?user_id=1&_=1699999")
+    c.ok(
+        "hit: 200, exact body, Content-Type, X-Poll-Source, Content-Length",
+        r.startswith(b"HTTP/1.1 200")
+        and r.endswith(b"\r\n\r\nhello")
+        and b"Content-Type: application/json\r\n" in r
+        and b"X-Poll-Source: cache\r\n" in r
+        and b"Content-Length: 5\r\n" in r,
+        r,
+    )
+    r = c.req(b"/bin?user_id=2")
+    c.ok(
+        "NUL bytes and CRLF in a value come back exactly",
+        r.endswith(b"\r\n\r\na\x00b\x00c\r\n") and b"Content-Length: 7\r\n" in r,
+        r,
+    )
+    r = c.req(b"/empty?user_id=3")
+    c.ok(
+        "empty value: 200 with an empty body",
+        r.startswith(b"HTTP/1.1 200")
+        and b"Content-Length: 0\r\n" in r
+        and r.endswith(b"\r\n\r\n"),
+        r,
+    )
+    r = c.req(b"/nothere?user_id=3")
+    c.ok(
+        "miss: 404, empty body",
+        r.startswith(b"HTTP/1.1 404")
+        and b"Content-Length: 0\r\n" in r
+        and r.endswith(b"\r\n\r\n"),
+        r,
+    )
+    r = c.raw(
+        b"HEAD /getMessages?user_id=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /empty?user_id=3 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    first, _, rest = r.partition(b"\r\n\r\n")
+    c.ok(
+        "HEAD: GET's headers (Content-Length: 5), no body on a kept-alive connection",
+        first.startswith(b"HTTP/1.1 200")
+        and b"Content-Length: 5" in first
+        and rest.startswith(b"HTTP/1.1 200"),
+        r,
+    )
+    for m in (b"PUT", b"DELETE", b"OPTIONS", b"PATCH", b"TRACE", b"BREW"):
+        r = c.req(b"/getMessages?user_id=1", m)
+        c.ok(
+            f"405 for {m.decode()} with Allow",
+            r.startswith(b"HTTP/1.1 405") and b"Allow: GET, HEAD, POST\r\n" in r,
+            r[:80],
+        )
+    r = c.req(b"/getMessages?user_id=1", b"POST", b"Content-Length: 3\r\n\r\nabc")
+    c.ok(
+        "POST with a small body is a poll",
+        r.startswith(b"HTTP/1.1 200") and r.endswith(b"hello"),
+        r,
+    )
+    r = c.req(
+        b"/getMessages?user_id=1",
+        b"POST",
+        b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    )
+    c.ok("chunked POST is read and discarded", r.startswith(b"HTTP/1.1 200"), r[:80])
+    r = c.raw(
+        b"POST /getMessages?user_id=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n"
+        + b"x" * 70000
+    )
+    c.ok("POST body over max_body_size: 413", r.startswith(b"HTTP/1.1 413"), r[:80])
+    r = c.raw(
+        b"GET /getMessages?user_id=1 HTTP/1.1\r\nHost: x\r\nX-Big: "
+        + b"a" * 9000
+        + b"\r\n\r\n"
+    )
+    c.ok("headers over max_header_size: 400", r.startswith(b"HTTP/1.1 400"), r[:80])
+
+    before = c.cmd_get()
+    for target in (
+        b"/getMessages?user_id=1%0D%0Aflush_all",
+        b"/getMessages?user_id=1&user_id=2",
+        b"/a/../getMessages",
+        b"/a/%2E%2E/x",
+        b"/get%00x",
+        b"/x?user_id=1%20delete",
+        b"/x?user_id=1+1",
+        b"/get%zz",
+        b"/" + b"a" * 300,
+        b"http://example.com/getMessages",
+    ):
+        r = c.req(target)
+        c.ok(
+            f"invalid key answered 404: {target[:40].decode()}",
+            r.startswith(b"HTTP/1.1 404"),
+            r[:60],
+        )
+    after = c.cmd_get()
+    c.ok(
+        f"invalid keys never reach memcached (cmd_get {before} -> {after})",
+        before == after,
+    )
+
+    # Coalescing: with memcached paused, 50 clients of one key cost at most two gets (the one in
+    # flight, and one for the requests that came after it started).
+    results: list[bytes] = []
+
+    def one() -> None:
+        results.append(c.req(b"/getMessages?user_id=1"))
+
+    before = c.cmd_get()
+    os.kill(c.mc_pid, signal.SIGSTOP)
+    try:
+        threads = [threading.Thread(target=one) for _ in range(50)]
+        for t in threads:
+            t.start()
+        time.sleep(0.05)
+    finally:
+        os.kill(c.mc_pid, signal.SIGCONT)
+    for t in threads:
+        t.join()
+    gets = c.cmd_get() - before
+    c.ok(
+        f"coalescing: 50 concurrent requests, {gets} gets, all answered",
+        gets <= 3
+        and len(results) == 50
+        and all(r.startswith((b"HTTP/1.1 200", b"HTTP/1.1 503")) for r in results),
+    )
+
+    # A paused memcached: 503 within the cache timeout (100 ms), never a hang.
+    os.kill(c.mc_pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        r = c.req(b"/getMessages?user_id=1")
+        took = time.monotonic() - t0
+    finally:
+        os.kill(c.mc_pid, signal.SIGCONT)
+    c.ok(
+        f"hung memcached: 503 in {took * 1000:.0f} ms",
+        r.startswith(b"HTTP/1.1 503") and took < 0.5,
+        r[:60],
+    )
+
+    # Clients that close or reset while their request waits for the cache.
+    os.kill(c.mc_pid, signal.SIGSTOP)
+    try:
+        for i in range(20):
+            s = socket.create_connection(("127.0.0.1", c.port))
+            s.sendall(
+                b"GET /getMessages?user_id=%d HTTP/1.1\r\nHost: x\r\n\r\n" % (i % 3)
+            )
+            if i % 2:
+                s.setsockopt(
+                    socket.SOL_SOCKET,
+                    socket.SO_LINGER,
+                    b"\x01\x00\x00\x00\x00\x00\x00\x00",
+                )
+            s.close()
+        time.sleep(0.2)
+    finally:
+        os.kill(c.mc_pid, signal.SIGCONT)
+    time.sleep(0.3)  # the backend reconnects after its timeout
+    r = c.req(b"/getMessages?user_id=1")
+    c.ok(
+        "still serving after clients hung up mid-wait",
+        r.startswith(b"HTTP/1.1 200"),
+        r[:60],
+    )
+
+    # A connection that never sends a request is closed after request_timeout_ms (300 here).
+    with socket.create_connection(("127.0.0.1", c.port)) as s:
+        s.settimeout(3)
+        t0 = time.monotonic()
+        try:
+            closed = s.recv(1) == b""
+        except ConnectionResetError:
+            closed = True
+        took = time.monotonic() - t0
+    c.ok(
+        f"silent connection closed after {took * 1000:.0f} ms (request_timeout_ms 300)",
+        closed and 0.2 < took < 1.5,
+    )
+
+
+def drain(c: Check, server: subprocess.Popen) -> None:
+    """SIGTERM with requests waiting: they are answered (Connection: close), exit 0."""
+    os.kill(c.mc_pid, signal.SIGSTOP)
+    socks = []
+    try:
+        for i in range(5):
+            s = socket.create_connection(("127.0.0.1", c.port))
+            s.sendall(
+                b"GET /getMessages?user_id=%d HTTP/1.1\r\nHost: x\r\n\r\n" % (i % 2)
+            )
+            socks.append(s)
+        time.sleep(0.03)
+        server.send_signal(signal.SIGTERM)
+        time.sleep(0.03)
+        try:
+            socket.create_connection(("127.0.0.1", c.port), timeout=1).close()
+            refused = False
+        except OSError:
+            refused = True
+        c.ok("SIGTERM: the listening socket is closed at once", refused)
+    finally:
+        os.kill(c.mc_pid, signal.SIGCONT)
+    answers = []
+    for s in socks:
+        s.settimeout(3)
+        out = b""
+        try:
+            while chunk := s.recv(4096):
+                out += chunk
+        except OSError:
+            pass
+        s.close()
+        answers.append(out)
+    c.ok(
+        "SIGTERM: requests in flight are answered with Connection: close",
+        all(
+            a.startswith((b"HTTP/1.1 200", b"HTTP/1.1 404", b"HTTP/1.1 503"))
+            and b"Connection: close\r\n" in a
+            for a in answers
+        ),
+        [a[:40] for a in answers],
+    )
+    rc = server.wait(timeout=10)
+    c.ok("SIGTERM: exit status 0", rc == 0, rc)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--binary", default=str(HERE.parent / "build" / "poll_server"))
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="fp-http-check-"))
+    ini = tmp / "fastpoll.ini"
+    mc_port, port = free_port(), free_port()
+    ini.write_text(
+        f"[server]\nrequest_timeout_ms = 300\n[memcached]\nservers = 127.0.0.1:{mc_port}\n"
+    )
+    mc_argv = ["memcached", "-l", "127.0.0.1", "-p", str(mc_port), "-U", "0"]
+    if os.geteuid() == 0:
+        mc_argv += ["-u", "nobody"]
+    memcached = subprocess.Popen(
+        mc_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    server = None
+    log = tmp / "poll_server.log"
+    try:
+        wait_port(mc_port, memcached, "memcached")
+        with open(log, "wb") as err:
+            server = subprocess.Popen(
+                [args.binary, "-c", str(ini), "-p", str(port)],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        wait_port(port, server, "poll_server")
+        c = Check(port, mc_port, memcached.pid)
+        run_checks(c)
+        drain(c, server)
+        text = log.read_text(errors="replace")
+        c.ok(
+            "no sanitizer report in the server's log",
+            "Sanitizer" not in text and "runtime error" not in text,
+        )
+        print(
+            f"{'ALL PASSED' if not c.failed else f'{c.failed} FAILED'} (server log: {log})"
+        )
+        return 1 if c.failed else 0
+    finally:
+        for p in (server, memcached):
+            if p is not None and p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.terminate()
+                p.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
