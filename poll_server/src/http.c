@@ -35,11 +35,15 @@
  * request is in, and while its reply is written); once a reply is written
  * the connection switches to idle_timeout_ms, which then also bounds pauses
  * inside later requests on that keep-alive connection. */
+#include <errno.h>
+#include <netdb.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -55,6 +59,10 @@
 #include "settings.h"
 
 #define FREE_REQ_MAX 4096 /* recycled request objects kept */
+/* evhttp_bind_socket listens with a backlog of 128: when nginx opens
+ * hundreds of upstream connections at once, SYNs beyond it are dropped and
+ * retried after a second. The kernel caps this at net.core.somaxconn. */
+#define LISTEN_BACKLOG 4096
 
 enum req_state { REQ_IDLE, REQ_WAITING, REQ_ANSWERED };
 
@@ -265,12 +273,53 @@ static void on_request(struct evhttp_request *req, void *arg)
            r->head ? "HEAD" : cmd == EVHTTP_REQ_POST ? "POST" : "GET", key);
 }
 
+/* A non-blocking listening socket on host:port, or -1 (logged). */
+static evutil_socket_t listen_on(const char *host, uint16_t port)
+{
+    struct addrinfo hints, *res = NULL, *ai;
+    char portstr[8];
+    evutil_socket_t fd = -1;
+    int one = 1, rc, err = 0;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_ADDRCONFIG;
+    snprintf(portstr, sizeof(portstr), "%u", (unsigned)port);
+    if ((rc = getaddrinfo(host, portstr, &hints, &res)) != 0) {
+        fp_log(FP_LOG_ERROR, "http: cannot resolve %s: %s", host,
+               gai_strerror(rc));
+        return -1;
+    }
+    for (ai = res; ai != NULL; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                    ai->ai_protocol);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+            bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+            listen(fd, LISTEN_BACKLOG) == 0)
+            break;
+        err = errno;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        fp_log(FP_LOG_ERROR, "http: cannot listen on %s:%u: %s", host,
+               (unsigned)port, strerror(err));
+    return fd;
+}
+
 struct fp_http *fp_http_start(struct event_base *base,
                               const struct fp_settings *s,
                               struct fp_cache *cache)
 {
     struct fp_http *h = calloc(1, sizeof(*h));
     struct timeval tv;
+    evutil_socket_t fd;
 
     if (h == NULL) {
         fp_log(FP_LOG_ERROR, "http: out of memory");
@@ -301,11 +350,14 @@ struct fp_http *fp_http_start(struct event_base *base,
         fp_log(FP_LOG_WARN, "http: lingering close not supported");
     evhttp_set_gencb(h->http, on_request, h);
 
-    h->bound = evhttp_bind_socket_with_handle(h->http, s->listen, s->port);
-    if (h->bound == NULL) {
-        fp_log(FP_LOG_ERROR, "http: cannot listen on %s:%u: %s", s->listen,
-               (unsigned)s->port,
-               evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+    if ((fd = listen_on(s->listen, s->port)) < 0)
+        goto fail;
+    /* evhttp owns the socket from here (closed by evhttp_del_accept_socket
+     * or evhttp_free). */
+    if ((h->bound = evhttp_accept_socket_with_handle(h->http, fd)) == NULL) {
+        fp_log(FP_LOG_ERROR, "http: cannot accept on %s:%u", s->listen,
+               (unsigned)s->port);
+        close(fd);
         goto fail;
     }
     return h;
