@@ -66,8 +66,12 @@ class FastPoll:
         parameter, `user_id=007`) is answered but not cached: publish could
         not find it to rewrite it, so it could go stale.
         """
-        answer = self.store.poll_answer(user_id)
-        if key is not None and key == self.user_key(user_id):
+        if key is None or key != self.user_key(user_id):
+            return self.store.poll_answer(user_id)
+        # Under the user's lock, so no write can commit and `set` between our read and our `add`
+        # (the key may have been evicted, and the `add` would then store the older answer).
+        with self.store.user_lock(user_id):
+            answer = self.store.poll_answer(user_id)
             try:
                 self._fill.fill(key, answer)
             except CacheError as exc:
@@ -90,7 +94,7 @@ class FastPoll:
     def _write(self, user_id: int, change: Callable[[Tx], T]) -> tuple[T, bool]:
         """BEGIN IMMEDIATE; change; compute the answer and `set` it; COMMIT."""
         try:
-            with self.store.write() as tx:
+            with self.store.user_lock(user_id), self.store.write() as tx:
                 result = change(tx)
                 written = self._rewrite(tx, user_id)
         except sqlite3.Error:
@@ -132,7 +136,7 @@ class FastPoll:
         """
         key = self.user_key(user_id)
         try:
-            with self.store.write() as tx:
+            with self.store.user_lock(user_id), self.store.write() as tx:
                 answer = tx.poll_answer(user_id)
                 verified = self._publish.get(key) == answer
                 if not verified:

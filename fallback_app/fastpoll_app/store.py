@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from .locks import UserLocks
+
 BUSY_TIMEOUT_MS = 10000
 
 _SCHEMA = """
@@ -98,6 +100,8 @@ class Store:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._all: list[sqlite3.Connection] = []
+        self._user_locks = UserLocks(path + ".locks")
+        self.user_lock = self._user_locks.hold
         conn = self._conn()
         conn.execute("PRAGMA journal_mode = WAL")
         conn.executescript(_SCHEMA)
@@ -171,3 +175,4 @@ class Store:
         for c in conns:
             c.close()
         self._local = threading.local()
+        self._user_locks.close()

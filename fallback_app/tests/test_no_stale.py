@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -36,29 +37,44 @@ def newest_id(answer: bytes | None) -> int:
 
 
 def test_fill_from_old_snapshot_loses_to_publish(settings: config.Settings) -> None:
-    """The race spelled out: a poll reads before the publish, fills after it."""
+    """The race spelled out: a poll reads, a publish starts, then the poll fills.
+
+    The user lock orders them: the publish waits until the fill's `add` is done and then
+    overwrites it. Without the lock, an eviction between the publish's `set` and the fill's
+    `add` would leave the old answer in the cache.
+    """
     fp = make_fp(settings)
     key = fp.user_key(UID)
-    read_done, publish_done = threading.Event(), threading.Event()
+    read_done, publish_started = threading.Event(), threading.Event()
     original = fp.store.poll_answer
 
     def slow_read(user_id: int) -> bytes:
         answer = original(user_id)
         read_done.set()
-        assert publish_done.wait(10)
+        assert publish_started.wait(10)
+        time.sleep(0.2)  # give the publish every chance to run ahead (it must not)
+        fp._fill.delete(key)  # an eviction right before our add
         return answer
 
     fp.store.poll_answer = slow_read  # type: ignore[method-assign]
     result: list[bytes] = []
+    published: list[int] = []
     poller = threading.Thread(target=lambda: result.append(fp.poll(UID, key)))
     poller.start()
     assert read_done.wait(10)
-    msg, written = fp.publish(UID, "new")
-    assert written
-    publish_done.set()
+
+    def publish() -> None:
+        publish_started.set()
+        msg, written = fp.publish(UID, "new")
+        assert written
+        published.append(msg.id)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
     poller.join(10)
+    publisher.join(10)
     assert result == [b""]  # that poll was sent before the publish: old state is fine
-    assert newest_id(fp._fill.get(key)) == msg.id  # but its add did not overwrite
+    assert newest_id(fp._fill.get(key)) == published[0]  # and the publish came after its add
     fp.close()
 
 

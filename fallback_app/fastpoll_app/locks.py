@@ -1,0 +1,58 @@
+"""Per-user locks that hold across threads and across the app's worker processes.
+
+A fill (read the database, then `add`) and a write (change the database, then `set`) of the same
+user must not interleave. SQLite's write lock orders writers among themselves, but a fill reads
+without it: if the key is evicted or expires between a publish's `set` and a slow fill's `add`,
+that fill would store the answer it read before the publish. Holding the user's lock across
+"read, then add" closes that window.
+
+Users are spread over a fixed number of stripes. Each stripe is a threading.Lock (fcntl locks do
+not exclude threads of one process) plus an fcntl byte-range lock on one byte of a lock file next
+to the database (which excludes the other worker processes).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+STRIPES = 1024
+
+
+class UserLocks:
+    def __init__(self, path: str, stripes: int = STRIPES) -> None:
+        self.path = path
+        self.stripes = stripes
+        self._thread_locks = [threading.Lock() for _ in range(stripes)]
+        self._fd: int | None = None
+        self._pid = 0
+        self._open_lock = threading.Lock()
+
+    def _file(self) -> int:
+        # Opened per process: a worker forked from a parent must not share the parent's fd,
+        # and closing any fd of the file would drop every fcntl lock the process holds.
+        with self._open_lock:
+            if self._fd is None or self._pid != os.getpid():
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+                self._pid = os.getpid()
+            return self._fd
+
+    @contextmanager
+    def hold(self, user_id: int) -> Iterator[None]:
+        stripe = user_id % self.stripes
+        fd = self._file()
+        with self._thread_locks[stripe]:
+            fcntl.lockf(fd, fcntl.LOCK_EX, 1, stripe)
+            try:
+                yield
+            finally:
+                fcntl.lockf(fd, fcntl.LOCK_UN, 1, stripe)
+
+    def close(self) -> None:
+        with self._open_lock:
+            if self._fd is not None and self._pid == os.getpid():
+                os.close(self._fd)
+            self._fd = None
