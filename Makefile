@@ -10,7 +10,7 @@ APT_PACKAGES := build-essential pkg-config libevent-dev libmemcached-dev libhire
 	apache2-utils wrk python3-venv python3-dev zlib1g-dev
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: all deps venv build up down status test test-unit test-integration clean
+.PHONY: all deps venv build up down status test test-unit test-integration bench bench-quick clean
 
 all: build
 
@@ -29,7 +29,7 @@ $(VENV)/.done: fallback_app/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# pylibmc from source: it must link Debian's libmemcached, the same ketama as the poll server.
-	$(PIP) install -q --no-binary pylibmc -e 'fallback_app[test]' jinja2 ruff
+	$(PIP) install -q --no-binary pylibmc -e 'fallback_app[test]' jinja2 ruff matplotlib
 	touch $@
 
 venv: deps $(VENV)/.done
@@ -48,13 +48,22 @@ status:
 
 test-unit: venv build
 	$(MAKE) -C poll_server test
-	$(VENV)/bin/ruff check fallback_app tests
+	$(VENV)/bin/ruff check fallback_app tests loadtests
 	$(VENV)/bin/pytest -q fallback_app/tests
 
 test-integration: venv build
 	$(VENV)/bin/pytest -q tests
 
 test: test-unit test-integration
+
+# Full benchmark (<= 10 min): loadtests/results/ and docs/benchmarks.md, on its own free ports.
+bench: venv build
+	$(PY) loadtests/bench.py
+
+# CI smoke (< 1 min): every path and peer once; fails on any failed request or wrong body.
+bench-quick: venv build
+	$(PY) loadtests/bench.py --quick
+	$(VENV)/bin/pytest -q loadtests/tests
 
 clean:
 	$(MAKE) -C poll_server clean

@@ -96,6 +96,9 @@ class Stack:
     cache_timeout_ms: int = 100
     poll_server: Path = POLL_SERVER
     extra_ini: dict[str, dict[str, str]] = field(default_factory=dict)
+    nginx_vars: dict[str, object] = field(
+        default_factory=dict
+    )  # overrides for the templates
     procs: dict[str, Proc] = field(default_factory=dict)
     memcached_ports: list[int] = field(default_factory=list)
     poller_ports: list[int] = field(default_factory=list)
@@ -176,13 +179,16 @@ class Stack:
             keep_trailing_newline=True,
         )
         site = env.get_template("fastpoll.conf.j2").render(
-            fastpoll_listen=f"127.0.0.1:{self.http_port}",
-            fastpoll_pollers=[f"127.0.0.1:{p}" for p in self.poller_ports],
-            fastpoll_apps=[f"127.0.0.1:{self.app_port}"],
+            **{
+                "fastpoll_listen": f"127.0.0.1:{self.http_port}",
+                "fastpoll_pollers": [f"127.0.0.1:{p}" for p in self.poller_ports],
+                "fastpoll_apps": [f"127.0.0.1:{self.app_port}"],
+                **self.nginx_vars,
+            }
         )
         (ngx / "fastpoll.conf").write_text(site)
         main = env.get_template("nginx-local.conf.j2").render(
-            run_dir=str(ngx), run_as_user=run_as
+            **{"run_dir": str(ngx), "run_as_user": run_as, **self.nginx_vars}
         )
         (ngx / "nginx.conf").write_text(main)
 
