@@ -45,3 +45,42 @@ def preload(servers: list[str], users: int, batch: int = 2000) -> None:
             raise RuntimeError(f"preload check failed for users {bad[:5]}")
     finally:
         mc.disconnect_all()
+
+
+APP_USER_BASE = 1_000_000  # the app-alone runs poll users APP_USER_BASE+1 .. +count
+
+
+def seed_app(app_port: int, count: int, base: int = APP_USER_BASE, workers: int = 8) -> float:
+    """Give users base+1..base+count one unread message each, through the app's own API.
+
+    The app-alone runs poll these users (with the id written 0NNN, which the app answers without
+    touching the cache), so it computes a real answer from SQLite, not an empty one.
+    Returns the seconds it took.
+    """
+    import http.client
+    import json
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    def post_range(users: range) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", app_port, timeout=10)
+        try:
+            for u in users:
+                body = json.dumps({"user_id": u, "text": f"bench message for {u}"})
+                conn.request("POST", "/api/messages", body,
+                             {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                r.read()
+                if r.status != 201:
+                    raise RuntimeError(f"seeding the app: POST for user {u} got {r.status}")
+        finally:
+            conn.close()
+
+    t0 = time.monotonic()
+    step = -(-count // workers)
+    chunks = [range(base + 1 + i, min(base + count, base + i + step) + 1)
+              for i in range(0, count, step)]
+    with ThreadPoolExecutor(workers) as pool:
+        for f in [pool.submit(post_range, c) for c in chunks]:
+            f.result()
+    return time.monotonic() - t0

@@ -114,8 +114,8 @@ SCENARIOS = {
     "mix95": "95% hits / 5% misses",
     "mix50": "50% hits / 50% misses",
     "miss": "all misses (fallback to the app)",
-    "nocache-many": "no cache, 100,000 users",
-    "nocache-hot": "no cache, one user",
+    "nocache-msg": "no cache, users with an unread message",
+    "nocache-empty": "no cache, users with nothing new (empty answer)",
 }
 
 
@@ -181,6 +181,8 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
     text = env.get_template("benchmarks.md.j2").render(
         d=doc, m=doc["machine"], dv=doc["derived"], r=doc["derived"]["ratios"],
         c50=c50_rows(doc), ab=ab_rows(doc), sweep=sweep, levels=levels, labels=LABELS,
+        cpu_names={"poll_servers": "poll", "nginx": "nginx", "memcached": "mc", "app": "app",
+                   "peer_memcached_pass": "nginx", "peer_return200": "nginx"},
         json_rel=rel(json_path, out.parent), raw_rel=rel(
             json_path.with_name(json_path.name.replace(".json", "-raw.log")), out.parent),
         png={p.stem.rsplit("-", 1)[1]: rel(p, out.parent) for p in pngs},

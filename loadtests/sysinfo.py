@@ -35,7 +35,8 @@ def _out(cmd: list[str]) -> str:
 
 
 def _first_line(cmd: list[str]) -> str:
-    return _out(cmd).splitlines()[0] if _out(cmd) else ""
+    out = _out(cmd)
+    return out.splitlines()[0] if out else ""
 
 
 def sysctl(name: str) -> str:
@@ -67,10 +68,10 @@ def machine(poll_server: Path | None = None) -> dict[str, object]:
         if line.startswith("MemTotal:"):
             mem_kb = int(line.split()[1])
     versions = {
-        "nginx": _first_line(["nginx", "-v"]),
+        "nginx": _first_line(["nginx", "-v"]).removeprefix("nginx version: "),
         "memcached": _first_line(["memcached", "-V"]),
-        "wrk": _first_line(["wrk", "--version"]),
-        "ab": _first_line(["ab", "-V"]),
+        "wrk": _first_line(["wrk", "--version"]).split(" Copyright")[0],
+        "ab": _first_line(["ab", "-V"]).removeprefix("This is ").split(" <")[0],
         "python": platform.python_version(),
         "libevent": _first_line(["pkg-config", "--modversion", "libevent"]),
         "libmemcached": _first_line(["pkg-config", "--modversion", "libmemcached"]),
@@ -88,7 +89,7 @@ def machine(poll_server: Path | None = None) -> dict[str, object]:
         "os": _os_release(),
         "mem_total_mb": mem_kb // 1024,
         "nofile_limit": {"soft": soft, "hard": hard},
-        "loadavg_at_start": list(os.getloadavg()),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
         "sysctl": {name: sysctl(name) for name in SYSCTLS},
         "versions": versions,
         "git": {"commit": commit, "dirty": bool(dirty.strip())},
@@ -102,6 +103,14 @@ def _os_release() -> str:
         return platform.platform()
     m = re.search(r'^PRETTY_NAME="?([^"\n]*)', text, re.M)
     return m.group(1) if m else platform.platform()
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
+    idle = fields[3] + fields[4]
+    return (total - idle) / CLK_TCK, total / CLK_TCK
 
 
 # ---- per-process costs --------------------------------------------------------------------

@@ -2,17 +2,20 @@
 -- Configured through the environment (bench.py sets it; wrk's LuaJIT has os.getenv):
 --   FP_PATH         path of the poll URL, e.g. /Poll/getMessages (or /getMessages for a poller)
 --   FP_USERS        hit users are 1..FP_USERS (1 = one hot key shared by every client)
+--   FP_USER_BASE    added to every hit user id (default 0)
 --   FP_HIT          share of requests for a preloaded (hit) user, 0..1 (default 1)
 --   FP_MISS_PREFIX  digits; a miss polls a user id never used before: prefix .. thread .. counter
 --   FP_METHOD       GET or POST (POST sends FP_BODY, default a small JSON document)
 --   FP_ZERO_PAD     "1": send user ids as 0NNN (the app answers them but never touches the cache)
 --   FP_CHECK        "hit": every answer must be 200 with a preloaded body;
---                   "any": 200 with a preloaded or an empty body; unset: no check (faster client)
+--                   "any": 200 with a preloaded or an empty body; "status": 200 and a non-empty
+--                   body (the app's own answers); unset: no check (a faster client)
 --   FP_SOURCE       if set, the X-Poll-Source header must equal it on every checked hit
 -- done() prints one line "FPBENCH {json}" with exact figures; bench.py prefers it to the text.
 
 local path = os.getenv("FP_PATH") or "/Poll/getMessages"
 local users = tonumber(os.getenv("FP_USERS") or "1")
+local user_base = tonumber(os.getenv("FP_USER_BASE") or "0")
 local hit = tonumber(os.getenv("FP_HIT") or "1")
 local miss_prefix = os.getenv("FP_MISS_PREFIX") or "9"
 local method = os.getenv("FP_METHOD") or "GET"
@@ -48,7 +51,7 @@ function init(args)
    math.randomseed(tid * 7919 + os.time())
    -- Pre-built requests: request() must cost the client as little as possible.
    for u = 1, users do
-      hits[u] = wrk.format(method, url(u), headers, req_body)
+      hits[u] = wrk.format(method, url(string.format("%d", user_base + u)), headers, req_body)
    end
    n_hit, n_miss, bad_status, bad_body, bad_source = 0, 0, 0, 0, 0
 end
@@ -72,13 +75,17 @@ local function preloaded(b)
    return a ~= nil and a == c and tonumber(a) >= 1 and tonumber(a) <= users
 end
 
-if check == "hit" or check == "any" then
+if check == "hit" or check == "any" or check == "status" then
    function response(status, hdrs, b)
       if status ~= 200 then
          bad_status = bad_status + 1
          return
       end
-      if preloaded(b) then
+      if check == "status" then
+         if b == "" then
+            bad_body = bad_body + 1
+         end
+      elseif preloaded(b) then
          if source and hdrs["X-Poll-Source"] ~= source then
             bad_source = bad_source + 1
          end
