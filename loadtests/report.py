@@ -48,17 +48,25 @@ def plots(doc: dict, out_dir: Path) -> list[Path]:
                 f"wrk -t2 keep-alive, 100,000 keys, all hits")
     paths = []
 
+    levels = sorted({c for pts in sweep.values() for c in pts})
+
+    def conc_axis(ax: object) -> None:
+        ax.set_xscale("log")  # type: ignore[attr-defined]
+        ax.set_xticks(levels, [f"{c:,}" for c in levels], rotation=45,  # type: ignore
+                      fontsize=8)
+        ax.minorticks_off()  # type: ignore[attr-defined]
+        ax.set_xlabel("concurrent connections")  # type: ignore[attr-defined]
+
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for system, points in sweep.items():
         cs = sorted(points)
         ax.plot(cs, [points[c]["rps"] for c in cs], marker="o",
                 label=LABELS.get(system, system), color=COLORS.get(system))
-        for c in cs:
-            if points[c]["failed"]:
-                ax.annotate(f"{points[c]['failed']} failed", (c, points[c]["rps"]),
-                            fontsize=7, color="red", textcoords="offset points", xytext=(3, 6))
-    ax.set_xscale("log")
-    ax.set_xlabel("concurrent connections")
+        bad = [c for c in cs if points[c]["failed"]]
+        if bad:
+            ax.plot(bad, [points[c]["rps"] for c in bad], "x", color="red", markersize=10,
+                    mew=2, label=f"{LABELS.get(system, system).split(' (')[0]}: failed requests")
+    conc_axis(ax)
     ax.set_ylabel("requests / second")
     ax.set_ylim(bottom=0)
     ax.grid(True, which="both", alpha=0.3)
@@ -76,9 +84,8 @@ def plots(doc: dict, out_dir: Path) -> list[Path]:
             cs = sorted(points)
             ax.plot(cs, [points[c][key] for c in cs], marker="o",
                     label=LABELS.get(system, system), color=COLORS.get(system))
-        ax.set_xscale("log")
+        conc_axis(ax)
         ax.set_yscale("log")
-        ax.set_xlabel("concurrent connections")
         ax.set_title(f"{title} latency")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("milliseconds")
@@ -129,8 +136,10 @@ def c50_rows(doc: dict) -> list[dict]:
             groups.setdefault((r["system"], r["scenario"], r["method"]), []).append(r)
     order = ["fastpoll", "direct", "memcached_pass", "return200", "app"]
     out = []
+    scen_order = list(SCENARIOS)
     for (system, scen, method), rs in sorted(
-            groups.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][2], kv[0][1])):
+            groups.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][2],
+                                            scen_order.index(kv[0][1]))):
         def med(k: str, rs: list[dict] = rs) -> float | None:
             vals = [r[k] for r in rs if r.get(k) is not None]
             return statistics.median(vals) if vals else None
