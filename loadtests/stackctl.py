@@ -4,15 +4,12 @@ counters (they show fallbacks and coalescing that a req/s figure hides)."""
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import jinja2
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -82,39 +79,13 @@ def start(run_dir: Path, nginx_vars: dict[str, object], ini: dict[str, dict[str,
 
 
 def _apply_nginx_vars(stack: Stack, nginx_vars: dict[str, object]) -> str:
-    """Pass the tuning to both nginx templates.
-
-    Through Stack.nginx_vars when the harness has it (requested in loadtests/NOTES-for-lead.md);
-    until then by rendering the same two templates again with the same inputs plus the tuning.
-    """
-    listen_opts = str(nginx_vars.get("listen_options", ""))
-    if hasattr(stack, "nginx_vars"):
-        vars_ = dict(nginx_vars)
-        vars_.pop("listen_options", None)
-        vars_["fastpoll_listen"] = f"127.0.0.1:{stack.http_port}{listen_opts}"
-        stack.nginx_vars.update(vars_)  # type: ignore[attr-defined]
-        return "Stack.nginx_vars"
-
-    original = stack._render_nginx
-
-    def render() -> None:
-        original()  # temp dirs, ownership, and the untuned files
-        ngx = stack.run_dir / "nginx"
-        env = jinja2.Environment(loader=jinja2.FileSystemLoader(ROOT / "nginx"),
-                                 undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-        site = env.get_template("fastpoll.conf.j2").render(
-            fastpoll_listen=f"127.0.0.1:{stack.http_port}{listen_opts}",
-            fastpoll_pollers=[f"127.0.0.1:{p}" for p in stack.poller_ports],
-            fastpoll_apps=[f"127.0.0.1:{stack.app_port}"],
-            **{k: v for k, v in nginx_vars.items() if k.startswith("fastpoll_")})
-        (ngx / "fastpoll.conf").write_text(site)
-        main = env.get_template("nginx-local.conf.j2").render(
-            run_dir=str(ngx), run_as_user="nobody nogroup" if os.geteuid() == 0 else None,
-            **{k: v for k, v in nginx_vars.items() if not k.startswith("fastpoll_")})
-        (ngx / "nginx.conf").write_text(main)
-
-    stack._render_nginx = render  # type: ignore[method-assign]
-    return "re-rendered by loadtests/stackctl.py (Stack has no nginx_vars yet)"
+    """Pass the tuning to both nginx templates (Stack.nginx_vars); listen options ride along
+    with the address, since the template has one `listen` variable."""
+    vars_ = dict(nginx_vars)
+    listen_opts = str(vars_.pop("listen_options", ""))
+    vars_["fastpoll_listen"] = f"127.0.0.1:{stack.http_port}{listen_opts}"
+    stack.nginx_vars.update(vars_)
+    return "Stack.nginx_vars (tests/stack.py)"
 
 
 # ---- answers and counters ---------------------------------------------------------------------
