@@ -81,6 +81,18 @@ class Proc:
     argv: list[str]
     pid: int = 0
     port: int = 0
+    started: int = (
+        0  # kernel start time of the pid: tells our process from a reused pid
+    )
+
+
+def start_time(pid: int) -> int:
+    """Field 22 of /proc/PID/stat (after the parenthesised command, which may hold spaces)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 @dataclass
@@ -207,7 +219,13 @@ class Stack:
             env={**os.environ, **(env or {})},
         )
         log.close()
-        proc = Proc(name=name, argv=argv, pid=popen.pid, port=port)
+        proc = Proc(
+            name=name,
+            argv=argv,
+            pid=popen.pid,
+            port=port,
+            started=start_time(popen.pid),
+        )
         self.procs[name] = proc
         self._popen[name] = popen
         return proc
@@ -358,7 +376,7 @@ class Stack:
             "backend": self.backend,
             "http_port": self.http_port,
             "procs": {
-                n: {"pid": p.pid, "port": p.port, "argv": p.argv}
+                n: {"pid": p.pid, "port": p.port, "argv": p.argv, "started": p.started}
                 for n, p in self.procs.items()
             },
         }
@@ -372,18 +390,19 @@ class Stack:
         )
         for name, p in state["procs"].items():
             stack.procs[name] = Proc(
-                name=name, argv=p["argv"], pid=p["pid"], port=p["port"]
+                name=name,
+                argv=p["argv"],
+                pid=p["pid"],
+                port=p["port"],
+                started=p["started"],
             )
         return stack
 
 
 def _is_ours(proc: Proc) -> bool:
-    """The pid still runs the program we started (pids get reused)."""
-    try:
-        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return bool(cmdline) and Path(cmdline[0].decode()).name == Path(proc.argv[0]).name
+    """The pid still runs the process we started: same pid, same kernel start time (pids get
+    reused; command lines do not identify it, nginx rewrites its own)."""
+    return proc.started != 0 and start_time(proc.pid) == proc.started
 
 
 def _stop_pid(proc: Proc, sig: int, timeout: float) -> None:
