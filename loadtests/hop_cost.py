@@ -1,0 +1,111 @@
+"""What one proxy hop costs over TCP loopback and over a unix socket, with nginx on both ends.
+
+    .venv/bin/python loadtests/hop_cost.py [--seconds 4] [--rounds 2]
+
+A front nginx proxies (HTTP/1.1, upstream keepalive 64) to a back nginx that answers `return 200`
+with 47 bytes, once through 127.0.0.1 and once through a unix socket; wrk -t2 -c50 keep-alive.
+Prints req/s and the CPU microseconds per request of each nginx and of the client. The back
+nginx's figure is also the bar for a lean poll server: what answering one keep-alive request
+on loopback costs a server that does nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from stack import free_port, http_status, wait_for  # noqa: E402
+
+import clients  # noqa: E402
+import sysinfo  # noqa: E402
+
+WORK = HERE.parent / "run" / "hop_cost"
+
+
+def start(name: str, body: str, port: int) -> subprocess.Popen:
+    d = WORK / name
+    for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (d / "tmp" / sub).mkdir(parents=True, exist_ok=True)
+    temp = "\n".join(f"    {s}_temp_path {d}/tmp/{s};" for s in ("proxy", "fastcgi", "uwsgi",
+                                                                   "scgi"))
+    (d / "nginx.conf").write_text(f"""worker_processes 1;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    keepalive_requests 100000;
+    client_body_temp_path {d}/tmp/body;
+{temp}
+    server {{ listen 127.0.0.1:{port}; location = /healthz {{ return 200; }} }}
+{body}
+}}
+""")
+    p = subprocess.Popen(["nginx", "-p", str(d), "-c", str(d / "nginx.conf"), "-g", "daemon off;"],
+                         stdin=subprocess.DEVNULL, start_new_session=True)
+    wait_for(name, lambda: http_status(f"http://127.0.0.1:{port}/healthz") == 200, proc=p)
+    return p
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    if WORK.exists():
+        shutil.rmtree(WORK)
+    WORK.mkdir(parents=True)
+    sock = WORK / "back.sock"
+    back_port, tcp_port, unix_port = free_port(), free_port(), free_port()
+    body47 = "x" * 47
+    proxy = 'proxy_http_version 1.1; proxy_set_header Connection "";'
+    procs: list[subprocess.Popen] = []
+    try:
+        back = start("back", f"""    server {{
+        listen 127.0.0.1:{back_port};
+        listen unix:{sock};
+        location / {{ return 200 '{body47}'; }}
+    }}""", free_port())
+        procs.append(back)
+        front = start("front", f"""
+    upstream tcp {{ server 127.0.0.1:{back_port}; keepalive 64; }}
+    upstream ux {{ server unix:{sock}; keepalive 64; }}
+    server {{ listen 127.0.0.1:{tcp_port}; location / {{ proxy_pass http://tcp; {proxy} }} }}
+    server {{ listen 127.0.0.1:{unix_port}; location / {{ proxy_pass http://ux; {proxy} }} }}""",
+                      free_port())
+        procs.append(front)
+        print("hop      req/s  front µs  back µs  wrk µs   (CPU per request)")
+        for _ in range(args.rounds):
+            for label, port in (("tcp", tcp_port), ("unix", unix_port)):
+                meter = sysinfo.CpuMeter({
+                    "front": [front.pid, *sysinfo.children(front.pid)],
+                    "back": [back.pid, *sysinfo.children(back.pid)]})
+                meter.start()
+                r = clients.run_wrk(f"http://127.0.0.1:{port}/", 50, args.seconds,
+                                    env={"FP_PATH": "/x", "FP_USERS": "1"})
+                cpu = meter.stop()
+                per = {k: v / r.requests * 1e6 for k, v in cpu.items()}
+                print(f"{label:5} {r.rps:8,.0f} {per['front']:9.1f} {per['back']:8.1f} "
+                      f"{r.client_cpu_s / r.requests * 1e6:7.1f}", flush=True)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGQUIT)
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
