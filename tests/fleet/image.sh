@@ -17,7 +17,7 @@ SUITE=bookworm
 # boot and be managed: systemd, dbus, sshd, python3 (+apt bindings for the apt module, acl for
 # become_user), networking tools, and the client tools the test uses inside.
 PACKAGES=(
-    systemd systemd-sysv dbus libpam-systemd openssh-server sudo python3 python3-apt python3-venv acl
+    systemd systemd-sysv dbus openssh-server sudo python3 python3-apt python3-venv acl
     iproute2 netbase procps curl apache2-utils ca-certificates
     nginx memcached redis-server
     libevent-2.1-7 libmemcached11 libhiredis0.14 libinih1

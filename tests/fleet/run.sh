@@ -49,7 +49,6 @@ die() { echo "fleet: FAIL: $*" >&2; exit 1; }
 for c in debootstrap systemd-nspawn ip ssh ssh-keygen curl ab flock mount python3; do
     command -v "$c" >/dev/null || die "missing command: $c"
 done
-[ -x "$ANSIBLE_BIN/ansible-playbook" ] || die "no ansible-playbook in $ANSIBLE_BIN (make venv)"
 
 mkdir -p "$STATE"
 exec 8>"$STATE/.run.lock"
@@ -76,8 +75,11 @@ teardown() {
         for _ in $(seq 1 60); do kill -0 "$p" 2>/dev/null || break; sleep 0.5; done
         if kill -0 "$p" 2>/dev/null; then
             say "teardown: $n (nspawn pid $p) did not power off in 30s; killing it"
+            # The container's init first: its death ends every process of its pid namespace,
+            # which killing nspawn alone would leave running.
+            for c in $(cat "/proc/$p/task/$p/children" 2>/dev/null); do kill -KILL "$c" 2>/dev/null; done
             kill -KILL "$p" 2>/dev/null
-            sleep 1
+            for _ in $(seq 1 20); do kill -0 "$p" 2>/dev/null || break; sleep 0.5; done
         fi
     done
     for n in "${NAMES[@]}"; do
@@ -114,6 +116,7 @@ if [ "${FLEET_TEARDOWN_ONLY:-0}" = 1 ]; then
     trap teardown EXIT
     exit 0
 fi
+[ -x "$ANSIBLE_BIN/ansible-playbook" ] || die "no ansible-playbook in $ANSIBLE_BIN (make venv)"
 [ -e "$RUN" ] && die "$RUN exists (a leftover run? FLEET_TEARDOWN_ONLY=1 $0 cleans it)"
 preflight_network
 trap teardown EXIT
@@ -149,8 +152,10 @@ if [ -n "${FLEET_POLL_SERVER_BIN:-}" ]; then
     FASTPOLL_BUILD_POLL_SERVER=0 "$REPO/ansible/build.sh" > "$LOGS/build.log" 2>&1 \
         || { cat "$LOGS/build.log"; die "ansible/build.sh failed"; }
 else
-    POLL_SERVER_BIN=$REPO/poll_server/build/poll_server
     "$REPO/ansible/build.sh" > "$LOGS/build.log" 2>&1 || { cat "$LOGS/build.log"; die "ansible/build.sh failed"; }
+    # A snapshot: a rebuild in the work tree during the test must not look like a new version.
+    cp "$REPO/poll_server/build/poll_server" "$RUN/poll_server"
+    POLL_SERVER_BIN=$RUN/poll_server
 fi
 phase "artifacts: $POLL_SERVER_BIN and ansible/build/wheelhouse"
 
@@ -178,6 +183,10 @@ IPv6AcceptRA=no
 EOF
     ln -sf /lib/systemd/system/systemd-networkd.service \
         "$r/etc/systemd/system/multi-user.target.wants/systemd-networkd.service"
+    # Quick, bounded shutdown at teardown; no per-user systemd for ssh sessions.
+    mkdir -p "$r/etc/systemd/system.conf.d"
+    printf '[Manager]\nDefaultTimeoutStopSec=15s\n' > "$r/etc/systemd/system.conf.d/10-fleet-test.conf"
+    ln -sf /dev/null "$r/etc/systemd/system/user@.service"
     # Per-run keys: our client key, and a host key pinned in known_hosts (strict checking).
     install -d -m 0700 "$r/root/.ssh"
     install -m 0600 "$RUN/id_ed25519.pub" "$r/root/.ssh/authorized_keys"
@@ -185,7 +194,7 @@ EOF
     echo "${IP[$n]} $(cut -d' ' -f1,2 "$r/etc/ssh/ssh_host_ed25519_key.pub")" >> "$RUN/known_hosts"
     systemd-nspawn --boot --keep-unit --register=no --machine="$n" --directory="$r" \
         --network-bridge="$BRIDGE" --resolv-conf=off --timezone=off \
-        > "$LOGS/$n.console.log" 2>&1 < /dev/null &
+        > "$LOGS/$n.console.log" 2>&1 < /dev/null 8>&- &
     PID[$n]=$!
     echo "${PID[$n]}" > "$d/nspawn.pid"
 done
