@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import parse_qsl
@@ -21,10 +22,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from . import __version__, config
+from . import __version__, config, signing
 from .cache import make_cache
 from .config import Settings
-from .service import FastPoll
+from .service import POLL_PATH, FastPoll
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -131,16 +132,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
     )
     limit = settings.app.max_body_size
     content_type = settings.cache.content_type
+    # Signed poll URLs (docs/security.md): without a secret file they are not checked.
+    secrets = (
+        signing.load_secrets(settings.signing.secret_file) if settings.signing.secret_file else []
+    )
 
     async def poll(request: Request) -> Response:
         scope = request.scope
         query: bytes = scope.get("query_string", b"")
-        user_id = _user_id_from_query(query)
-        headers = {"X-Poll-Source": "app", "Content-Type": content_type}
-        if request.method == "POST":
-            body = await _read_body(request, limit)
-            headers["X-Request-Body-Length"] = str(len(body))
-            headers["X-Request-Body-SHA256"] = hashlib.sha256(body).hexdigest()
         # The key comes from the raw target, as the poll server sees it after
         # nginx strips /Poll; without a raw path we answer but do not fill.
         key = None
@@ -148,6 +147,19 @@ def create_app(settings: Settings | None = None) -> Starlette:
         if raw_path is not None and raw_path.startswith(MOUNT + b"/"):
             target = raw_path[len(MOUNT) :] + (b"?" + query if query else b"")
             key = fp.derive(target)
+        if secrets:
+            # First, before the database, the cache or the body: the signature must
+            # cover this request's key, and that key must be the user's own.
+            if not signing.verify(secrets, key, query, time.time()):
+                raise _error(403, "missing, invalid or expired signature")
+            if key != fp.user_key(_user_id_from_query(query)):
+                raise _error(403, "the signature is not for this user's poll URL")
+        user_id = _user_id_from_query(query)
+        headers = {"X-Poll-Source": "app", "Content-Type": content_type}
+        if request.method == "POST":
+            body = await _read_body(request, limit)
+            headers["X-Request-Body-Length"] = str(len(body))
+            headers["X-Request-Body-SHA256"] = hashlib.sha256(body).hexdigest()
         answer = await run_in_threadpool(fp.poll, user_id, key)
         if request.method == "HEAD":
             headers["Content-Length"] = str(len(answer))
@@ -173,6 +185,21 @@ def create_app(settings: Settings | None = None) -> Starlette:
         return JSONResponse(
             {"user_id": user_id, "marked_read": count},
             headers={"X-Cache-Publish": "ok" if written else "pending"},
+        )
+
+    async def poll_url(request: Request) -> Response:
+        # The seam where the application authenticates the user: the demo API has
+        # no user accounts and trusts its caller, as POST /api/messages does.
+        doc = _json_object(await _read_body(request, limit))
+        _fields(doc, ("user_id",))
+        user_id = _json_user_id(doc)
+        path = MOUNT + POLL_PATH + b"?user_id=%d" % user_id
+        exp = int(time.time()) + settings.signing.ttl
+        if secrets:
+            path += b"&" + signing.signed_query(secrets[0], fp.user_key(user_id), exp)
+        return JSONResponse(
+            {"user_id": user_id, "url": path.decode(), "expires": exp if secrets else None},
+            headers={"Cache-Control": "no-store"},
         )
 
     async def healthz(request: Request) -> Response:
@@ -213,6 +240,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/Poll/getMessages", poll, methods=["GET", "HEAD", "POST"]),
             Route("/api/messages", post_message, methods=["POST"]),
             Route("/api/messages/read", mark_read, methods=["POST"]),
+            Route("/api/poll-url", poll_url, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET", "HEAD"]),
         ],
         exception_handlers={HTTPException: http_error, 500: server_error},

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import signing
+
 CONFIG_ENV = "FASTPOLL_CONFIG"
 
 # memcached reads an exptime above 30 days as a Unix timestamp.
@@ -71,6 +73,12 @@ class RedisSettings:
 
 
 @dataclass(frozen=True)
+class SigningSettings:
+    secret_file: str | None = None  # None: poll URLs are not signed
+    ttl: int = 3600  # seconds an issued poll URL stays valid
+
+
+@dataclass(frozen=True)
 class AppSettings:
     database: str = "fastpoll.db"
     max_body_size: int = 65536
@@ -83,6 +91,7 @@ class Settings:
     memcached: MemcachedSettings = field(default_factory=MemcachedSettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
     app: AppSettings = field(default_factory=AppSettings)
+    signing: SigningSettings = field(default_factory=SigningSettings)
     source: str = "(defaults)"
 
 
@@ -107,6 +116,7 @@ _KNOWN: dict[str, dict[str, bool]] = {
     "memcached": {"servers": True},
     "redis": {"server": False, "password_file": False, "db": False},
     "app": {"database": False, "max_body_size": False},
+    "signing": {"secret_file": False, "ttl": False},
 }
 
 
@@ -182,6 +192,8 @@ def _keys(sec: dict[str, list[_Entry]], rd: _Reader) -> KeySettings:
         for n in names:
             if not _PARAM_RE.fullmatch(n):
                 raise rd.error(e.line, f"[keys] params: bad parameter name {n!r}")
+            if n in signing.RESERVED_PARAMS:
+                raise rd.error(e.line, "[keys] params: exp and sig are reserved for signed URLs")
         # The app's answers are per user: a key without user_id would be
         # shared by every user and the app would fill it with one user's answer.
         if "user_id" not in names:
@@ -258,6 +270,20 @@ def _app(sec: dict[str, list[_Entry]], rd: _Reader) -> AppSettings:
     return AppSettings(database, max_body_size)
 
 
+def _signing(sec: dict[str, list[_Entry]], rd: _Reader) -> SigningSettings:
+    d = SigningSettings()
+    secret_file, ttl = d.secret_file, d.ttl
+    if (e := _one(sec, "secret_file")) and e.value:
+        try:
+            signing.load_secrets(e.value)
+        except signing.SecretFileError as exc:
+            raise rd.error(e.line, f"[signing] secret_file: {exc}") from None
+        secret_file = e.value
+    if e := _one(sec, "ttl"):
+        ttl = _int(e, rd, "[signing] ttl", 1, 365 * 24 * 3600)
+    return SigningSettings(secret_file, ttl)
+
+
 def _one(sec: dict[str, list[_Entry]], key: str) -> _Entry | None:
     entries = sec.get(key)
     return entries[-1] if entries else None
@@ -273,6 +299,7 @@ def parse(text: str, source: str = "<string>") -> Settings:
         memcached=_memcached(secs.get("memcached", {}), rd),
         redis=_redis(secs.get("redis", {}), rd),
         app=_app(secs.get("app", {}), rd),
+        signing=_signing(secs.get("signing", {}), rd),
         source=source,
     )
 

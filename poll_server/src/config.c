@@ -20,11 +20,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <ini.h>
 
 #include "config.h"
 #include "log.h"
+#include "sign.h"
 
 #define PASSWORD_MAX 1024
 #define HOST_MAX     253
@@ -348,6 +350,11 @@ static int set_params(struct fp_settings *s, const struct option_def *o,
                 "1..%d bytes)", name, FP_MAX_PARAM_LEN);
             goto out;
         }
+        if ((len == 3 && memcmp(start, "exp", 3) == 0) ||
+            (len == 3 && memcmp(start, "sig", 3) == 0)) {
+            fmt(why, whylen, "exp and sig are reserved for signed poll URLs");
+            goto out;
+        }
         if (n == FP_MAX_PARAMS) {
             fmt(why, whylen, "more than %d parameters", FP_MAX_PARAMS);
             goto out;
@@ -551,6 +558,108 @@ out:
     return rc;
 }
 
+static void clear_secrets(struct fp_settings *s)
+{
+    for (size_t i = 0; i < s->nsign_secrets; i++) {
+        explicit_bzero(s->sign_secrets[i], strlen(s->sign_secrets[i]));
+        free(s->sign_secrets[i]);
+        s->sign_secrets[i] = NULL;
+    }
+    s->nsign_secrets = 0;
+}
+
+/* Every non-empty line is a secret (the first signs, all verify, so a new
+ * one can be rolled in). The file must not be readable by others nor
+ * writable by the group; errors never show its content. */
+static int set_sign_secret_file(struct fp_settings *s,
+                                const struct option_def *o, const char *v,
+                                char *why, size_t whylen)
+{
+    char line[FP_SIGN_SECRET_MAX + 3];
+    char *got[FP_MAX_SIGN_SECRETS] = { 0 };
+    struct stat st;
+    size_t n, ngot = 0, lineno = 0;
+    FILE *f;
+    int rc = -1;
+
+    (void)o;
+    if (*v == '\0') { /* empty: poll URLs are not signed */
+        clear_secrets(s);
+        return 0;
+    }
+    if ((f = fopen(v, "r")) == NULL) {
+        fmt(why, whylen, "cannot read: %s", strerror(errno));
+        return -1;
+    }
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fmt(why, whylen, "not a regular file");
+        goto out;
+    }
+    if (st.st_mode & (S_IWGRP | S_IRWXO)) {
+        fmt(why, whylen, "mode %04o: must not be readable by others nor "
+            "writable by the group (use 0600 or 0640)",
+            (unsigned)(st.st_mode & 07777));
+        goto out;
+    }
+    while (fgets(line, sizeof(line), f) != NULL) {
+        lineno++;
+        n = strlen(line);
+        if (n > 0 && line[n - 1] == '\n')
+            line[--n] = '\0';
+        else if (!feof(f)) {
+            fmt(why, whylen, "line %zu longer than %d bytes", lineno,
+                FP_SIGN_SECRET_MAX);
+            goto out;
+        }
+        if (n > 0 && line[n - 1] == '\r')
+            line[--n] = '\0';
+        if (n == 0)
+            continue;
+        if (n < FP_SIGN_SECRET_MIN || n > FP_SIGN_SECRET_MAX) {
+            fmt(why, whylen, "line %zu: a secret is %d..%d bytes", lineno,
+                FP_SIGN_SECRET_MIN, FP_SIGN_SECRET_MAX);
+            goto out;
+        }
+        for (size_t i = 0; i < n; i++) {
+            if ((unsigned char)line[i] < 0x21 || (unsigned char)line[i] > 0x7E) {
+                fmt(why, whylen, "line %zu: only printable ASCII without "
+                    "spaces (e.g. openssl rand -hex 32)", lineno);
+                goto out;
+            }
+        }
+        if (ngot == FP_MAX_SIGN_SECRETS) {
+            fmt(why, whylen, "more than %d secrets", FP_MAX_SIGN_SECRETS);
+            goto out;
+        }
+        if ((got[ngot] = dupn(line, n)) == NULL) {
+            fmt(why, whylen, "out of memory");
+            goto out;
+        }
+        ngot++;
+    }
+    if (ferror(f)) {
+        fmt(why, whylen, "cannot read: %s", strerror(errno));
+        goto out;
+    }
+    if (ngot == 0) {
+        fmt(why, whylen, "no secret in the file");
+        goto out;
+    }
+    clear_secrets(s);
+    memcpy(s->sign_secrets, got, sizeof(got));
+    s->nsign_secrets = ngot;
+    ngot = 0;
+    rc = 0;
+out:
+    for (size_t i = 0; i < ngot; i++) {
+        explicit_bzero(got[i], strlen(got[i]));
+        free(got[i]);
+    }
+    explicit_bzero(line, sizeof(line));
+    fclose(f);
+    return rc;
+}
+
 static const char *const level_names[] = { "debug", "info", "warn", "error" };
 
 const char *fp_config_level_name(int level)
@@ -596,13 +705,15 @@ static const struct option_def options[] = {
     { "redis", "server", set_redis_server, 0, 0, 0, false },
     { "redis", "password_file", set_password_file, 0, 0, 0, false },
     { "redis", "db", set_db, 0, 0, 65535, false },
+    { "signing", "secret_file", set_sign_secret_file, 0, 0, 0, false },
+    { "signing", "ttl", set_uint, NO_FIELD, 1, 31536000, false },
     { "log", "level", set_level, 0, 0, 0, false },
 };
 
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
 
 static const char *const sections[] = {
-    "server", "keys", "cache", "memcached", "redis", "log"
+    "server", "keys", "cache", "memcached", "redis", "signing", "log"
 };
 
 static int known_section(const char *section)
@@ -634,6 +745,7 @@ void fp_config_free(struct fp_settings *s)
     free(s->content_type);
     clear_servers(s);
     addr_free(&s->redis);
+    clear_secrets(s);
     if (s->redis_password != NULL) {
         explicit_bzero(s->redis_password, strlen(s->redis_password));
         free(s->redis_password);

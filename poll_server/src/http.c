@@ -57,12 +57,16 @@
 #include "keys.h"
 #include "log.h"
 #include "settings.h"
+#include "sign.h"
 
 #define FREE_REQ_MAX 4096 /* recycled request objects kept */
 /* evhttp_bind_socket listens with a backlog of 128: when nginx opens
  * hundreds of upstream connections at once, SYNs beyond it are dropped and
  * retried after a second. The kernel caps this at net.core.somaxconn. */
 #define LISTEN_BACKLOG 4096
+/* A poll URL without a valid signature (docs/security.md). */
+static const char forbidden_body[] =
+    "{\"error\":\"missing, invalid or expired signature\"}\n";
 
 enum req_state { REQ_IDLE, REQ_WAITING, REQ_ANSWERED };
 
@@ -81,6 +85,7 @@ struct fp_http {
     struct evhttp *http;
     struct evhttp_bound_socket *bound;
     struct fp_coalesce *co;
+    struct fp_signer *signer;   /* NULL: poll URLs are not signed */
     struct request *free_list;
     size_t nfree;
     unsigned long inflight;
@@ -148,6 +153,8 @@ static void reply(struct request *r, int code, const char *reason,
              evhttp_add_header(hdr, "X-Poll-Source", "cache") == 0;
     if (ok && code == 405)
         ok = evhttp_add_header(hdr, "Allow", "GET, HEAD, POST") == 0;
+    if (ok && code == 403)
+        ok = evhttp_add_header(hdr, "Content-Type", "application/json") == 0;
     if (ok && r->h->draining)
         ok = evhttp_add_header(hdr, "Connection", "close") == 0;
     if (ok && !r->head && len > 0)
@@ -257,6 +264,20 @@ static void on_request(struct evhttp_request *req, void *arg)
     keylen = uri == NULL ? -1 :
         key_derive(s->key_prefix, s->key_params, s->nkey_params, uri,
                    strlen(uri), key, sizeof(key));
+    if (h->signer != NULL) {
+        /* Before the cache: a request without a key cannot be signed. */
+        struct timeval now;
+        if (keylen < 0 ||
+            event_base_gettimeofday_cached(h->base, &now) != 0 ||
+            fp_sign_check(h->signer, uri, strlen(uri), key, (size_t)keylen,
+                          (long long)now.tv_sec) != 0) {
+            fp_log(FP_LOG_DEBUG, "http: no valid signature on %.200s",
+                   uri ? uri : "(null)");
+            reply(r, 403, "Forbidden", forbidden_body,
+                  sizeof(forbidden_body) - 1, 0);
+            return;
+        }
+    }
     if (keylen < 0) {
         /* Never sent to a cache: the app is the authority on odd requests. */
         fp_log(FP_LOG_DEBUG, "http: no key for %.200s", uri ? uri : "(null)");
@@ -330,10 +351,15 @@ struct fp_http *fp_http_start(struct event_base *base,
     ms_to_tv(s->request_timeout_ms, &h->request_tv);
     ms_to_tv(s->idle_timeout_ms, &h->idle_tv);
     if ((h->co = fp_coalesce_new(cache, on_answer, h)) == NULL ||
-        (h->http = evhttp_new(base)) == NULL) {
+        (h->http = evhttp_new(base)) == NULL ||
+        (s->nsign_secrets > 0 &&
+         (h->signer = fp_signer_new(s->sign_secrets, s->nsign_secrets)) == NULL)) {
         fp_log(FP_LOG_ERROR, "http: out of memory");
         goto fail;
     }
+    if (h->signer == NULL)
+        fp_log(FP_LOG_WARN, "http: no [signing] secret_file: poll URLs are "
+               "not checked, any client can read any user's answers");
     evhttp_set_max_headers_size(h->http, (ev_ssize_t)s->max_header_size);
     evhttp_set_max_body_size(h->http, (ev_ssize_t)s->max_body_size);
     /* A new connection starts under the request limit; see on_request and
@@ -365,6 +391,7 @@ fail:
     if (h->http != NULL)
         evhttp_free(h->http);
     fp_coalesce_free(h->co);
+    fp_signer_free(h->signer);
     free(h);
     return NULL;
 }
@@ -404,6 +431,7 @@ void fp_http_free(struct fp_http *h)
     /* Runs on_close for every request still held, which detaches it. */
     evhttp_free(h->http);
     fp_coalesce_free(h->co);
+    fp_signer_free(h->signer);
     while ((r = h->free_list) != NULL) {
         h->free_list = r->free_next;
         free(r);

@@ -11,6 +11,7 @@
 #define FP_MAX_PARAMS       16
 #define FP_MAX_PARAM_LEN    64
 #define FP_MAX_SERVERS      64
+#define FP_MAX_SIGN_SECRETS 4    /* [signing]: the first signs, all verify */
 
 enum fp_backend { FP_BACKEND_MEMCACHED, FP_BACKEND_REDIS };
 
@@ -48,6 +49,10 @@ struct fp_settings {
     struct fp_server_addr redis;
     char *redis_password;        /* read from redis_password_file, or NULL */
     int redis_db;
+
+    /* [signing] */
+    char *sign_secrets[FP_MAX_SIGN_SECRETS]; /* secret_file lines; none: not signed */
+    size_t nsign_secrets;
 
     /* [log] */
     int log_level;               /* FP_LOG_DEBUG .. FP_LOG_ERROR, default info */
