@@ -26,7 +26,7 @@ MAX_PREFIX = 64
 # included): a longer line is an error for the poll server, so for us too.
 MAX_LINE = 198
 
-_IGNORED_SECTIONS = frozenset({"server", "log"})
+_IGNORED_SECTIONS = frozenset({"server", "admin", "log"})
 _PARAM_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _HOST_RE = re.compile(r"[A-Za-z0-9.-]+")
 _SPLIT_RE = re.compile(r"[\s,]+")

@@ -40,6 +40,7 @@
 #include "cache_memcached.h"
 #include "log.h"
 #include "settings.h"
+#include "stats.h"
 
 #define MC_MAX_VALUE      (1024UL * 1024UL) /* larger VALUE: protocol error */
 #define MC_MAX_LINE       512           /* VALUE line: 6 + 250 + 3 numbers */
@@ -61,6 +62,8 @@ struct mc_req {
     struct event *timer;      /* deadline, or the deferred failure */
     fp_cache_cb *cb;
     void *arg;
+    size_t srv_index;         /* for the stats; SIZE_MAX: no server chosen */
+    uint64_t sent;            /* fp_stat_now() when queued, 0 if never */
     size_t keylen;
     char key[FP_MAX_KEY_LEN];
 };
@@ -105,6 +108,7 @@ static void req_finish(struct mc_req *r, enum fp_cache_status st,
     fp_cache_cb *cb = r->cb;
     void *arg = r->arg;
 
+    fp_stat_backend_done(r->srv_index, st, r->sent);
     event_free(r->timer);
     free(r);
     cb(st, val, len, arg);
@@ -115,6 +119,7 @@ static void server_log_up(struct mc_server *s)
     if (s->logged != MC_LOG_UP)
         fp_log(FP_LOG_INFO, "memcached %s: connected", s->name);
     s->logged = MC_LOG_UP;
+    fp_stat_backend_up((size_t)(s - s->mc->servers), 1);
 }
 
 static void server_log_down(struct mc_server *s, const char *why)
@@ -124,6 +129,7 @@ static void server_log_down(struct mc_server *s, const char *why)
     else
         fp_log(FP_LOG_DEBUG, "memcached %s: %s", s->name, why);
     s->logged = MC_LOG_DOWN;
+    fp_stat_backend_up((size_t)(s - s->mc->servers), 0);
 }
 
 /* A connection that was answering and drops (restart, idle close) is
@@ -496,6 +502,8 @@ int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
     r->srv = NULL;
     r->cb = cb;
     r->arg = arg;
+    r->srv_index = SIZE_MAX;
+    r->sent = 0;
     r->keylen = 0;
     r->timer = evtimer_new(mc->base, req_timer_cb, r);
     if (r->timer == NULL) {
@@ -513,6 +521,7 @@ int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
 
     s = &mc->servers[memcached_generate_hash(mc->memc, key, keylen) %
                      mc->nservers];
+    r->srv_index = (size_t)(s - mc->servers);
     if (s->state == MC_DOWN || s->npending >= MC_MAX_PENDING)
         goto fail_fast;
 
@@ -529,6 +538,7 @@ int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
         goto fail_fast;
     }
     r->srv = s;
+    r->sent = fp_stat_now();
     TAILQ_INSERT_TAIL(&s->pending, r, link);
     s->npending++;
     return 0;
@@ -625,6 +635,7 @@ struct fp_mc *fp_mc_create(struct event_base *base, const struct fp_settings *st
         TAILQ_INIT(&s->pending);
         snprintf(s->name, sizeof(s->name), "%s:%u", st->mc_servers[i].host,
                  (unsigned)st->mc_servers[i].port);
+        fp_stats_backend_name(i, s->name);
         s->retry = evtimer_new(base, server_retry_cb, s);
         if (s->retry == NULL || server_resolve(s, &st->mc_servers[i]) != 0)
             goto fail;

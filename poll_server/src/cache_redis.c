@@ -35,6 +35,7 @@
 #include "cache_redis.h"
 #include "log.h"
 #include "settings.h"
+#include "stats.h"
 
 #define RD_MAX_PENDING    10000
 #define RD_BACKOFF_MIN_MS 100
@@ -50,6 +51,7 @@ struct rd_req {
     struct event *timer;        /* deadline, or the deferred failure */
     fp_cache_cb *cb;
     void *arg;
+    uint64_t sent;              /* fp_stat_now() when queued, 0 if never */
     int answered;               /* user callback has run */
     int in_hiredis;             /* hiredis still holds the pointer */
     int failfast;               /* never sent: timer delivers ERROR */
@@ -82,6 +84,7 @@ static void log_up(struct fp_redis *r)
     if (r->logged != RD_LOG_UP)
         fp_log(FP_LOG_INFO, "redis %s: connected", r->name);
     r->logged = RD_LOG_UP;
+    fp_stat_backend_up(0, 1);
 }
 
 static void log_down(struct fp_redis *r, const char *why)
@@ -89,6 +92,7 @@ static void log_down(struct fp_redis *r, const char *why)
     fp_log(r->logged != RD_LOG_DOWN ? FP_LOG_WARN : FP_LOG_DEBUG,
            "redis %s: %s", r->name, why);
     r->logged = RD_LOG_DOWN;
+    fp_stat_backend_up(0, 0);
 }
 
 /* A connection that was answering and drops (restart, idle close) is
@@ -130,6 +134,7 @@ static void req_answer(struct rd_req *q, enum fp_cache_status st,
         return;
     q->answered = 1;
     (void)event_del(q->timer);
+    fp_stat_backend_done(0, st, q->sent);
     q->cb(st, val, len, q->arg);
 }
 
@@ -340,6 +345,7 @@ int fp_redis_get(struct fp_redis *r, const char *key, size_t keylen,
         goto fail_fast;
     }
     q->in_hiredis = 1;
+    q->sent = fp_stat_now();
     r->inflight++;
     return 0;
 
@@ -414,6 +420,7 @@ struct fp_redis *fp_redis_create(struct event_base *base,
         fp_log(FP_LOG_ERROR, "redis: no server configured");
         goto fail;
     }
+    fp_stats_backend_name(0, r->name);
     /* Connect now (non-blocking); a failure arms the retry timer. */
     do_connect(r);
     return r;

@@ -261,13 +261,11 @@ static int set_db(struct fp_settings *s, const struct option_def *o,
     return 0;
 }
 
-static int set_listen(struct fp_settings *s, const struct option_def *o,
-                      const char *v, char *why, size_t whylen)
+/* A name or IPv4 literal, or an IPv6 literal such as ::1. */
+static int set_address(char **field, const char *v, char *why, size_t whylen)
 {
     size_t n = strlen(v);
 
-    (void)o;
-    /* A name or IPv4 literal, or an IPv6 literal such as ::1. */
     if (n == 0 || n > HOST_MAX) {
         fmt(why, whylen, "not an address or host name");
         return -1;
@@ -278,7 +276,21 @@ static int set_listen(struct fp_settings *s, const struct option_def *o,
             return -1;
         }
     }
-    return replace_str(&s->listen, v, why, whylen);
+    return replace_str(field, v, why, whylen);
+}
+
+static int set_listen(struct fp_settings *s, const struct option_def *o,
+                      const char *v, char *why, size_t whylen)
+{
+    (void)o;
+    return set_address(&s->listen, v, why, whylen);
+}
+
+static int set_admin_listen(struct fp_settings *s, const struct option_def *o,
+                            const char *v, char *why, size_t whylen)
+{
+    (void)o;
+    return set_address(&s->admin_listen, v, why, whylen);
 }
 
 static int set_prefix(struct fp_settings *s, const struct option_def *o,
@@ -707,13 +719,16 @@ static const struct option_def options[] = {
     { "redis", "db", set_db, 0, 0, 65535, false },
     { "signing", "secret_file", set_sign_secret_file, 0, 0, 0, false },
     { "signing", "ttl", set_uint, NO_FIELD, 1, 31536000, false },
+    { "admin", "listen", set_admin_listen, 0, 0, 0, false },
+    { "admin", "port", set_uint, F(admin_port), 0, 65535, false },
     { "log", "level", set_level, 0, 0, 0, false },
 };
 
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
 
 static const char *const sections[] = {
-    "server", "keys", "cache", "memcached", "redis", "signing", "log"
+    "server", "keys", "cache", "memcached", "redis", "signing", "admin",
+    "log"
 };
 
 static int known_section(const char *section)
@@ -739,6 +754,7 @@ static const struct option_def *find_option(const char *section,
 void fp_config_free(struct fp_settings *s)
 {
     free(s->listen);
+    free(s->admin_listen);
     free(s->key_prefix);
     for (size_t i = 0; i < s->nkey_params; i++)
         free(s->key_params[i]);
@@ -757,6 +773,7 @@ int fp_config_defaults(struct fp_settings *s, char *err, size_t errlen)
 {
     static const struct { const char *section, *name, *value; } defs[] = {
         { "server", "listen", "127.0.0.1" },
+        { "admin", "listen", "127.0.0.1" },
         { "keys", "prefix", "/Poll" },
         { "keys", "params", "user_id" },
         { "cache", "content_type", "application/json" },
@@ -967,6 +984,7 @@ static const struct flag_def flags[] = {
     { 's', "servers", "memcached", "servers" },
     { 'r', "redis", "redis", "server" },
     { 'L', "log-level", "log", "level" },
+    { 'A', "admin-port", "admin", "port" },
 };
 
 #define NFLAGS (sizeof(flags) / sizeof(flags[0]))
@@ -976,7 +994,7 @@ void fp_config_usage(FILE *out, const char *prog)
     fprintf(out,
         "usage: %s [-c FILE] [-t] [-l ADDR] [-p PORT] [-b memcached|redis]\n"
         "       [-s \"host:port host:port\"] [-r host:port|unix:/path]\n"
-        "       [-L debug|info|warn|error] [-h] [-V]\n"
+        "       [-L debug|info|warn|error] [-A PORT] [-h] [-V]\n"
         "  -c, --config FILE     read FILE (fastpoll.ini); without it, defaults\n"
         "  -t, --test            check the configuration, print \"config OK\", exit\n"
         "  -l, --listen ADDR     [server] listen\n"
@@ -985,6 +1003,7 @@ void fp_config_usage(FILE *out, const char *prog)
         "  -s, --servers LIST    [memcached] servers (replaces the file's list)\n"
         "  -r, --redis ADDR      [redis] server\n"
         "  -L, --log-level LEVEL [log] level\n"
+        "  -A, --admin-port PORT [admin] port (0: no admin listener)\n"
         "  -h, --help            this text\n"
         "  -V, --version         print the version\n"
         "Flags override the file. See docs/configuration.md.\n", prog);
@@ -1002,6 +1021,7 @@ int fp_config_from_args(struct fp_settings *s, struct fp_cli *cli,
         { "servers", required_argument, NULL, 's' },
         { "redis", required_argument, NULL, 'r' },
         { "log-level", required_argument, NULL, 'L' },
+        { "admin-port", required_argument, NULL, 'A' },
         { "help", no_argument, NULL, 'h' },
         { "version", no_argument, NULL, 'V' },
         { NULL, 0, NULL, 0 },
@@ -1015,7 +1035,7 @@ int fp_config_from_args(struct fp_settings *s, struct fp_cli *cli,
     memset(s, 0, sizeof(*s));
     opterr = 0;
     optind = 1;
-    while ((ch = getopt_long(argc, argv, ":c:tl:p:b:s:r:L:hV", longopts,
+    while ((ch = getopt_long(argc, argv, ":c:tl:p:b:s:r:L:A:hV", longopts,
                              NULL)) != -1) {
         size_t i;
 

@@ -58,6 +58,7 @@
 #include "log.h"
 #include "settings.h"
 #include "sign.h"
+#include "stats.h"
 
 #define FREE_REQ_MAX 4096 /* recycled request objects kept */
 /* evhttp_bind_socket listens with a backlog of 128: when nginx opens
@@ -77,6 +78,7 @@ struct request {
     struct request *free_next;
     enum req_state state;
     int head;                      /* HEAD: headers only */
+    enum fp_stat_method method;    /* for the request counters */
 };
 
 struct fp_http {
@@ -181,14 +183,20 @@ static void on_answer(struct fp_waiter *w, enum fp_cache_status st,
     (void)arg;
     switch (st) {
     case FP_CACHE_HIT:
+        fp_stat_request(r->method, FP_STAT_HIT);
         reply(r, 200, "OK", value, len, 1);
         break;
     case FP_CACHE_MISS:
+        fp_stat_request(r->method, FP_STAT_MISS);
         reply(r, 404, "Not Found", NULL, 0, 0);
         break;
-    case FP_CACHE_ERROR:
     case FP_CACHE_TIMEOUT:
+        fp_stat_request(r->method, FP_STAT_TIMEOUT);
+        reply(r, 503, "Service Unavailable", NULL, 0, 0);
+        break;
+    case FP_CACHE_ERROR:
     default:
+        fp_stat_request(r->method, FP_STAT_BACKEND_ERROR);
         reply(r, 503, "Service Unavailable", NULL, 0, 0);
         break;
     }
@@ -217,6 +225,7 @@ static void on_close(struct evhttp_connection *evcon, void *arg)
            r->state == REQ_WAITING ? "waiting for the cache" :
            r->state == REQ_ANSWERED ? "answered, not yet written" : "new");
     if (r->state == REQ_WAITING) {
+        fp_stat_request(r->method, FP_STAT_CLIENT_CLOSED);
         fp_coalesce_detach(&r->w);
         if (evhttp_request_get_connection(r->req) != evcon)
             evhttp_request_free(r->req); /* orphaned: ours to free */
@@ -244,6 +253,9 @@ static void on_request(struct evhttp_request *req, void *arg)
     }
     r->req = req;
     r->head = cmd == EVHTTP_REQ_HEAD;
+    r->method = cmd == EVHTTP_REQ_GET ? FP_STAT_GET :
+                cmd == EVHTTP_REQ_HEAD ? FP_STAT_HEAD :
+                cmd == EVHTTP_REQ_POST ? FP_STAT_POST : FP_STAT_OTHER;
     evhttp_connection_set_closecb(evcon, on_close, r);
     evhttp_request_set_on_complete_cb(req, on_complete, r);
     /* Until the answer is written, the request limit applies. */
@@ -251,6 +263,7 @@ static void on_request(struct evhttp_request *req, void *arg)
 
     if (cmd != EVHTTP_REQ_GET && cmd != EVHTTP_REQ_HEAD &&
         cmd != EVHTTP_REQ_POST) {
+        fp_stat_request(r->method, FP_STAT_METHOD_NOT_ALLOWED);
         reply(r, 405, "Method Not Allowed", NULL, 0, 0);
         return;
     }
@@ -273,6 +286,7 @@ static void on_request(struct evhttp_request *req, void *arg)
                           (long long)now.tv_sec) != 0) {
             fp_log(FP_LOG_DEBUG, "http: no valid signature on %.200s",
                    uri ? uri : "(null)");
+            fp_stat_request(r->method, FP_STAT_FORBIDDEN);
             reply(r, 403, "Forbidden", forbidden_body,
                   sizeof(forbidden_body) - 1, 0);
             return;
@@ -281,12 +295,14 @@ static void on_request(struct evhttp_request *req, void *arg)
     if (keylen < 0) {
         /* Never sent to a cache: the app is the authority on odd requests. */
         fp_log(FP_LOG_DEBUG, "http: no key for %.200s", uri ? uri : "(null)");
+        fp_stat_request(r->method, FP_STAT_INVALID_KEY);
         reply(r, 404, "Not Found", NULL, 0, 0);
         return;
     }
     r->state = REQ_WAITING;
     if (fp_coalesce_get(h->co, key, (size_t)keylen, &r->w) < 0) {
         fp_log(FP_LOG_DEBUG, "http: cache get failed for %s", key);
+        fp_stat_request(r->method, FP_STAT_BACKEND_ERROR);
         reply(r, 503, "Service Unavailable", NULL, 0, 0);
         return;
     }
@@ -419,6 +435,12 @@ void fp_http_abort_waiting(struct fp_http *h)
 unsigned long fp_http_inflight(const struct fp_http *h)
 {
     return h->inflight;
+}
+
+void fp_http_coalesce_stats(const struct fp_http *h,
+                            struct fp_coalesce_stats *out)
+{
+    fp_coalesce_stats(h->co, out);
 }
 
 void fp_http_free(struct fp_http *h)

@@ -8,6 +8,7 @@ struct event_base;
 struct fp_settings;
 struct fp_cache;
 struct fp_http;
+struct fp_coalesce_stats;
 
 /* Binds settings->listen:port and starts serving on base. NULL on error
  * (logged). The settings and the cache must outlive the server. */
@@ -27,6 +28,10 @@ void fp_http_abort_waiting(struct fp_http *h);
 
 /* Requests in flight now. */
 unsigned long fp_http_inflight(const struct fp_http *h);
+
+/* The coalescer's counters (admin.c's /metrics). */
+void fp_http_coalesce_stats(const struct fp_http *h,
+                            struct fp_coalesce_stats *out);
 
 /* Closes every connection and frees the server. Free the cache first, so
  * that every waiting request has been answered (fp_cache_free calls back). */

@@ -11,16 +11,19 @@
 
 #include <event2/event.h>
 
+#include "admin.h"
 #include "cache.h"
 #include "config.h"
 #include "http.h"
 #include "log.h"
 #include "settings.h"
+#include "stats.h"
 #include "version.h"
 
 struct app {
     struct event_base *base;
     struct fp_http *http;
+    struct fp_admin *admin;     /* NULL: [admin] port = 0 */
     struct event *sigterm, *sigint, *drain_timer;
     const struct fp_settings *s;
     int stopping, flushing;
@@ -76,6 +79,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
         return;
     }
     a->stopping = 1;
+    fp_admin_set_draining(a->admin);
     fp_log(FP_LOG_INFO, "shutdown: signal %d, no longer accepting; %lu "
            "requests in flight", (int)sig, fp_http_inflight(a->http));
     tv.tv_sec = (time_t)(a->s->shutdown_timeout_ms / 1000);
@@ -168,6 +172,8 @@ int main(int argc, char **argv)
         goto out;
     }
 
+    fp_stats_init(); /* before the event base: it counts its epoll calls */
+
     /* The changelist merges the epoll_ctl calls evhttp and bufferevents
      * make when they toggle a connection's events within one loop turn.
      * (Its caveat, dup()ed descriptors, does not apply: none are.) */
@@ -180,6 +186,9 @@ int main(int argc, char **argv)
     if ((cache = fp_cache_create(a.base, &s)) == NULL)
         goto out; /* logged by the backend */
     if ((a.http = fp_http_start(a.base, &s, cache)) == NULL)
+        goto out;
+    if (s.admin_port != 0 &&
+        (a.admin = fp_admin_start(a.base, &s, a.http)) == NULL)
         goto out;
     a.sigterm = evsignal_new(a.base, SIGTERM, on_signal, &a);
     a.sigint = evsignal_new(a.base, SIGINT, on_signal, &a);
@@ -200,6 +209,7 @@ out:
     /* The cache first: it answers every waiting request (503), which the
      * HTTP side can still route; then the connections go. */
     fp_cache_free(cache);
+    fp_admin_free(a.admin);
     fp_http_free(a.http);
     if (a.drain_timer != NULL)
         event_free(a.drain_timer);
@@ -211,6 +221,7 @@ out:
         event_base_free(a.base);
     if (cfg != NULL)
         event_config_free(cfg);
+    fp_stats_free();
     if (a.stopping)
         fp_log(FP_LOG_INFO, "shutdown: done, exit %d", rc);
     fp_config_free(&s);

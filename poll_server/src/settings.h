@@ -54,6 +54,10 @@ struct fp_settings {
     char *sign_secrets[FP_MAX_SIGN_SECRETS]; /* secret_file lines; none: not signed */
     size_t nsign_secrets;
 
+    /* [admin] (poll server) */
+    char *admin_listen;          /* default 127.0.0.1: never expose it */
+    unsigned admin_port;         /* /metrics, /healthz; default 0 = off */
+
     /* [log] */
     int log_level;               /* FP_LOG_DEBUG .. FP_LOG_ERROR, default info */
 };

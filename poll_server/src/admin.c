@@ -1,0 +1,428 @@
+/* admin.c -- the admin listener and the Prometheus text exposition.
+ *
+ * Everything here runs only when scraped: it reads the counters of stats.c
+ * and a few gauges (requests in flight, coalescer, open connections), and
+ * writes them as text format 0.0.4. Open client connections are counted at
+ * scrape time, by walking /proc/self/fd for sockets bound to the poll port
+ * that are not the listener: evhttp 2.1 has no hook when a connection is
+ * freed, and a scrape every few seconds costs far less than a counter that
+ * would have to be kept right on every close path. */
+#include <dirent.h>
+#include <stdarg.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "admin.h"
+#include "coalesce.h"
+#include "http.h"
+#include "log.h"
+#include "settings.h"
+#include "stats.h"
+#include "version.h"
+
+#define ADMIN_TIMEOUT_S 10
+
+struct fp_admin {
+    const struct fp_settings *s;
+    const struct fp_http *http;
+    struct evhttp *evh;
+    int draining;
+};
+
+static const char *const method_names[FP_STAT_NMETHODS] = {
+    "GET", "HEAD", "POST", "other"
+};
+static const char *const outcome_names[FP_STAT_NOUTCOMES] = {
+    "hit", "miss", "invalid_key", "backend_error", "timeout",
+    "method_not_allowed", "forbidden", "client_closed"
+};
+static const char *const result_names[4] = { "hit", "miss", "error", "timeout" };
+static const unsigned long long bucket_us[FP_STAT_NBUCKETS] =
+    FP_STAT_LATENCY_BUCKETS;
+
+/* Which outcomes a method can have: 405 is for the other methods only. */
+static int outcome_possible(int m, int o)
+{
+    if (m == FP_STAT_OTHER)
+        return o == FP_STAT_METHOD_NOT_ALLOWED;
+    return o != FP_STAT_METHOD_NOT_ALLOWED;
+}
+
+struct scan {
+    long connections;           /* accepted on the poll port, still open */
+    long fds;                   /* every open descriptor */
+};
+
+static uint16_t sock_port(const struct sockaddr_storage *ss)
+{
+    if (ss->ss_family == AF_INET)
+        return ntohs(((const struct sockaddr_in *)(const void *)ss)->sin_port);
+    if (ss->ss_family == AF_INET6)
+        return ntohs(((const struct sockaddr_in6 *)(const void *)ss)->sin6_port);
+    return 0;
+}
+
+/* -1 fields when /proc is not there. */
+static void scan_fds(uint16_t port, struct scan *out)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    int self;
+
+    out->connections = out->fds = -1;
+    if (d == NULL)
+        return;
+    self = dirfd(d);
+    out->connections = out->fds = 0;
+    while ((e = readdir(d)) != NULL) {
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof(ss), alen;
+        char *end;
+        long fd;
+        int listening = 0;
+
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        fd = strtol(e->d_name, &end, 10);
+        if (*end != '\0' || fd == self || fd > INT32_MAX)
+            continue;
+        out->fds++;
+        if (getsockname((int)fd, (struct sockaddr *)&ss, &len) != 0 ||
+            sock_port(&ss) != port)
+            continue;           /* not a socket, or not ours */
+        alen = sizeof(listening);
+        if (getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &listening,
+                       &alen) == 0 && listening)
+            continue;
+        out->connections++;
+    }
+    if (closedir(d) != 0)
+        fp_log(FP_LOG_DEBUG, "admin: closedir /proc/self/fd failed");
+}
+
+/* The exposition being written; any failed append makes the scrape a 500
+ * rather than a truncated page. */
+struct out {
+    struct evbuffer *b;
+    int failed;
+};
+
+static void out_printf(struct out *o, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void out_printf(struct out *o, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    if (evbuffer_add_vprintf(o->b, fmt, ap) < 0)
+        o->failed = 1;
+    va_end(ap);
+}
+
+/* A label value, escaped as the text format wants. */
+static void out_label(struct out *o, const char *v)
+{
+    for (; *v != '\0'; v++) {
+        int rc;
+
+        if (*v == '\\' || *v == '"')
+            rc = evbuffer_add_printf(o->b, "\\%c", *v);
+        else if (*v == '\n')
+            rc = evbuffer_add(o->b, "\\n", 2);
+        else
+            rc = evbuffer_add(o->b, v, 1);
+        if (rc < 0)
+            o->failed = 1;
+    }
+}
+
+static void head(struct out *o, const char *name, const char *type,
+                 const char *help)
+{
+    out_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void metric_u64(struct out *o, const char *name, const char *type,
+                       const char *help, unsigned long long v)
+{
+    head(o, name, type, help);
+    out_printf(o, "%s %llu\n", name, v);
+}
+
+static double since(const struct timespec *t0)
+{
+    struct timespec now;
+
+    if (clock_gettime(CLOCK_MONOTONIC, &now) != 0)
+        return 0;
+    return (double)(now.tv_sec - t0->tv_sec) +
+           (double)(now.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+static void write_requests(struct out *o)
+{
+    head(o, "fastpoll_requests_total", "counter",
+         "Requests answered, by method and outcome (hit 200, miss and "
+         "invalid_key 404, backend_error and timeout 503, method_not_allowed "
+         "405, forbidden 403 (bad signature), client_closed: gone before the "
+         "answer).");
+    for (int m = 0; m < FP_STAT_NMETHODS; m++)
+        for (int k = 0; k < FP_STAT_NOUTCOMES; k++)
+            if (outcome_possible(m, k))
+                out_printf(o, "fastpoll_requests_total{method=\"%s\","
+                           "outcome=\"%s\"} %llu\n", method_names[m],
+                           outcome_names[k],
+                           (unsigned long long)fp_stats.requests[m][k]);
+}
+
+/* `name{server="<server>"` : the caller adds the other labels and "}". */
+static void series(struct out *o, const char *name, const char *server)
+{
+    out_printf(o, "%s{server=\"", name);
+    out_label(o, server);
+    out_printf(o, "\"");
+}
+
+static void write_backends(struct out *o)
+{
+    size_t i;
+    int k;
+
+    head(o, "fastpoll_backend_up", "gauge",
+         "1 while the cache server answers; 0 when down, connecting, or hung "
+         "(timed out and not answered since).");
+    for (i = 0; i < fp_stats.nbackends; i++) {
+        series(o, "fastpoll_backend_up", fp_stats.backends[i].name);
+        out_printf(o, "} %d\n", fp_stats.backends[i].up ? 1 : 0);
+    }
+    head(o, "fastpoll_backend_gets_total", "counter",
+         "Cache gets by server and result; error includes gets failed fast "
+         "while the server was down.");
+    for (i = 0; i < fp_stats.nbackends; i++) {
+        for (k = 0; k < 4; k++) {
+            series(o, "fastpoll_backend_gets_total", fp_stats.backends[i].name);
+            out_printf(o, ",result=\"%s\"} %llu\n", result_names[k],
+                       (unsigned long long)fp_stats.backends[i].results[k]);
+        }
+    }
+    head(o, "fastpoll_backend_latency_seconds", "histogram",
+         "Round trip of the gets a cache server answered (hit or miss), from "
+         "queueing the command to parsing the answer.");
+    for (i = 0; i < fp_stats.nbackends; i++) {
+        const struct fp_stat_backend *be = &fp_stats.backends[i];
+        unsigned long long cum = 0;
+
+        for (k = 0; k <= FP_STAT_NBUCKETS; k++) {
+            cum += be->buckets[k];
+            series(o, "fastpoll_backend_latency_seconds_bucket", be->name);
+            if (k < FP_STAT_NBUCKETS)
+                out_printf(o, ",le=\"%g\"} %llu\n",
+                           (double)bucket_us[k] / 1e6, cum);
+            else
+                out_printf(o, ",le=\"+Inf\"} %llu\n", cum);
+        }
+        series(o, "fastpoll_backend_latency_seconds_sum", be->name);
+        out_printf(o, "} %.9f\n", (double)be->sum_ns / 1e9);
+        series(o, "fastpoll_backend_latency_seconds_count", be->name);
+        out_printf(o, "} %llu\n", cum);
+    }
+}
+
+static void write_process(struct out *o, const struct scan *sc)
+{
+    struct rusage ru;
+    struct rlimit rl;
+    FILE *f;
+    long pages = 0, rss = 0, pagesize = sysconf(_SC_PAGESIZE);
+
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+        head(o, "process_cpu_seconds_total", "counter",
+             "User and system CPU time spent.");
+        out_printf(o, "process_cpu_seconds_total %.6f\n",
+                   (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                   (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6);
+    }
+    if ((f = fopen("/proc/self/statm", "r")) != NULL) {
+        if (fscanf(f, "%ld %ld", &pages, &rss) == 2 && pagesize > 0) {
+            head(o, "process_resident_memory_bytes", "gauge",
+                 "Resident memory size.");
+            out_printf(o, "process_resident_memory_bytes %lld\n",
+                       (long long)rss * pagesize);
+        }
+        if (fclose(f) != 0)
+            fp_log(FP_LOG_DEBUG, "admin: fclose /proc/self/statm failed");
+    }
+    if (sc->fds >= 0) {
+        head(o, "process_open_fds", "gauge", "Open file descriptors.");
+        out_printf(o, "process_open_fds %ld\n", sc->fds);
+    }
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        head(o, "process_max_fds", "gauge", "Open file descriptor limit.");
+        out_printf(o, "process_max_fds %llu\n", (unsigned long long)rl.rlim_cur);
+    }
+    head(o, "process_start_time_seconds", "gauge",
+         "Start time since the Unix epoch.");
+    out_printf(o, "process_start_time_seconds %lld\n",
+               (long long)fp_stats.started_wall);
+}
+
+/* Returns 0, or -1 if the page could not be built (out of memory). */
+static int write_metrics(const struct fp_admin *a, struct evbuffer *b)
+{
+    struct out o = { b, 0 };
+    struct fp_coalesce_stats co;
+    struct scan sc;
+
+    scan_fds(a->s->port, &sc);
+    fp_http_coalesce_stats(a->http, &co);
+
+    write_requests(&o);
+    metric_u64(&o, "fastpoll_coalesced_requests_total", "counter",
+               "Requests that waited for another request's cache get instead "
+               "of costing a round trip of their own (requests - gets).",
+               co.requests >= co.gets ? co.requests - co.gets : 0);
+    metric_u64(&o, "fastpoll_cache_gets_total", "counter",
+               "Cache gets started for requests (after coalescing).", co.gets);
+    metric_u64(&o, "fastpoll_requests_in_flight", "gauge",
+               "Requests waiting for the cache or for their answer to be "
+               "written.", fp_http_inflight(a->http));
+    metric_u64(&o, "fastpoll_coalesce_keys", "gauge",
+               "Keys with a cache get in flight.", co.keys);
+    if (sc.connections >= 0)
+        metric_u64(&o, "fastpoll_open_connections", "gauge",
+                   "Client (nginx) connections open on the poll port.",
+                   (unsigned long long)sc.connections);
+    write_backends(&o);
+    metric_u64(&o, "fastpoll_loop_iterations_total", "counter",
+               "Event loop iterations (epoll_wait calls).",
+               fp_stats.loop_iterations);
+    metric_u64(&o, "fastpoll_loop_active_fds_total", "counter",
+               "Descriptors epoll_wait returned ready, summed over iterations.",
+               fp_stats.loop_active_fds);
+    metric_u64(&o, "fastpoll_loop_registered_fds_total", "counter",
+               "Descriptors in the epoll set, summed over iterations. ATR = "
+               "rate(active) / rate(registered).",
+               fp_stats.loop_registered_fds);
+    metric_u64(&o, "fastpoll_loop_registered_fds", "gauge",
+               "Descriptors in the epoll set now.", fp_stats.registered_fds_now);
+    head(&o, "fastpoll_uptime_seconds", "gauge", "Seconds since start.");
+    out_printf(&o, "fastpoll_uptime_seconds %.3f\n", since(&fp_stats.started));
+    metric_u64(&o, "fastpoll_draining", "gauge",
+               "1 after SIGTERM, while requests in flight finish.",
+               (unsigned long long)a->draining);
+    head(&o, "fastpoll_build_info", "gauge",
+         "Version of the poll server, its libevent, and the cache backend.");
+    out_printf(&o, "fastpoll_build_info{version=\"%s\",libevent=\"", FP_VERSION);
+    out_label(&o, event_get_version());
+    out_printf(&o, "\",backend=\"%s\"} 1\n",
+               a->s->backend == FP_BACKEND_REDIS ? "redis" : "memcached");
+    write_process(&o, &sc);
+    return o.failed ? -1 : 0;
+}
+
+/* failed: the body could not be built; answer 500 without it. */
+static void send_text(struct evhttp_request *req, int code, const char *reason,
+                      const char *type, int failed)
+{
+    struct evkeyvalq *hdr = evhttp_request_get_output_headers(req);
+    struct evbuffer *out = evhttp_request_get_output_buffer(req);
+
+    if (failed || evhttp_add_header(hdr, "Content-Type", type) != 0 ||
+        evhttp_add_header(hdr, "Cache-Control", "no-store") != 0) {
+        /* evhttp_send_error appends its page to what is there. */
+        if (evbuffer_drain(out, evbuffer_get_length(out)) != 0)
+            fp_log(FP_LOG_ERROR, "admin: cannot drain a failed reply");
+        evhttp_clear_headers(hdr);
+        evhttp_send_error(req, 500, NULL);
+        return;
+    }
+    evhttp_send_reply(req, code, reason, NULL);
+}
+
+static void on_admin(struct evhttp_request *req, void *arg)
+{
+    struct fp_admin *a = arg;
+    struct evbuffer *out = evhttp_request_get_output_buffer(req);
+    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+    const char *path = uri != NULL ? evhttp_uri_get_path(uri) : NULL;
+    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+    int failed;
+
+    if (cmd != EVHTTP_REQ_GET && cmd != EVHTTP_REQ_HEAD) {
+        if (evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
+                              "GET, HEAD") != 0)
+            fp_log(FP_LOG_DEBUG, "admin: out of memory");
+        evhttp_send_reply(req, 405, "Method Not Allowed", NULL);
+        return;
+    }
+    if (path != NULL && strcmp(path, "/metrics") == 0) {
+        failed = write_metrics(a, out) < 0;
+        send_text(req, 200, "OK", "text/plain; version=0.0.4; charset=utf-8",
+                  failed);
+    } else if (path != NULL && strcmp(path, "/healthz") == 0) {
+        failed = evbuffer_add_printf(out, "%s\n",
+                                     a->draining ? "draining" : "ok") < 0;
+        send_text(req, a->draining ? 503 : 200,
+                  a->draining ? "Service Unavailable" : "OK", "text/plain",
+                  failed);
+    } else {
+        failed = evbuffer_add_printf(out, "try /metrics or /healthz\n") < 0;
+        send_text(req, 404, "Not Found", "text/plain", failed);
+    }
+}
+
+struct fp_admin *fp_admin_start(struct event_base *base,
+                                const struct fp_settings *s,
+                                const struct fp_http *http)
+{
+    struct fp_admin *a = calloc(1, sizeof(*a));
+
+    if (a == NULL || (a->evh = evhttp_new(base)) == NULL) {
+        fp_log(FP_LOG_ERROR, "admin: out of memory");
+        free(a);
+        return NULL;
+    }
+    a->s = s;
+    a->http = http;
+    evhttp_set_timeout(a->evh, ADMIN_TIMEOUT_S);
+    evhttp_set_max_headers_size(a->evh, 8192);
+    evhttp_set_max_body_size(a->evh, 0);
+    evhttp_set_allowed_methods(a->evh, 0xFFFF);
+    evhttp_set_gencb(a->evh, on_admin, a);
+    if (evhttp_bind_socket(a->evh, s->admin_listen, s->admin_port) != 0) {
+        fp_log(FP_LOG_ERROR, "admin: cannot listen on %s:%u", s->admin_listen,
+               (unsigned)s->admin_port);
+        evhttp_free(a->evh);
+        free(a);
+        return NULL;
+    }
+    fp_log(FP_LOG_INFO, "admin: /metrics and /healthz on %s:%u",
+           s->admin_listen, (unsigned)s->admin_port);
+    return a;
+}
+
+void fp_admin_set_draining(struct fp_admin *a)
+{
+    if (a != NULL)
+        a->draining = 1;
+}
+
+void fp_admin_free(struct fp_admin *a)
+{
+    if (a == NULL)
+        return;
+    evhttp_free(a->evh);
+    free(a);
+}

@@ -1,0 +1,114 @@
+/* stats.h -- the poll server's counters, read by admin.c for /metrics.
+ *
+ * The process is single-threaded, so a counter is a plain uint64_t in one
+ * global struct (Redis's server.stat_* style): an increment on the hot path
+ * is one add to memory that is already in cache. No atomics, no locks, no
+ * allocation. Build with -DFP_NO_STATS to compile every hook below out (the
+ * benchmark's "metrics off" build); the admin listener then serves zeros. */
+#ifndef FP_STATS_H
+#define FP_STATS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "cache.h"
+#include "settings.h"
+
+enum fp_stat_method {
+    FP_STAT_GET, FP_STAT_HEAD, FP_STAT_POST, FP_STAT_OTHER, FP_STAT_NMETHODS
+};
+
+/* How a request left the poll server. */
+enum fp_stat_outcome {
+    FP_STAT_HIT,                /* 200 from the cache */
+    FP_STAT_MISS,               /* 404: the cache has no such key */
+    FP_STAT_INVALID_KEY,        /* 404: no valid key, never sent to a cache */
+    FP_STAT_BACKEND_ERROR,      /* 503: cache down, refused, protocol error */
+    FP_STAT_TIMEOUT,            /* 503: no answer within [cache] timeout_ms */
+    FP_STAT_METHOD_NOT_ALLOWED, /* 405 */
+    FP_STAT_FORBIDDEN,          /* 403: [signing] on, no valid signature */
+    FP_STAT_CLIENT_CLOSED,      /* the connection went away before the answer */
+    FP_STAT_NOUTCOMES
+};
+
+/* Backend latency buckets, upper bounds in microseconds (+Inf is implied). */
+#define FP_STAT_LATENCY_BUCKETS \
+    { 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, \
+      500000, 1000000 }
+#define FP_STAT_NBUCKETS 13
+
+/* One cache server: memcached nodes in config order, or the Redis server. */
+struct fp_stat_backend {
+    char name[300];             /* host:port or unix:/path, the metric label */
+    int up;                     /* answering now (1) or not (0) */
+    uint64_t results[4];        /* gets by enum fp_cache_status */
+    uint64_t buckets[FP_STAT_NBUCKETS + 1]; /* answered gets, not cumulative */
+    uint64_t sum_ns;            /* of answered gets */
+};
+
+struct fp_stats {
+    uint64_t requests[FP_STAT_NMETHODS][FP_STAT_NOUTCOMES];
+    /* The event loop, counted around epoll_wait (stats.c): one call is one
+     * iteration; `active` sums the descriptors it returned ready and
+     * `registered` the descriptors in the epoll set at the call. */
+    uint64_t loop_iterations, loop_active_fds, loop_registered_fds;
+    uint64_t registered_fds_now;
+    struct fp_stat_backend backends[FP_MAX_SERVERS];
+    size_t nbackends;
+    struct timespec started;    /* CLOCK_MONOTONIC */
+    time_t started_wall;
+};
+
+extern struct fp_stats fp_stats;
+
+/* At start-up, before the event base is created. */
+void fp_stats_init(void);
+
+/* At exit, after the event base is freed. */
+void fp_stats_free(void);
+
+/* Backend i (0-based, config order) is called `name` (copied, truncated). */
+void fp_stats_backend_name(size_t i, const char *name);
+
+/* Whether the loop probe saw the loop run (epoll_wait interposed). */
+int fp_stats_loop_probe_works(void);
+
+#ifdef FP_NO_STATS
+
+#define fp_stat_request(m, o) ((void)(m), (void)(o))
+#define fp_stat_backend_up(i, v) ((void)(i), (void)(v))
+#define fp_stat_now() ((uint64_t)0)
+#define fp_stat_backend_done(i, st, t0) ((void)(i), (void)(st), (void)(t0))
+
+#else
+
+static inline void fp_stat_request(enum fp_stat_method m,
+                                   enum fp_stat_outcome o)
+{
+    fp_stats.requests[m][o]++;
+}
+
+static inline void fp_stat_backend_up(size_t i, int up)
+{
+    if (i < FP_MAX_SERVERS)
+        fp_stats.backends[i].up = up;
+}
+
+/* Monotonic nanoseconds (vDSO clock_gettime: no system call). */
+static inline uint64_t fp_stat_now(void)
+{
+    struct timespec ts;
+
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A get on backend i ended with st. t0: fp_stat_now() when it was sent,
+ * 0 if it never was; the latency is recorded for answers (hit or miss). */
+void fp_stat_backend_done(size_t i, enum fp_cache_status st, uint64_t t0);
+
+#endif
+
+#endif
