@@ -87,6 +87,34 @@ def poll_key(uid: int) -> str:
     return f"/Poll/getMessages?user_id={uid}"
 
 
+class SigningTransport(httpx.HTTPTransport):
+    """Signs each poll request it sends, as a client holding a URL from the app's
+    POST /api/poll-url would: exp and sig appended (docs/security.md). Through nginx only
+    /Poll/ targets are polls; a poll server (direct=True) takes nothing else."""
+
+    def __init__(self, stack: Stack, direct: bool) -> None:
+        super().__init__()
+        self.stack = stack
+        self.direct = direct
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        target = request.url.raw_path.decode("latin-1")
+        if self.direct or target.startswith("/Poll/"):
+            signed = self.stack.sign(target)
+            if signed != target:
+                request.url = request.url.copy_with(raw_path=signed.encode("latin-1"))
+        return super().handle_request(request)
+
+
+def http_client(
+    stack: Stack, port: int | None = None, sign: bool = True, timeout: float = 10
+) -> httpx.Client:
+    """A client of nginx, or of the poll server on `port`; it signs its polls unless told not to."""
+    base = f"http://127.0.0.1:{port}" if port else stack.base_url
+    transport = SigningTransport(stack, direct=port is not None) if sign else None
+    return httpx.Client(base_url=base, timeout=timeout, transport=transport)
+
+
 def start_stack(tmp: Path, backend: str, **kw) -> Stack:
     stack = Stack(run_dir=tmp, backend=backend, **kw)
     stack.start()
@@ -112,14 +140,13 @@ def cache(stack: Stack) -> Cache:
 
 @pytest.fixture()
 def client(stack: Stack) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=stack.base_url, timeout=10) as c:
+    """A client of nginx that signs its polls (test_security.py checks unsigned ones)."""
+    with http_client(stack) as c:
         yield c
 
 
 @pytest.fixture()
 def poller(stack: Stack) -> Iterator[httpx.Client]:
-    """A client talking to one poll server directly, without nginx."""
-    with httpx.Client(
-        base_url=f"http://127.0.0.1:{stack.poller_ports[0]}", timeout=10
-    ) as c:
+    """A client talking to one poll server directly, without nginx; it signs its polls."""
+    with http_client(stack, stack.poller_ports[0]) as c:
         yield c

@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -30,7 +32,17 @@ from pathlib import Path
 import jinja2
 
 ROOT = Path(__file__).resolve().parent.parent
-POLL_SERVER = ROOT / "poll_server" / "build" / "poll_server"
+# FP_POLL_SERVER runs every stack on another build (e.g. build/poll_server-asan); FP_POLL_WRAPPER
+# puts a command in front of each poll server (e.g. valgrind). See docs/security.md.
+POLL_SERVER = Path(
+    os.environ.get("FP_POLL_SERVER") or ROOT / "poll_server" / "build" / "poll_server"
+).resolve()
+POLL_WRAPPER = shlex.split(os.environ.get("FP_POLL_WRAPPER", ""))
+# What ASan, UBSan and valgrind print when they find something (sanitizer_reports()).
+SANITIZER_REPORT = re.compile(
+    rb"ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:|"
+    rb"ERROR SUMMARY: [1-9]|definitely lost: [1-9]|indirectly lost: [1-9]"
+)
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 DEFAULT_RUN_DIR = ROOT / "run"
 
@@ -107,6 +119,12 @@ class Stack:
     app_workers: int = 2
     cache_timeout_ms: int = 100
     poll_server: Path = POLL_SERVER
+    poller_wrapper: list[str] = field(default_factory=lambda: list(POLL_WRAPPER))
+    # Signed poll URLs (docs/security.md): on, as in production. Off only for peers-only
+    # benchmark runs; the secret is generated per run_dir (0600), never taken from the repo.
+    signing: bool = True
+    # Extra memcached flags, e.g. ["-vv"]: it then logs every command it receives.
+    memcached_args: list[str] = field(default_factory=list)
     extra_ini: dict[str, dict[str, str]] = field(default_factory=dict)
     nginx_vars: dict[str, object] = field(
         default_factory=dict
@@ -117,6 +135,7 @@ class Stack:
     redis_port: int = 0
     app_port: int = 0
     _popen: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
+    _secret: bytes | None = field(default=None, repr=False)
 
     # ---- configuration -------------------------------------------------------------------
 
@@ -159,6 +178,8 @@ class Stack:
             "log": {"level": "info"},
             "app": {"database": str(self.run_dir / "fastpoll.db")},
         }
+        if self.signing:
+            sections["signing"] = {"secret_file": str(self.secret_path), "ttl": "3600"}
         for section, values in self.extra_ini.items():
             sections.setdefault(section, {}).update(values)
         return sections
@@ -169,6 +190,11 @@ class Stack:
         if not pw.exists():
             pw.write_text(secrets.token_hex(16) + "\n")
         pw.chmod(0o600)
+        if self.signing and not self.secret_path.exists():
+            # Created 0600 (never wider, not even for a moment), random per run_dir.
+            fd = os.open(self.secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
         lines = ["; written by tests/stack.py for the local stack"]
         for section, values in self.ini_sections().items():
             lines.append(f"\n[{section}]")
@@ -244,6 +270,7 @@ class Stack:
             "64",
             "-c",
             "4096",
+            *self.memcached_args,
         ]
         if os.geteuid() == 0:
             argv += ["-u", "nobody"]
@@ -296,6 +323,7 @@ class Stack:
         port = self.poller_ports[i]
         name = f"poller-{i}"
         argv = [
+            *self.poller_wrapper,
             str(binary or self.poll_server),
             "-c",
             str(self.ini_path),
@@ -303,10 +331,13 @@ class Stack:
             str(port),
         ]
         self._spawn(name, argv, port)
-        # Any HTTP answer means it is serving: "/" is a valid key that is simply not cached.
+        # Any HTTP answer means it is serving: "/" is a valid key that is simply not cached
+        # (403 when poll URLs are signed: this one is not).
         url = f"http://127.0.0.1:{port}/"
         wait_for(
-            name, lambda: http_status(url) in (200, 404, 503), proc=self._popen[name]
+            name,
+            lambda: http_status(url) in (200, 403, 404, 503),
+            proc=self._popen[name],
         )
 
     def start_nginx(self) -> None:
@@ -339,6 +370,65 @@ class Stack:
             self.stop()
             raise
         self.save_state()
+
+    def reload_nginx(self) -> None:
+        """Render the templates again (after a change to nginx_vars), check, and SIGHUP nginx:
+        the master starts new workers, the old ones finish their requests."""
+        self._render_nginx()
+        conf = self.run_dir / "nginx" / "nginx.conf"
+        check = subprocess.run(
+            ["nginx", "-t", "-q", "-p", str(conf.parent), "-c", str(conf)],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        if check.returncode != 0:
+            raise RuntimeError(f"nginx -t failed:\n{check.stderr}")
+        os.kill(self.procs["nginx"].pid, signal.SIGHUP)
+
+    # ---- signed poll URLs ------------------------------------------------------------------
+
+    @property
+    def secret_path(self) -> Path:
+        return self.run_dir / "signing.key"
+
+    def sign(self, target: str, ttl: int = 3600) -> str:
+        """The target with exp and sig appended, as the app's POST /api/poll-url would issue it.
+
+        Takes a target for nginx ("/Poll/getMessages?...") or for a poll server directly
+        ("/getMessages?..."). Unchanged when signing is off or the target has no valid key
+        (such a request cannot be signed: it gets 403)."""
+        if not self.signing:
+            return target
+        from fastpoll_app.keys import InvalidKey, derive_key  # the venv's app package
+        from fastpoll_app.signing import load_secrets, signed_query
+
+        keys = self.ini_sections()["keys"]
+        params = [p.encode() for p in re.split(r"[\s,]+", keys["params"]) if p]
+        raw = target.encode("latin-1")
+        inner = raw[len(b"/Poll") :] if raw.startswith(b"/Poll/") else raw
+        try:
+            key = derive_key(keys["prefix"].encode(), inner, params)
+        except InvalidKey:
+            return target
+        if self._secret is None:
+            self._secret = load_secrets(self.secret_path)[0]
+        secret = self._secret
+        query = signed_query(secret, key, int(time.time()) + ttl).decode()
+        return f"{target}{'&' if '?' in target else '?'}{query}"
+
+    def poll_url(self, uid: int, ttl: int = 3600) -> str:
+        """A signed poll URL of user uid, through nginx."""
+        return self.sign(f"/Poll/getMessages?user_id={uid}", ttl)
+
+    def sanitizer_reports(self) -> list[str]:
+        """Lines of the poll servers' logs where ASan, UBSan or valgrind reported something."""
+        found: list[str] = []
+        for log in sorted(self.run_dir.glob("poller-*.log")):
+            for line in log.read_bytes().splitlines():
+                if SANITIZER_REPORT.search(line):
+                    found.append(f"{log.name}: {line.decode(errors='replace')}")
+        return found
 
     def stop_proc(
         self, name: str, sig: int = signal.SIGTERM, timeout: float = 10.0
@@ -439,6 +529,12 @@ def main() -> int:
         type=int,
         default=int(os.environ.get("FP_MEMCACHED_NODES", "1")),
     )
+    ap.add_argument(
+        "--no-signing",
+        action="store_true",
+        default=os.environ.get("FP_SIGNING", "1") == "0",
+        help="poll URLs unsigned (peers-only benchmarks); the product signs them",
+    )
     args = ap.parse_args()
     state = args.run_dir / "stack.json"
 
@@ -475,6 +571,7 @@ def main() -> int:
         backend=args.backend,
         http_port=args.http_port,
         n_memcached=args.memcached_nodes,
+        signing=not args.no_signing,
     )
     if args.pollers:
         stack.n_pollers = args.pollers
@@ -483,7 +580,12 @@ def main() -> int:
         f"fastpoll is up ({stack.backend} backend), logs and config in {args.run_dir}/"
     )
     print(f"  entry point (nginx)  {stack.base_url}/")
-    print(f"  poll                 {stack.base_url}/Poll/getMessages?user_id=1")
+    print(f"  poll                 {stack.base_url}{stack.poll_url(1)}")
+    if stack.signing:
+        print(
+            f"  signed poll URL      curl -X POST -H 'Content-Type: application/json' "
+            f"-d '{{\"user_id\": 1}}' {stack.base_url}/api/poll-url  (valid 1 h)"
+        )
     print(
         f"  publish              curl -X POST -H 'Content-Type: application/json' "
         f'-d \'{{"user_id": 1, "text": "hi"}}\' {stack.base_url}/api/messages'

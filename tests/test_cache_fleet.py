@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Cache, memcached_stats, new_uid, poll_key, start_stack
+from conftest import Cache, http_client, memcached_stats, new_uid, poll_key, start_stack
 from stack import Stack
 
 
@@ -39,14 +39,14 @@ def eventually(check, what: str, timeout: float = 20.0) -> None:
 def test_ketama_agreement_app_writes_poller_reads(stack: Stack) -> None:
     own_stack = stack  # ketama is a memcached matter; the shared stack has 3 nodes
     uids = [new_uid() for _ in range(1000)]
-    with httpx.Client(base_url=own_stack.base_url, timeout=10) as c:
+    with http_client(own_stack) as c:
         for uid in uids:  # every one a miss: the app fills it through pylibmc's ketama
             r = c.get(f"/Poll/getMessages?user_id={uid}")
             assert (r.status_code, r.headers["x-poll-source"]) == (200, "app")
     items = [memcached_stats(p)["curr_items"] for p in own_stack.memcached_ports]
     assert all(n > 100 for n in items), f"keys not spread over the 3 nodes: {items}"
     for port in own_stack.poller_ports:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as direct:
+        with http_client(own_stack, port) as direct:
             misses = [
                 u
                 for u in uids
@@ -68,7 +68,7 @@ def _cache_names(stack: Stack) -> list[str]:
 def test_cache_down_everything_falls_back_then_hits_resume(own_stack: Stack) -> None:
     cache = Cache(own_stack)
     uids = [new_uid() for _ in range(30)]
-    with httpx.Client(base_url=own_stack.base_url, timeout=10) as c:
+    with http_client(own_stack) as c:
         for uid in uids:
             c.get(f"/Poll/getMessages?user_id={uid}")  # fill
         names = _cache_names(own_stack)
@@ -120,12 +120,15 @@ def test_invalid_keys_never_reach_the_cache(stack: Stack, cache: Cache) -> None:
                 )
                 reply = _read_all(s)
             status = reply.split(b"\r\n", 1)[0]
-            assert status.split()[1] in (b"400", b"404", b"414"), (target, status)
+            # 403: with signed URLs (the default) a request without a key cannot be signed.
+            assert status.split()[1] in (b"400", b"403", b"404", b"414"), (
+                target,
+                status,
+            )
     assert cache.gets_served() == before, "an invalid key was sent to the cache"
     # A valid request on the same servers does reach it: the counter is live.
-    httpx.get(
-        f"http://127.0.0.1:{stack.poller_ports[0]}/getMessages?user_id={new_uid()}"
-    )
+    target = stack.sign(f"/getMessages?user_id={new_uid()}")
+    httpx.get(f"http://127.0.0.1:{stack.poller_ports[0]}{target}")
     assert cache.gets_served() == before + 1
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import threading
 
-import httpx
-from conftest import Cache, new_uid, poll_key
+from conftest import Cache, http_client, new_uid, poll_key
 from stack import Stack
 
 ROUNDS = 40
@@ -22,7 +21,7 @@ def test_no_stale_answer_under_concurrent_polls_and_publishes(stack: Stack) -> N
     def hammer() -> None:
         # Keep the key churning: drop it and poll, so fills (add) race the publishes (set).
         own = Cache(stack)  # cache clients are not thread-safe: one per thread
-        with httpx.Client(base_url=stack.base_url, timeout=10) as c:
+        with http_client(stack) as c:
             while not stop.is_set():
                 own.delete(poll_key(uid))
                 r = c.get(url)
@@ -33,7 +32,7 @@ def test_no_stale_answer_under_concurrent_polls_and_publishes(stack: Stack) -> N
     for t in threads:
         t.start()
     try:
-        with httpx.Client(base_url=stack.base_url, timeout=10) as c:
+        with http_client(stack) as c:
             unread = 0
             for n in range(1, ROUNDS + 1):
                 published = c.post(
