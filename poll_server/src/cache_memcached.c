@@ -2,9 +2,20 @@
  *
  * libmemcached is used only to pick the server for a key (ketama, exactly as
  * pylibmc does with behaviors={"ketama": True}), because its own I/O blocks.
- * The I/O is ours and never blocks: one TCP connection per server, a
- * bufferevent on the loop, `get <key>\r\n` pipelined, answers matched to a
- * FIFO of outstanding requests by a streaming parser.
+ * The I/O is ours and never blocks: one TCP connection per server,
+ * `get <key>\r\n` pipelined, answers matched to a FIFO of outstanding
+ * requests by a streaming parser.
+ *
+ * Syscalls per request are the cost that matters here, so the socket is
+ * driven by hand rather than through a bufferevent (which waits a loop turn
+ * for EV_WRITE before every write, toggles it with epoll_ctl, and asks
+ * FIONREAD before every read):
+ * - every get queued during one loop turn goes out in one send(), made by a
+ *   flush event that the first get of the turn makes active; EV_WRITE is
+ *   registered only while the kernel refuses more (EAGAIN) or connecting;
+ * - the read event stays registered (EV_PERSIST) for the connection's life,
+ *   and reads go into our own bounded buffer, parsed in place: a value is
+ *   handed to the callback straight from that buffer.
  *
  * Failure policy, per server, so a sick node only hurts its own keys:
  * - refused / reset / EOF / protocol error: pending requests get ERROR, the
@@ -32,8 +43,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <libmemcached/memcached.h>
 
@@ -47,6 +56,15 @@
 #define MC_MAX_PENDING    10000         /* per server, beyond: fail fast */
 #define MC_BACKOFF_MIN_MS 100
 #define MC_BACKOFF_MAX_MS 2000
+#define MC_CMD_MAX        (4 + FP_MAX_KEY_LEN + 2) /* "get <key>\r\n" */
+#define MC_IN_MIN         (64 * 1024)   /* read buffer kept per connection */
+#define MC_IN_MAX         (MC_MAX_VALUE + 7 + MC_IN_MIN) /* a whole answer */
+#define MC_READ_MIN       4096          /* room asked for before each recv */
+#define MC_OUT_MIN        4096
+#define MC_OUT_KEEP       (64 * 1024)   /* more is given back once sent */
+#define MC_OUT_MAX        (MC_MAX_PENDING * MC_CMD_MAX)
+#define MC_READS_PER_CB   8             /* reads per event when they fill up */
+#define MC_FREE_REQ_MAX   4096          /* recycled request objects kept */
 
 enum mc_conn_state { MC_DOWN, MC_CONNECTING, MC_UP };
 enum mc_log_state { MC_LOG_NONE, MC_LOG_UP, MC_LOG_DOWN };
@@ -59,7 +77,9 @@ struct mc_req {
     TAILQ_ENTRY(mc_req) link;
     struct fp_mc *mc;
     struct mc_server *srv;    /* NULL while on mc->failq */
-    struct event *timer;      /* deadline, or the deferred failure */
+    struct event *timer;      /* deadline, or the deferred failure; kept
+                               * with the object when it is recycled */
+    struct mc_req *free_next;
     fp_cache_cb *cb;
     void *arg;
     size_t srv_index;         /* for the stats; SIZE_MAX: no server chosen */
@@ -70,12 +90,26 @@ struct mc_req {
 
 TAILQ_HEAD(mc_reqq, mc_req);
 
+/* Bytes data[off..len) are pending; cap bytes are allocated. */
+struct mc_buf {
+    char *data;
+    size_t off, len, cap;
+};
+
 struct mc_server {
     struct fp_mc *mc;
     char name[300];                 /* host:port, for the log */
     struct sockaddr_storage addr;
     socklen_t addrlen;
-    struct bufferevent *bev;        /* NULL when down */
+    evutil_socket_t fd;             /* -1 when down */
+    struct event *rev;              /* EV_READ|EV_PERSIST, while fd is open */
+    struct event *wev;              /* EV_WRITE|EV_PERSIST, added only while
+                                     * connecting or the kernel says EAGAIN */
+    struct event *flush;            /* no fd: made active by the first get of
+                                     * a loop turn, writes them all at once */
+    int wev_added, flush_active;
+    struct mc_buf in, out;
+    unsigned gen;                   /* bumped by every reset */
     struct event *retry;            /* reconnect timer */
     enum mc_conn_state state;
     enum mc_log_state logged;
@@ -95,12 +129,26 @@ struct fp_mc {
     struct mc_server *servers;
     size_t nservers;
     struct mc_reqq failq;           /* failed fast, callback not yet run */
+    struct mc_req *free_reqs;       /* recycled, each with its timer */
+    size_t nfree_reqs;
     int closing;
 };
 
 static void server_connect(struct mc_server *s);
 
-/* Runs the callback exactly once and frees the request. The caller has
+static void req_release(struct fp_mc *mc, struct mc_req *r)
+{
+    if (mc->nfree_reqs < MC_FREE_REQ_MAX && !mc->closing) {
+        r->free_next = mc->free_reqs;
+        mc->free_reqs = r;
+        mc->nfree_reqs++;
+    } else {
+        event_free(r->timer);
+        free(r);
+    }
+}
+
+/* Runs the callback exactly once and recycles the request. The caller has
  * already unlinked it from its queue. */
 static void req_finish(struct mc_req *r, enum fp_cache_status st,
                        const char *val, size_t len)
@@ -109,9 +157,48 @@ static void req_finish(struct mc_req *r, enum fp_cache_status st,
     void *arg = r->arg;
 
     fp_stat_backend_done(r->srv_index, st, r->sent);
-    event_free(r->timer);
-    free(r);
+    (void)event_del(r->timer);
+    req_release(r->mc, r);
     cb(st, val, len, arg);
+}
+
+/* Room for n more bytes after data[len], moving pending bytes to the front
+ * or growing (doubling, at most max). Returns 0 or -1. */
+static int buf_reserve(struct mc_buf *b, size_t n, size_t min, size_t max)
+{
+    size_t pending = b->len - b->off, cap;
+    char *p;
+
+    if (b->cap - b->len >= n)
+        return 0;
+    if (b->off > 0) {
+        memmove(b->data, b->data + b->off, pending);
+        b->off = 0;
+        b->len = pending;
+        if (b->cap - b->len >= n)
+            return 0;
+    }
+    if (n > max - pending)
+        return -1;
+    cap = b->cap ? b->cap : min;
+    while (cap - pending < n)
+        cap = cap > max / 2 ? max : cap * 2;
+    if ((p = realloc(b->data, cap)) == NULL)
+        return -1;
+    b->data = p;
+    b->cap = cap;
+    return 0;
+}
+
+/* Empties the buffer; one that grew past min is given back. */
+static void buf_reset(struct mc_buf *b, size_t min)
+{
+    b->off = b->len = 0;
+    if (b->cap > min) {
+        free(b->data);
+        b->data = NULL;
+        b->cap = 0;
+    }
 }
 
 static void server_log_up(struct mc_server *s)
@@ -166,10 +253,24 @@ static void server_reset(struct mc_server *s, const char *why,
 
     if (why != NULL)
         server_log_down(s, why);
-    if (s->bev != NULL) {
-        bufferevent_free(s->bev);
-        s->bev = NULL;
+    if (s->rev != NULL) {
+        event_free(s->rev);
+        s->rev = NULL;
     }
+    if (s->wev != NULL) {
+        event_free(s->wev);
+        s->wev = NULL;
+    }
+    if (s->fd >= 0) {
+        evutil_closesocket(s->fd);
+        s->fd = -1;
+    }
+    if (s->flush_active)
+        (void)event_del(s->flush);
+    s->wev_added = s->flush_active = 0;
+    buf_reset(&s->in, MC_IN_MIN);
+    buf_reset(&s->out, MC_OUT_KEEP);
+    s->gen++;
     s->state = MC_DOWN;
     s->parse = MC_PARSE_LINE;
     s->want = 0;
@@ -253,29 +354,25 @@ static long parse_value_line(const char *line, size_t n, const struct mc_req *r)
     return (long)len;
 }
 
-/* Consumes every complete answer in the input buffer. Returns 0, or -1
- * after it reset the server (the bufferevent is then gone). */
+/* Consumes every complete answer in the input buffer, in place. Returns 0,
+ * or -1 after the server was reset (the buffers are then gone). Callbacks
+ * run from here may queue gets (output only): the input stays put. */
 static int server_parse(struct mc_server *s)
 {
-    struct evbuffer *in = bufferevent_get_input(s->bev);
+    unsigned gen = s->gen;
     struct mc_req *r;
-    struct evbuffer_ptr eol;
-    size_t eollen, n, need;
-    char line[MC_MAX_LINE + 1];
-    unsigned char *data;
+    const char *p, *eol;
+    size_t avail, n, need;
     long vlen;
 
     for (;;) {
+        p = s->in.data + s->in.off;
+        avail = s->in.len - s->in.off;
         if (s->parse == MC_PARSE_DATA) {
             need = s->want + 7;         /* data \r\n END\r\n */
-            if (evbuffer_get_length(in) < need)
+            if (avail < need)
                 return 0;
-            data = evbuffer_pullup(in, (ev_ssize_t)need);
-            if (data == NULL) {
-                server_reset(s, "out of memory", NULL, FP_CACHE_ERROR);
-                return -1;
-            }
-            if (memcmp(data + s->want, "\r\nEND\r\n", 7) != 0) {
+            if (memcmp(p + s->want, "\r\nEND\r\n", 7) != 0) {
                 server_reset(s, "protocol error after value", NULL,
                              FP_CACHE_ERROR);
                 return -1;
@@ -284,38 +381,27 @@ static int server_parse(struct mc_server *s)
             TAILQ_REMOVE(&s->pending, r, link);
             s->npending--;
             s->parse = MC_PARSE_LINE;
-            /* The callback only appends output; the input stays put. */
-            req_finish(r, FP_CACHE_HIT, (const char *)data, s->want);
-            if (evbuffer_drain(in, need) != 0) {
-                server_reset(s, "cannot drain input", NULL, FP_CACHE_ERROR);
-                return -1;
-            }
-            if (s->bev == NULL)
+            s->in.off += need;
+            req_finish(r, FP_CACHE_HIT, p, s->want);
+            if (s->gen != gen)
                 return -1;
             continue;
         }
 
-        eol = evbuffer_search_eol(in, NULL, &eollen, EVBUFFER_EOL_CRLF_STRICT);
-        if (eol.pos < 0) {
-            if (evbuffer_get_length(in) > MC_MAX_LINE) {
+        if (avail == 0)
+            return 0;
+        eol = memmem(p, avail < MC_MAX_LINE + 2 ? avail : MC_MAX_LINE + 2,
+                     "\r\n", 2);
+        if (eol == NULL) {
+            if (avail >= MC_MAX_LINE + 2) {
                 server_reset(s, "protocol error: line too long", NULL,
                              FP_CACHE_ERROR);
                 return -1;
             }
             return 0;
         }
-        n = (size_t)eol.pos;
-        if (n > MC_MAX_LINE) {
-            server_reset(s, "protocol error: line too long", NULL,
-                         FP_CACHE_ERROR);
-            return -1;
-        }
-        if (evbuffer_remove(in, line, n) != (int)n ||
-            evbuffer_drain(in, eollen) != 0) {
-            server_reset(s, "cannot read input", NULL, FP_CACHE_ERROR);
-            return -1;
-        }
-        line[n] = '\0';
+        n = (size_t)(eol - p);
+        s->in.off += n + 2;
 
         r = TAILQ_FIRST(&s->pending);
         if (r == NULL) {
@@ -328,12 +414,12 @@ static int server_parse(struct mc_server *s)
         s->backoff_ms = 0;
         server_log_up(s);
 
-        if (n == 3 && memcmp(line, "END", 3) == 0) {
+        if (n == 3 && memcmp(p, "END", 3) == 0) {
             TAILQ_REMOVE(&s->pending, r, link);
             s->npending--;
             req_finish(r, FP_CACHE_MISS, NULL, 0);
-        } else if (starts_with(line, n, "VALUE")) {
-            vlen = parse_value_line(line, n, r);
+        } else if (starts_with(p, n, "VALUE")) {
+            vlen = parse_value_line(p, n, r);
             if (vlen < 0) {
                 server_reset(s, "protocol error: bad VALUE line", NULL,
                              FP_CACHE_ERROR);
@@ -341,7 +427,7 @@ static int server_parse(struct mc_server *s)
             }
             s->want = (size_t)vlen;
             s->parse = MC_PARSE_DATA;
-        } else if (starts_with(line, n, "SERVER_ERROR")) {
+        } else if (starts_with(p, n, "SERVER_ERROR")) {
             /* e.g. out of memory; the server keeps the stream in sync. */
             TAILQ_REMOVE(&s->pending, r, link);
             s->npending--;
@@ -353,43 +439,147 @@ static int server_parse(struct mc_server *s)
                          FP_CACHE_ERROR);
             return -1;
         }
-        if (s->bev == NULL)
+        if (s->gen != gen)
             return -1;
     }
 }
 
-static void server_read_cb(struct bufferevent *bev, void *arg)
+static void server_lost(struct mc_server *s, const char *what, int err)
 {
-    struct mc_server *s = arg;
+    char why[128];
 
-    (void)bev;
-    (void)server_parse(s);
+    snprintf(why, sizeof(why), "%s: %s", what,
+             evutil_socket_error_to_string(err));
+    server_reset(s, why, NULL, FP_CACHE_ERROR);
 }
 
-static void server_event_cb(struct bufferevent *bev, short what, void *arg)
+/* Reads what the kernel has (one recv as a rule: a second would mostly say
+ * EAGAIN) and parses it in place. */
+static void server_read_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct mc_server *s = arg;
-    char why[128];
-    int err = EVUTIL_SOCKET_ERROR();
+    size_t room, want, have;
+    ssize_t n;
+    int i;
 
-    (void)bev;
-    if (what & BEV_EVENT_CONNECTED) {
-        s->state = MC_UP;
-        /* A stopped server's kernel still completes the handshake: after
-         * a timeout, wait for an answer before calling it up. */
-        if (!s->hung)
-            server_log_up(s);
+    (void)what;
+    for (i = 0; i < MC_READS_PER_CB; i++) {
+        /* Room for a good read, and for the whole answer being parsed. */
+        want = MC_READ_MIN;
+        have = s->in.len - s->in.off;
+        if (s->parse == MC_PARSE_DATA && s->want + 7 > have + want)
+            want = s->want + 7 - have;
+        if (buf_reserve(&s->in, want, MC_IN_MIN, MC_IN_MAX) != 0) {
+            server_reset(s, "out of memory", NULL, FP_CACHE_ERROR);
+            return;
+        }
+        room = s->in.cap - s->in.len;
+        do
+            n = recv(fd, s->in.data + s->in.len, room, 0);
+        while (n < 0 && errno == EINTR);
+        if (n == 0) {
+            server_reset(s, "connection closed by server", NULL,
+                         FP_CACHE_ERROR);
+            return;
+        }
+        if (n < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                server_lost(s, "connection lost", errno);
+            return;
+        }
+        s->in.len += (size_t)n;
+        if (server_parse(s) < 0)
+            return;
+        if (s->in.off == s->in.len)
+            buf_reset(&s->in, MC_IN_MIN); /* gives back a big value's room */
+        if ((size_t)n < room)
+            return;
+    }
+}
+
+/* Writes the queued gets. A short write means the kernel's buffer is full:
+ * wait for EV_WRITE rather than ask again. Returns 0, or -1 after a reset.
+ * Never called from inside fp_mc_get() (a reset runs callbacks). */
+static int server_write(struct mc_server *s)
+{
+    size_t left = s->out.len - s->out.off;
+    ssize_t n;
+
+    while (left > 0) {
+        n = send(s->fd, s->out.data + s->out.off, left, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            server_lost(s, "connection lost", errno);
+            return -1;
+        }
+        if (n > 0)
+            s->out.off += (size_t)n;
+        if (n < 0 || (size_t)n < left) {
+            if (!s->wev_added) {
+                if (event_add(s->wev, NULL) != 0) {
+                    server_reset(s, "cannot wait for the socket", NULL,
+                                 FP_CACHE_ERROR);
+                    return -1;
+                }
+                s->wev_added = 1;
+            }
+            return 0;
+        }
+        left = 0;
+    }
+    buf_reset(&s->out, MC_OUT_KEEP);
+    if (s->wev_added) {
+        (void)event_del(s->wev);
+        s->wev_added = 0;
+    }
+    return 0;
+}
+
+static void server_flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct mc_server *s = arg;
+
+    (void)fd;
+    (void)what;
+    s->flush_active = 0;
+    if (s->state == MC_UP && !s->wev_added)
+        (void)server_write(s);
+}
+
+/* The connection is usable: start reading, send what queued up. */
+static void server_connected(struct mc_server *s)
+{
+    s->state = MC_UP;
+    /* A stopped server's kernel still completes the handshake: after a
+     * timeout, wait for an answer before calling it up. */
+    if (!s->hung)
+        server_log_up(s);
+    if (event_add(s->rev, NULL) != 0) {
+        server_reset(s, "cannot wait for the socket", NULL, FP_CACHE_ERROR);
         return;
     }
-    if (what & BEV_EVENT_EOF)
-        snprintf(why, sizeof(why), "connection closed by server");
-    else if (s->state == MC_CONNECTING)
-        snprintf(why, sizeof(why), "connect failed: %s",
-                 evutil_socket_error_to_string(err));
-    else
-        snprintf(why, sizeof(why), "connection lost: %s",
-                 evutil_socket_error_to_string(err));
-    server_reset(s, why, NULL, FP_CACHE_ERROR);
+    (void)server_write(s);
+}
+
+static void server_write_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct mc_server *s = arg;
+    int err = 0;
+    socklen_t len = sizeof(err);
+
+    (void)what;
+    if (s->state != MC_CONNECTING) {
+        (void)server_write(s);
+        return;
+    }
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+        err = errno;
+    if (err != 0) {
+        server_lost(s, "connect failed", err);
+        return;
+    }
+    server_connected(s);
 }
 
 static void server_connect(struct mc_server *s)
@@ -398,42 +588,48 @@ static void server_connect(struct mc_server *s)
     evutil_socket_t fd;
     int one = 1;
 
-    fd = socket(s->addr.ss_family, SOCK_STREAM, 0);
+    fd = socket(s->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                0);
     if (fd < 0) {
         server_log_down(s, "cannot create socket");
         goto fail;
     }
-    if (evutil_make_socket_nonblocking(fd) != 0 ||
-        evutil_make_socket_closeonexec(fd) != 0 ||
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
+    if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
         server_log_down(s, "cannot set socket options");
         evutil_closesocket(fd);
         goto fail;
     }
-    s->bev = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
-    if (s->bev == NULL) {
-        evutil_closesocket(fd);
-        server_log_down(s, "cannot create bufferevent");
-        goto fail;
+    s->fd = fd;
+    s->rev = event_new(base, fd, EV_READ | EV_PERSIST, server_read_cb, s);
+    s->wev = event_new(base, fd, EV_WRITE | EV_PERSIST, server_write_cb, s);
+    if (s->rev == NULL || s->wev == NULL) {
+        server_log_down(s, "cannot create events");
+        goto fail_fd;
     }
-    bufferevent_setcb(s->bev, server_read_cb, NULL, server_event_cb, s);
-    if (bufferevent_enable(s->bev, EV_READ | EV_WRITE) != 0) {
-        server_log_down(s, "cannot enable bufferevent");
-        goto fail_bev;
-    }
-    s->state = MC_CONNECTING;
     s->parse = MC_PARSE_LINE;
-    /* Non-blocking; a refusal is reported later through server_event_cb. */
-    if (bufferevent_socket_connect(s->bev, (struct sockaddr *)&s->addr,
-                                   (int)s->addrlen) != 0) {
-        server_log_down(s, "connect failed");
-        goto fail_bev;
+    if (connect(fd, (struct sockaddr *)&s->addr, s->addrlen) == 0) {
+        server_connected(s);
+        return;
     }
+    if (errno != EINPROGRESS) {
+        char why[128];
+        snprintf(why, sizeof(why), "connect failed: %s", strerror(errno));
+        server_log_down(s, why);
+        goto fail_fd;
+    }
+    /* Non-blocking; the outcome shows up as EV_WRITE (server_write_cb). */
+    if (event_add(s->wev, NULL) != 0) {
+        server_log_down(s, "cannot wait for the socket");
+        goto fail_fd;
+    }
+    s->wev_added = 1;
+    s->state = MC_CONNECTING;
     return;
 
-fail_bev:
-    bufferevent_free(s->bev);
-    s->bev = NULL;
+fail_fd:
+    /* Nothing is pending on a server that was down: no callbacks run. */
+    server_reset(s, NULL, NULL, FP_CACHE_ERROR);
+    return;
 fail:
     s->state = MC_DOWN;
     server_schedule_retry(s);
@@ -490,14 +686,22 @@ int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
 {
     struct mc_req *r;
     struct mc_server *s;
-    char cmd[4 + FP_MAX_KEY_LEN + 2];
+    char *cmd;
     size_t cmdlen;
 
     if (mc->closing)
         return -1;
-    r = malloc(sizeof(*r));
-    if (r == NULL)
-        return -1;
+    if ((r = mc->free_reqs) != NULL) {
+        mc->free_reqs = r->free_next;
+        mc->nfree_reqs--;
+    } else {
+        if ((r = malloc(sizeof(*r))) == NULL)
+            return -1;
+        if ((r->timer = evtimer_new(mc->base, req_timer_cb, r)) == NULL) {
+            free(r);
+            return -1;
+        }
+    }
     r->mc = mc;
     r->srv = NULL;
     r->cb = cb;
@@ -505,11 +709,6 @@ int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
     r->srv_index = SIZE_MAX;
     r->sent = 0;
     r->keylen = 0;
-    r->timer = evtimer_new(mc->base, req_timer_cb, r);
-    if (r->timer == NULL) {
-        free(r);
-        return -1;
-    }
 
     if (!key_is_safe(key, keylen)) {
         fp_log(FP_LOG_ERROR, "memcached: refusing an unsafe key (%zu bytes)",
@@ -525,22 +724,28 @@ int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
     if (s->state == MC_DOWN || s->npending >= MC_MAX_PENDING)
         goto fail_fast;
 
-    /* Arm the deadline first, then queue the command in one piece, so a
+    /* Room first, then the deadline, then the command in one piece, so a
      * failure leaves nothing half-written on the stream. */
     cmdlen = 4 + keylen + 2;
+    if (buf_reserve(&s->out, cmdlen, MC_OUT_MIN, MC_OUT_MAX) != 0 ||
+        evtimer_add(r->timer, mc->timeout) != 0)
+        goto fail_fast;
+    cmd = s->out.data + s->out.len;
     memcpy(cmd, "get ", 4);
     memcpy(cmd + 4, key, keylen);
     memcpy(cmd + 4 + keylen, "\r\n", 2);
-    if (evtimer_add(r->timer, mc->timeout) != 0)
-        goto fail_fast;
-    if (evbuffer_add(bufferevent_get_output(s->bev), cmd, cmdlen) != 0) {
-        (void)event_del(r->timer);
-        goto fail_fast;
-    }
+    s->out.len += cmdlen;
     r->srv = s;
     r->sent = fp_stat_now();
     TAILQ_INSERT_TAIL(&s->pending, r, link);
     s->npending++;
+    /* One write per loop turn: the flush runs after the callbacks already
+     * active in this turn, so it carries every get they queue. While
+     * connecting or blocked, EV_WRITE sends it instead. */
+    if (s->state == MC_UP && !s->wev_added && !s->flush_active) {
+        event_active(s->flush, EV_TIMEOUT, 1);
+        s->flush_active = 1;
+    }
     return 0;
 
 fail_fast:
@@ -631,13 +836,16 @@ struct fp_mc *fp_mc_create(struct event_base *base, const struct fp_settings *st
     for (i = 0; i < mc->nservers; i++) {
         s = &mc->servers[i];
         s->mc = mc;
+        s->fd = -1;
         s->state = MC_DOWN;
         TAILQ_INIT(&s->pending);
         snprintf(s->name, sizeof(s->name), "%s:%u", st->mc_servers[i].host,
                  (unsigned)st->mc_servers[i].port);
         fp_stats_backend_name(i, s->name);
         s->retry = evtimer_new(base, server_retry_cb, s);
-        if (s->retry == NULL || server_resolve(s, &st->mc_servers[i]) != 0)
+        s->flush = event_new(base, -1, 0, server_flush_cb, s);
+        if (s->retry == NULL || s->flush == NULL ||
+            server_resolve(s, &st->mc_servers[i]) != 0)
             goto fail;
     }
     /* Start connecting now (non-blocking) so the first poll finds a
@@ -661,14 +869,23 @@ void fp_mc_free(struct fp_mc *mc)
     mc->closing = 1;
     for (i = 0; i < mc->nservers; i++) {
         struct mc_server *s = &mc->servers[i];
-        if (s->bev != NULL || !TAILQ_EMPTY(&s->pending))
+        if (s->fd >= 0 || !TAILQ_EMPTY(&s->pending))
             server_reset(s, NULL, NULL, FP_CACHE_ERROR);
         if (s->retry != NULL)
             event_free(s->retry);
+        if (s->flush != NULL)
+            event_free(s->flush);
+        free(s->in.data);
+        free(s->out.data);
     }
     while ((r = TAILQ_FIRST(&mc->failq)) != NULL) {
         TAILQ_REMOVE(&mc->failq, r, link);
         req_finish(r, FP_CACHE_ERROR, NULL, 0);
+    }
+    while ((r = mc->free_reqs) != NULL) {
+        mc->free_reqs = r->free_next;
+        event_free(r->timer);
+        free(r);
     }
     free(mc->servers);
     if (mc->memc != NULL)
