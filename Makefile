@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 
 # Debian 12 packages the build, the stack and the tests need.
 APT_PACKAGES := build-essential pkg-config libevent-dev libmemcached-dev libhiredis-dev libinih-dev \
-	uthash-dev libcjson-dev libcmocka-dev memcached redis-server redis-tools nginx curl \
+	uthash-dev libcjson-dev nettle-dev libcmocka-dev memcached redis-server redis-tools nginx curl \
 	apache2-utils wrk python3-venv python3-dev zlib1g-dev
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
