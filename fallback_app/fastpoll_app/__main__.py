@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sqlite3
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from . import config
-from .store import Store
+
+# Read by prometheus_client when it is first imported: set it before anything imports
+# fastpoll_app.metrics (store, service, app do), so every worker shares one directory.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"
 
@@ -37,6 +43,19 @@ def log_config(level: str) -> dict[str, Any]:
     }
 
 
+def metrics_dir() -> tuple[Path, bool]:
+    """The directory the workers keep their metrics in, emptied; and whether it is ours to
+    remove at exit. $PROMETHEUS_MULTIPROC_DIR if set (e.g. systemd's RuntimeDirectory), else
+    a private temporary one."""
+    given = os.environ.get(MULTIPROC_ENV)
+    path = Path(given) if given else Path(tempfile.mkdtemp(prefix="fastpoll-app-metrics-"))
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for f in path.glob("*.db"):  # a previous run's values must not be summed in
+        f.unlink()
+    os.environ[MULTIPROC_ENV] = str(path)
+    return path, not given
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="fastpoll_app", description=__doc__)
     p.add_argument(
@@ -59,6 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as exc:
         print(f"fastpoll_app: {exc}", file=sys.stderr)
         return 1
+    if args.workers < 1:
+        p.error("--workers must be at least 1")
+    path, ours = (None, False) if args.check else metrics_dir()
+    try:
+        return _run(args, settings)
+    finally:
+        if ours and path is not None:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, settings: config.Settings) -> int:
+    from .store import Store  # imports the metrics: only once their directory is set
+
     try:
         Store(settings.app.database).close()  # creates the schema; fails early on a bad path
     except sqlite3.Error as exc:
@@ -67,8 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"fastpoll_app: {args.config or '(defaults)'}: OK", file=sys.stderr)
         return 0
-    if args.workers < 1:
-        p.error("--workers must be at least 1")
 
     # Workers are separate processes: they find the file through the environment.
     if args.config:

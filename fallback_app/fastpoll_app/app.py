@@ -18,11 +18,12 @@ from urllib.parse import parse_qsl
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from . import __version__, config, signing
+from . import __version__, config, metrics, signing
 from .cache import make_cache
 from .config import Settings
 from .service import POLL_PATH, FastPoll
@@ -205,6 +206,11 @@ def create_app(settings: Settings | None = None) -> Starlette:
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def metrics_page(request: Request) -> Response:
+        # Not through nginx (its public server answers 404 for /metrics): scraped directly.
+        body, content_type = await run_in_threadpool(metrics.render)
+        return Response(body, headers={"Content-Type": content_type})
+
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
@@ -229,6 +235,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             settings.cache.ttl,
             settings.source,
         )
+        metrics.started()
         fp.start()
         try:
             yield
@@ -242,7 +249,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/api/messages/read", mark_read, methods=["POST"]),
             Route("/api/poll-url", poll_url, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET", "HEAD"]),
+            Route("/metrics", metrics_page, methods=["GET"]),
         ],
+        middleware=[Middleware(metrics.MetricsMiddleware)],
         exception_handlers={HTTPException: http_error, 500: server_error},
         lifespan=lifespan,
     )

@@ -15,6 +15,7 @@ from typing import TypeVar
 from .cache import Cache, CacheError, RateLimitedLog
 from .config import Settings
 from .keys import InvalidKey, derive_key
+from .metrics import CACHE_FILLS, CACHE_SECONDS, PUBLISHES, REPAIR_PENDING, REPAIRS, Timer
 from .store import Message, Store, Tx
 
 log = logging.getLogger(__name__)
@@ -67,14 +68,18 @@ class FastPoll:
         not find it to rewrite it, so it could go stale.
         """
         if key is None or key != self.user_key(user_id):
+            CACHE_FILLS.labels("skipped").inc()
             return self.store.poll_answer(user_id)
         # Under the user's lock, so no write can commit and `set` between our read and our `add`
         # (the key may have been evicted, and the `add` would then store the older answer).
         with self.store.user_lock(user_id):
             answer = self.store.poll_answer(user_id)
             try:
-                self._fill.fill(key, answer)
+                with Timer(CACHE_SECONDS, "fill"):
+                    stored = self._fill.fill(key, answer)
+                CACHE_FILLS.labels("stored" if stored else "exists").inc()
             except CacheError as exc:
+                CACHE_FILLS.labels("error").inc()
                 self._warn.warning("fill", f"cache fill failed, answered without caching: {exc}")
         return answer
 
@@ -114,16 +119,20 @@ class FastPoll:
         """
         answer = tx.poll_answer(user_id)
         try:
-            self._publish.publish(self.user_key(user_id), answer)
+            with Timer(CACHE_SECONDS, "publish"):
+                self._publish.publish(self.user_key(user_id), answer)
         except CacheError as exc:
+            PUBLISHES.labels("pending").inc()
             self._warn.warning("publish", f"cache publish failed, will retry: {exc}")
             self._mark_pending(user_id)
             return False
+        PUBLISHES.labels("written").inc()
         return True
 
     def _mark_pending(self, user_id: int) -> None:
         with self._pending_lock:
             self._pending.add(user_id)
+            REPAIR_PENDING.set(len(self._pending))
 
     def repair(self, user_id: int) -> str:
         """One repair round for user_id under the write lock (no data change).
@@ -142,12 +151,16 @@ class FastPoll:
                 if not verified:
                     self._publish.publish(key, answer)
         except (CacheError, sqlite3.Error) as exc:
+            REPAIRS.labels("failed").inc()
             self._warn.warning("repair", f"cache repair failed, will retry: {exc}")
             return "failed"
         if not verified:
+            REPAIRS.labels("rewritten").inc()
             return "rewritten"
+        REPAIRS.labels("verified").inc()
         with self._pending_lock:
             self._pending.discard(user_id)
+            REPAIR_PENDING.set(len(self._pending))
         return "verified"
 
     def repair_pending(self) -> int:

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .locks import UserLocks
+from .metrics import DB_SECONDS, Timer
 
 BUSY_TIMEOUT_MS = 10000
 
@@ -88,7 +89,8 @@ class Tx:
 
 
 def _answer(conn: sqlite3.Connection, user_id: int) -> bytes:
-    row = conn.execute(_ANSWER_SQL, (user_id,)).fetchone()
+    with Timer(DB_SECONDS, "read"):
+        row = conn.execute(_ANSWER_SQL, (user_id,)).fetchone()
     if row is None:
         return b""
     return encode_answer(row[0], row[1], row[2])
@@ -147,14 +149,16 @@ class Store:
         inside the block, while it still holds the write lock.
         """
         conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
+        with Timer(DB_SECONDS, "begin"):
+            conn.execute("BEGIN IMMEDIATE")
         try:
             yield Tx(conn)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         try:
-            conn.execute("COMMIT")
+            with Timer(DB_SECONDS, "commit"):
+                conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")

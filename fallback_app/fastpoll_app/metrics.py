@@ -1,0 +1,195 @@
+"""Prometheus metrics of the fallback app, served at GET /metrics on the app's own port.
+
+uvicorn runs `--workers N` processes, each with its own counters. The CLI (__main__) points
+PROMETHEUS_MULTIPROC_DIR at a directory that is empty when the app starts (a private temporary
+one unless the environment names one, e.g. systemd's RuntimeDirectory); prometheus_client then
+keeps every worker's values in memory-mapped files there, and /metrics, answered by whichever
+worker gets the request, sums them over all workers. Counters of a worker that died stay in the
+sum (they must never go backwards); its live gauges are dropped at the next scrape.
+
+Without that variable (tests, an embedding ASGI server) the metrics are per process.
+
+nginx does not proxy /metrics (its public server answers 404 there): scrape the app directly.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client import multiprocess as _mp
+
+from . import __version__
+
+disable_created_metrics()  # *_created series: noise for counters that start with the process
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # set by __main__ before this module is imported
+
+# Seconds: a poll answered by the app is a few ms; a publish waits for SQLite's write lock.
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+REQUESTS = Counter(
+    "fastpoll_app_requests",
+    "HTTP requests answered by the app, by route, method and status.",
+    ["route", "method", "status"],
+)
+REQUEST_SECONDS = Histogram(
+    "fastpoll_app_request_duration_seconds",
+    "Time to answer a request, by route.",
+    ["route"],
+    buckets=_LATENCY_BUCKETS,
+)
+CACHE_FILLS = Counter(
+    "fastpoll_app_cache_fills",
+    "Cache fills after a poll the app answered: stored (add took), exists (the key was "
+    "already there), error (cache unreachable: answered, not cached), skipped (not the "
+    "user's canonical key: answered, never cached).",
+    ["result"],
+)
+PUBLISHES = Counter(
+    "fastpoll_app_publishes",
+    "Writes (new message, mark read) by what happened to the cached answer: written, or "
+    "pending (the cache failed; the repair thread rewrites it).",
+    ["result"],
+)
+REPAIRS = Counter(
+    "fastpoll_app_repairs",
+    "Repair rounds for users whose cached answer may be stale: verified, rewritten, failed.",
+    ["result"],
+)
+REPAIR_PENDING = Gauge(
+    "fastpoll_app_repair_pending",
+    "Users whose cached answer may be stale and awaits repair (summed over live workers).",
+    multiprocess_mode="livesum",
+)
+CACHE_SECONDS = Histogram(
+    "fastpoll_app_cache_seconds",
+    "Time of a cache write by the app: fill (add) or publish (set).",
+    ["op"],
+    buckets=_FAST_BUCKETS,
+)
+DB_SECONDS = Histogram(
+    "fastpoll_app_db_seconds",
+    "SQLite time: read (a poll answer), begin (BEGIN IMMEDIATE, i.e. waiting for the write "
+    "lock), commit.",
+    ["op"],
+    buckets=_FAST_BUCKETS,
+)
+BUILD_INFO = Gauge(
+    "fastpoll_app_build_info",
+    "Version of the fallback app.",
+    ["version"],
+    multiprocess_mode="max",
+)
+
+# Routes by path; anything else is "other", so a scan of odd URLs cannot add label values.
+_ROUTES = {
+    "/api/messages": "publish",
+    "/api/messages/read": "read",
+    "/api/poll-url": "poll_url",
+    "/healthz": "healthz",
+    "/metrics": "metrics",
+}
+_METHODS = frozenset({"GET", "HEAD", "POST"})
+_LIVE_GAUGE_FILE = re.compile(r"gauge_live\w*?_(\d+)\.db")
+
+
+def route_of(path: str) -> str:
+    if path.startswith("/Poll/"):
+        return "poll"
+    return _ROUTES.get(path, "other")
+
+
+def _drop_dead_workers(path: str) -> None:
+    """Forget the live gauges of workers that are gone (uvicorn restarts dead workers)."""
+    pids = {int(m.group(1)) for f in os.listdir(path) if (m := _LIVE_GAUGE_FILE.fullmatch(f))}
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _mp.mark_process_dead(pid, path)
+        except PermissionError:
+            pass  # alive, another user's: not ours to judge
+
+
+def render() -> tuple[bytes, str]:
+    """The exposition for GET /metrics, and its content type."""
+    path = os.environ.get(MULTIPROC_ENV)
+    if not path:
+        return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+    _drop_dead_workers(path)
+    registry = CollectorRegistry()
+    _mp.MultiProcessCollector(registry, path)
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def started() -> None:
+    """Called once per worker at start-up."""
+    BUILD_INFO.labels(__version__).set(1)
+    REPAIR_PENDING.set(0)
+
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class MetricsMiddleware:
+    """Counts and times every HTTP request (pure ASGI: streaming bodies pass through)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500  # unless a response starts: an exception that escaped
+
+        async def send_counted(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        finally:
+            route = route_of(scope.get("path", ""))
+            method = scope.get("method", "")
+            REQUESTS.labels(route, method if method in _METHODS else "other", str(status)).inc()
+            REQUEST_SECONDS.labels(route).observe(time.perf_counter() - start)
+
+
+class Timer:
+    """`with Timer(DB_SECONDS, "read"):` observes the block's duration."""
+
+    __slots__ = ("_hist", "_label", "_t0")
+
+    def __init__(self, hist: Histogram, label: str) -> None:
+        self._hist = hist
+        self._label = label
+        self._t0 = 0.0
+
+    def __enter__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self._hist.labels(self._label).observe(time.perf_counter() - self._t0)

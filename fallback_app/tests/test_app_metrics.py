@@ -1,0 +1,110 @@
+"""The app's /metrics: in one process (TestClient), and summed over uvicorn workers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from .conftest import Server, free_port
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    out: dict[tuple[str, tuple], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def moved(before: dict, after: dict, name: str) -> dict[tuple, float]:
+    return {
+        labels: v - before.get((n, labels), 0)
+        for (n, labels), v in after.items()
+        if n == name and v != before.get((n, labels), 0)
+    }
+
+
+def test_fill_publish_and_requests_are_counted(client: TestClient) -> None:
+    before = samples(client.get("/metrics").text)
+    assert client.get("/Poll/getMessages?user_id=5").status_code == 200  # fills: stored
+    assert client.get("/Poll/getMessages?user_id=5").status_code == 200  # fills: exists
+    assert client.get("/Poll/getMessages?user_id=5&user_id=6").status_code == 400
+    r = client.post("/api/messages", json={"user_id": 5, "text": "hi"})
+    assert r.status_code == 201
+    page = client.get("/metrics")
+    assert page.headers["content-type"].startswith("text/plain")
+    after = samples(page.text)
+
+    assert moved(before, after, "fastpoll_app_cache_fills_total") == {
+        (("result", "stored"),): 1,
+        (("result", "exists"),): 1,
+    }
+    assert moved(before, after, "fastpoll_app_publishes_total") == {(("result", "written"),): 1}
+    reqs = moved(before, after, "fastpoll_app_requests_total")
+    assert reqs[(("method", "GET"), ("route", "poll"), ("status", "200"))] == 2
+    assert reqs[(("method", "GET"), ("route", "poll"), ("status", "400"))] == 1
+    assert reqs[(("method", "POST"), ("route", "publish"), ("status", "201"))] == 1
+    assert reqs[(("method", "GET"), ("route", "metrics"), ("status", "200"))] == 1
+    hist = moved(before, after, "fastpoll_app_request_duration_seconds_count")
+    assert hist[(("route", "poll"),)] == 3
+    assert moved(before, after, "fastpoll_app_cache_seconds_count") == {
+        (("op", "fill"),): 2,
+        (("op", "publish"),): 1,
+    }
+    db = moved(before, after, "fastpoll_app_db_seconds_count")
+    assert db[(("op", "read"),)] >= 3 and db[(("op", "commit"),)] == 1
+
+
+def test_unknown_paths_share_one_route_label(client: TestClient) -> None:
+    for i in range(3):
+        client.get(f"/scan/{i}")
+    after = samples(client.get("/metrics").text)
+    routes = {dict(k[1]).get("route") for k in after if k[0] == "fastpoll_app_requests_total"}
+    assert "other" in routes and not any(r.startswith("/") for r in routes if r)
+
+
+def test_workers_share_their_counts(memcached: Server, tmp_path: Path) -> None:
+    """uvicorn --workers 2 through the CLI: /metrics, whichever worker answers it, counts the
+    requests of both, and the directory the CLI made for them is gone after it exits."""
+    ini = tmp_path / "f.ini"
+    ini.write_text(
+        f"[app]\ndatabase = {tmp_path / 'db'}\n[memcached]\nservers = {memcached.addr}\n"
+    )
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env["TMPDIR"] = str(tmp_path)
+    argv = [sys.executable, "-m", "fastpoll_app", "-c", str(ini), "--port", str(port)]
+    app_dir = Path(__file__).resolve().parents[1]  # this checkout's fastpoll_app
+    proc = subprocess.Popen(
+        [*argv, "--workers", "2"], env=env, cwd=app_dir, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        n = 40
+        for i in range(n):  # a new connection each time: both workers get some
+            assert httpx.get(f"http://127.0.0.1:{port}/Poll/getMessages?user_id={i}").is_success
+        pages = [httpx.get(f"http://127.0.0.1:{port}/metrics").text for _ in range(6)]
+        for page in pages:
+            s = samples(page)
+            polls = s[("fastpoll_app_requests_total", (("method", "GET"), ("route", "poll"),
+                                                        ("status", "200")))]  # fmt: skip
+            assert polls == n
+            assert s[("fastpoll_app_cache_fills_total", (("result", "stored"),))] == n
+        assert list(tmp_path.glob("fastpoll-app-metrics-*"))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert not list(tmp_path.glob("fastpoll-app-metrics-*"))
