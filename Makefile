@@ -43,8 +43,9 @@ up: venv build
 down:
 	@if [ -x $(PY) ]; then $(PY) tests/stack.py down; else echo "fastpoll: not running"; fi
 
+# The local stack's health from its admin endpoints; HOSTS=h1,h2 checks fleet hosts over ssh.
 status:
-	@$(PY) tests/stack.py status
+	@$(PY) tools/fastpoll_status.py $(if $(HOSTS),--hosts $(HOSTS))
 
 test-unit: venv build
 	$(MAKE) -C poll_server test

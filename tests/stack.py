@@ -134,6 +134,14 @@ class Stack:
     poller_ports: list[int] = field(default_factory=list)
     redis_port: int = 0
     app_port: int = 0
+    # Admin listeners (docs/operations.md): each poller's /metrics and /healthz on its own
+    # loopback port, nginx's stub_status on another. admin=False runs without them (the
+    # benchmark's "metrics off"; the counters themselves are compiled in unless -DFP_NO_STATS).
+    admin: bool = True
+    admin_ports: list[int] = field(default_factory=list)
+    nginx_status_port: int = 0
+    # nginx access log in the `fastpoll` format, to run_dir/nginx/access.log (off: speed).
+    access_log: bool = False
     _popen: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
     _secret: bytes | None = field(default=None, repr=False)
 
@@ -157,6 +165,11 @@ class Stack:
         self.poller_ports = self.poller_ports or [
             free_port() for _ in range(self.n_pollers)
         ]
+        if self.admin:
+            self.admin_ports = self.admin_ports or [
+                free_port() for _ in self.poller_ports
+            ]
+            self.nginx_status_port = self.nginx_status_port or free_port()
 
     def ini_sections(self) -> dict[str, dict[str, str]]:
         sections = {
@@ -221,6 +234,16 @@ class Stack:
                 "fastpoll_listen": f"127.0.0.1:{self.http_port}",
                 "fastpoll_pollers": [f"127.0.0.1:{p}" for p in self.poller_ports],
                 "fastpoll_apps": [f"127.0.0.1:{self.app_port}"],
+                **(
+                    {"fastpoll_status_port": self.nginx_status_port}
+                    if self.nginx_status_port
+                    else {}
+                ),
+                **(
+                    {"fastpoll_access_log": str(ngx / "access.log")}
+                    if self.access_log
+                    else {}
+                ),
                 **self.nginx_vars,
             }
         )
@@ -330,6 +353,8 @@ class Stack:
             "-p",
             str(port),
         ]
+        if self.admin_ports:
+            argv += ["-A", str(self.admin_ports[i])]
         self._spawn(name, argv, port)
         # Any HTTP answer means it is serving: "/" is a valid key that is simply not cached
         # (403 when poll URLs are signed: this one is not).
@@ -465,6 +490,10 @@ class Stack:
         state = {
             "backend": self.backend,
             "http_port": self.http_port,
+            # For the status command (tools/fastpoll_status.py): where the admin endpoints are.
+            "admin_ports": {f"poller-{i}": p for i, p in enumerate(self.admin_ports)},
+            "nginx_status_port": self.nginx_status_port,
+            "app_port": self.app_port,
             "procs": {
                 n: {"pid": p.pid, "port": p.port, "argv": p.argv, "started": p.started}
                 for n, p in self.procs.items()
@@ -572,6 +601,7 @@ def main() -> int:
         http_port=args.http_port,
         n_memcached=args.memcached_nodes,
         signing=not args.no_signing,
+        access_log=os.environ.get("FP_ACCESS_LOG", "0") == "1",
     )
     if args.pollers:
         stack.n_pollers = args.pollers
@@ -593,7 +623,20 @@ def main() -> int:
     print(
         f"  poll servers         {', '.join(f'127.0.0.1:{p}' for p in stack.poller_ports)}"
     )
-    print(f"  fallback app         http://127.0.0.1:{stack.app_port}/")
+    print(
+        f"  fallback app         http://127.0.0.1:{stack.app_port}/  (metrics: /metrics)"
+    )
+    if stack.admin_ports:
+        print(
+            "  poller metrics       "
+            + ", ".join(f"127.0.0.1:{p}/metrics" for p in stack.admin_ports)
+        )
+        print(
+            f"  nginx stub_status    http://127.0.0.1:{stack.nginx_status_port}/nginx_status"
+        )
+    if stack.access_log:
+        print(f"  nginx access log     {args.run_dir}/nginx/access.log")
+    print("  health of it all     make status")
     print(
         f"  memcached            {', '.join(f'127.0.0.1:{p}' for p in stack.memcached_ports)}"
     )
