@@ -44,6 +44,7 @@ import peers  # noqa: E402
 import preload  # noqa: E402
 import stackctl  # noqa: E402
 import sysinfo  # noqa: E402
+from signing import Signer  # noqa: E402
 
 RESULTS = HERE / "results"
 POLL_SERVER = ROOT / "poll_server" / "build" / "poll_server"
@@ -113,17 +114,37 @@ class Plan:
 class Ctx:
     args: argparse.Namespace
     target: stackctl.Target
-    peers: dict[str, peers.Peer]
+    peers: dict[str, peers.Peer | peers.AppPeer]
     raw_log: Path
+    signer: Signer
+    targets: Path  # directory of the signed query files
     app_users: int = APP_USERS
+    miss_pool: int = 40_000
     miss_prefix: int = 0
     results: list[dict[str, object]] = field(default_factory=list)
 
     def next_miss_prefix(self) -> str:
         # A miss polls a user id nobody polled before: 11 digits of tenths of a second (unique
-        # across runs), the wrk thread, 7 digits of counter: 19 digits, below 2**63.
+        # across runs) and 8 digits of counter: 19 digits, below 2**63.
         self.miss_prefix = max(self.miss_prefix + 1, int(time.time() * 10) % 10**11)
         return str(self.miss_prefix)
+
+    def miss_file(self) -> Path:
+        """Signed queries of users never polled before, fresh for every run."""
+        prefix = self.next_miss_prefix()
+        return self.signer.write(self.targets / "misses.txt",
+                                 (f"{prefix}{i:08d}" for i in range(1, self.miss_pool + 1)))
+
+    def write_targets(self, users: int) -> None:
+        self.targets.mkdir(parents=True, exist_ok=True)
+        self.signer.write(self.targets / "hits.txt", (str(u) for u in range(1, users + 1)))
+        # The app alone (peers.AppPeer: no signed URLs, as without fastpoll) polls its users
+        # written 0NNN: it answers them from SQLite like any poll, but never reads or fills the
+        # cache for a non-canonical spelling of the id.
+        (self.targets / "app-msg.txt").write_text(
+            "".join(f"user_id=0{preload.APP_USER_BASE + i}\n" for i in range(1, APP_USERS + 1)))
+        (self.targets / "app-empty.txt").write_text(
+            "".join(f"user_id=0{APP_EMPTY_BASE + i}\n" for i in range(1, 20_001)))
 
 
 # ---- plans -------------------------------------------------------------------------------------
@@ -198,8 +219,6 @@ def system_url(ctx: Ctx, system: str) -> tuple[str, str]:
         return t.base_url, "/Poll/getMessages"
     if system == "direct":
         return f"http://127.0.0.1:{t.poller_ports[0]}", "/getMessages"
-    if system == "app":
-        return f"http://127.0.0.1:{t.app_port}", "/Poll/getMessages"
     return ctx.peers[system].base_url, "/Poll/getMessages"
 
 
@@ -220,16 +239,12 @@ def run_plan(ctx: Ctx, p: Plan, users: int) -> dict[str, object]:
     base, path = system_url(ctx, p.system)
     app = p.system == "app"
     empty = p.scenario == "nocache-empty"  # users the app has nothing for
-    n_users = min(p.users, users if empty or not app else ctx.app_users)
-    # The app alone polls users that have a message, written 0NNN: the app answers them from
-    # SQLite like any poll, but never reads or fills the cache for a non-canonical id.
-    pad = "0" if app else ""
-    first = preload.APP_USER_BASE + 1 if app else HOT_USER
-    env = {"FP_PATH": path, "FP_USERS": str(n_users), "FP_HIT": str(p.hit),
-           "FP_METHOD": p.method, "FP_ZERO_PAD": "1" if pad else "0",
-           "FP_USER_BASE": str(APP_EMPTY_BASE if empty else
-                               preload.APP_USER_BASE if app else 0),
-           "FP_MISS_PREFIX": ctx.next_miss_prefix()}
+    targets = ctx.targets / ("app-empty.txt" if empty else "app-msg.txt" if app else "hits.txt")
+    n_users = min(p.users, 20_000 if empty else ctx.app_users if app else users)
+    env = {"FP_PATH": path, "FP_TARGETS": str(targets), "FP_USERS": str(n_users),
+           "FP_HIT": str(p.hit), "FP_METHOD": p.method}
+    if p.hit < 1:
+        env["FP_MISSES"] = str(ctx.miss_file())
     if p.check:
         env["FP_CHECK"] = "status" if app else p.check
         if p.system in ("fastpoll", "direct") and p.scenario.startswith("hit"):
@@ -243,7 +258,8 @@ def run_plan(ctx: Ctx, p: Plan, users: int) -> dict[str, object]:
         if p.method == "POST":
             body = ctx.raw_log.parent / "post-body.json.tmp"
             body.write_text('{"since":0}')
-        r = clients.run_ab(f"{base}{path}?user_id={pad}{first}", p.conns, p.n, p.keepalive,
+        query = targets.open().readline().strip()  # the first user: the hot one
+        r = clients.run_ab(f"{base}{path}?{query}", p.conns, p.n, p.keepalive,
                            raw_log=ctx.raw_log, method_body=body)
     else:
         r = clients.run_wrk(f"{base}{path}", p.conns, p.seconds, threads=2, env=env,
@@ -378,7 +394,8 @@ def measure_rss(ctx: Ctx, count: int) -> dict[str, object]:
     t = ctx.target
     pid, port = t.poller_pids[0], t.poller_ports[0]
     before = sysinfo.status_kb(pid, "VmRSS")
-    req = b"GET /getMessages?user_id=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    req = (f"GET /getMessages?{ctx.signer.query(str(HOT_USER))} HTTP/1.1\r\n"
+           f"Host: 127.0.0.1\r\n\r\n").encode()
     t0 = time.monotonic()
     with conns.ConnectionCrowd(port, req, count) as crowd:
         time.sleep(0.5)
@@ -398,8 +415,10 @@ def fmt_row(r: dict[str, object]) -> str:
         return "-" if v is None else (f"{v:.2f}ms" if float(v) < 100 else f"{v:.0f}ms")  # type: ignore
     s = (f"{float(r['rps']):>10,.0f} req/s  p50 {ms(r['p50_ms']):>8}  p99 {ms(r['p99_ms']):>8}"  # type: ignore
          f"  failed {r['failed']}")
-    if r.get("check"):
-        s += f"  checked {r['check']}"
+    c = r.get("check") or {}
+    if "bad_status" in c:  # type: ignore[operator]
+        bad = sum(c[k] for k in ("bad_status", "bad_body", "bad_source"))  # type: ignore[index]
+        s += f"  answers checked: {c['n_hit'] + c['n_miss']:,}, wrong {bad}"  # type: ignore
     if r.get("fallbacks_seen"):
         s += f"  fallbacks(app adds) {r['fallbacks_seen']}"
     if float(r.get("other_cpu_share") or 0) >= 0.05:  # type: ignore[arg-type]
@@ -470,7 +489,8 @@ def main() -> int:
               f"{target.poller_ports}, memcached {target.memcached_ports}, app {target.app_port}"
               f" ({time.monotonic() - t_start:.1f}s)", flush=True)
     peer_tuning = {k: v for k, v in TUNING.items() if not k.startswith("fastpoll_")}
-    ctx = Ctx(args=args, target=target, peers={}, raw_log=raw_log)
+    ctx = Ctx(args=args, target=target, peers={}, raw_log=raw_log, signer=Signer(target.stack),
+              targets=work / "targets", miss_pool=8_000 if quick else 40_000)
     failures: list[str] = []
     rss: dict[str, object] = {}
     doc: dict[str, object] = {}
@@ -479,6 +499,10 @@ def main() -> int:
         t0 = time.monotonic()
         preload.preload(mc_servers, users)
         print(f"  preloaded {users:,} users into memcached ({time.monotonic() - t0:.1f}s)")
+        t0 = time.monotonic()
+        ctx.write_targets(users)
+        print(f"  {'signed' if ctx.signer.enabled else 'unsigned (signing is off)'} poll URLs "
+              f"written for {users:,} users and the app's ({time.monotonic() - t0:.1f}s)")
         ctx.peers = {
             "return200": peers.Peer("return200", work / "peer-return200", peer_tuning,
                                     {"body": preload.answer(HOT_USER).decode()}),
@@ -487,6 +511,8 @@ def main() -> int:
                 {"memcached": mc_servers[0],
                  "upstream_keepalive": TUNING["fastpoll_upstream_keepalive"]}),
         }
+        ctx.peers["app"] = peers.AppPeer(work / "peer-app", target.stack.ini_path,
+                                         workers=target.stack.app_workers)
         for peer in ctx.peers.values():
             peer.start()
         print("  peers up: " + ", ".join(f"{n} {p.base_url}" for n, p in ctx.peers.items()))
@@ -526,6 +552,9 @@ def main() -> int:
             left = max(0.0, total_est - done_est)
             print(f"  [{i:3}/{len(plans)} {_mmss(elapsed)} ~{_mmss(left)} left] "
                   f"{p.name:44} {fmt_row(row)}", flush=True)
+            if row.get("check") and row["check"].get("miss_reused"):  # type: ignore[union-attr]
+                failures.append(f"{p.name}: the pool of miss URLs ran out "
+                                f"({row['check']['miss_reused']} reused)")  # type: ignore[index]
             if quick or p.check:
                 if row["failed"]:
                     failures.append(f"{p.name}: {row['failed']} failed requests "
@@ -594,24 +623,29 @@ def sanity(ctx: Ctx, users: int, quick: bool, after: bool = False) -> list[str]:
     rnd = random.Random(11 if after else 5)
     sample = sorted({HOT_USER, users, *rnd.sample(range(1, users + 1), min(users, 50))})
     t = ctx.target
+    q = ctx.signer.query
     problems = [f"fastpoll {m}" for m in stackctl.check_hits(t.base_url, "/Poll/getMessages",
-                                                             sample)]
+                                                             sample, q)]
     problems += [f"fastpoll POST {m}" for m in stackctl.check_hits(
-        t.base_url, "/Poll/getMessages", sample[:10], post=True)]
+        t.base_url, "/Poll/getMessages", sample[:10], q, post=True)]
     problems += [f"direct {m}" for m in stackctl.check_hits(
-        f"http://127.0.0.1:{t.poller_ports[0]}", "/getMessages", sample[:10])]
+        f"http://127.0.0.1:{t.poller_ports[0]}", "/getMessages", sample[:10], q)]
     if "memcached_pass" in ctx.peers:
         problems += [f"memcached_pass {m}" for m in stackctl.check_hits(
-            ctx.peers["memcached_pass"].base_url, "/Poll/getMessages", sample[:10], source=None)]
+            ctx.peers["memcached_pass"].base_url, "/Poll/getMessages", sample[:10], q,
+            source=None)]
     if "return200" in ctx.peers:
         problems += [f"return200 {m}" for m in stackctl.check_hits(
-            ctx.peers["return200"].base_url, "/Poll/getMessages", [HOT_USER], source=None)]
+            ctx.peers["return200"].base_url, "/Poll/getMessages", [HOT_USER], q, source=None)]
+    if ctx.signer.enabled:  # an unsigned poll is refused before the cache and the app
+        a = stackctl.get(f"{t.base_url}/Poll/getMessages?user_id={HOT_USER}")
+        if a.status != 403:
+            problems.append(f"unsigned poll: {a.status}, expected 403")
     # A miss goes to the app (empty body: nothing new for a user with no messages).
-    uid = ctx.next_miss_prefix() + "00000001"
-    a = stackctl.get(f"{t.base_url}/Poll/getMessages?user_id={uid}")
+    a = stackctl.get(f"{t.base_url}/Poll/getMessages?{q(ctx.next_miss_prefix() + '00000001')}")
     if (a.status, a.body, a.source) != (200, b"", "app"):
         problems.append(f"miss: {a.status} {a.source} {a.body[:80]!r}")
-    a = stackctl.get(f"http://127.0.0.1:{t.app_port}/Poll/getMessages"
+    a = stackctl.get(f"{ctx.peers['app'].base_url}/Poll/getMessages"
                      f"?user_id=0{preload.APP_USER_BASE + 1}")
     seeded = ctx.app_users > 0
     if (a.status, a.source) != (200, "app") or a.body.startswith(b'{"unread":') != seeded:

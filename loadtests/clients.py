@@ -102,15 +102,15 @@ def parse_wrk(text: str, url: str = "", conns: int = 0) -> LoadResult:
         r.p50_ms, r.p75_ms, r.p90_ms = lat["p50"] / 1e3, lat["p75"] / 1e3, lat["p90"] / 1e3
         r.p99_ms, r.p999_ms = lat["p99"] / 1e3, lat["p999"] / 1e3
         errors = {k: int(d["errors"][k]) for k in ("connect", "read", "write", "timeout")}
+        r.check = {k: int(d.get(k, 0)) for k in ("n_hit", "n_miss", "miss_reused")}
         if d.get("checked"):
-            r.check = {k: int(d[k]) for k in ("n_hit", "n_miss", "bad_status", "bad_body",
-                                              "bad_source")}
+            r.check.update({k: int(d[k]) for k in ("bad_status", "bad_body", "bad_source")})
     r.errors = errors
     # wrk counts a read error for every connection the server closes; with keep-alive every one
     # of them is a failure, as is every timeout, connect error or non-2xx answer.
     r.failed = sum(errors.values()) + r.non2xx
     if r.check:
-        r.failed += r.check["bad_status"] + r.check["bad_body"] + r.check["bad_source"]
+        r.failed += sum(r.check.get(k, 0) for k in ("bad_status", "bad_body", "bad_source"))
     return r
 
 
@@ -169,6 +169,7 @@ def run_wrk(url: str, conns: int, duration_s: float, threads: int = 2,
             env: dict[str, str] | None = None, timeout_s: float = 10.0,
             raw_log: Path | None = None) -> LoadResult:
     threads = max(1, min(threads, conns))
+    env = {**(env or {}), "FP_THREADS": str(threads)}  # poll.lua splits the miss pool by thread
     cmd = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration_s:g}s", f"--timeout={timeout_s:g}s",
            "--latency", "-s", str(POLL_LUA), url]
     # The hard bound: the run, a slow start of many connections, and the final timeout.

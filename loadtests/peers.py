@@ -83,3 +83,63 @@ class Peer:
                 self.popen.kill()
                 self.popen.wait()
         self.popen = None
+
+
+@dataclass
+class AppPeer:
+    """The fallback app alone, as users would have it without fastpoll: a second instance of the
+    same app (same code, same database file, same number of workers) with no signed-URL check,
+    on its own port. The bench polls it with ids written 0NNN, which the app answers from SQLite
+    without reading or filling the cache."""
+
+    run_dir: Path
+    stack_ini: Path
+    workers: int = 2
+    port: int = 0
+    popen: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid if self.popen else 0
+
+    def start(self) -> None:
+        import configparser
+
+        self.port = self.port or free_port()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ini = configparser.ConfigParser(interpolation=None, comment_prefixes=(";", "#"))
+        ini.read(self.stack_ini)
+        ini.remove_section("signing")
+        conf = self.run_dir / "fastpoll.ini"
+        with conf.open("w") as f:
+            ini.write(f)
+        python = HERE.parent / ".venv" / "bin" / "python"
+        log = (self.run_dir / "app.log").open("ab")
+        self.popen = subprocess.Popen(
+            [str(python), "-m", "fastpoll_app", "--config", str(conf), "--host", "127.0.0.1",
+             "--port", str(self.port), "--workers", str(self.workers)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        log.close()
+        try:
+            wait_for("app peer", lambda: http_status(f"{self.base_url}/healthz") == 200,
+                     timeout=60, proc=self.popen)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)  # uvicorn stops its workers, then exits
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self.popen = None

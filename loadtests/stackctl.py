@@ -8,6 +8,7 @@ import socket
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,11 @@ def _target(stack: Stack, started_here: bool) -> Target:
 
 def attach(run_dir: Path) -> Target:
     stack = Stack.load(run_dir)
+    # The loaded state names processes only; signing needs the ports in the ini sections.
+    stack.poller_ports = [p.port for n, p in sorted(stack.procs.items()) if n.startswith("poller-")]
+    stack.memcached_ports = [p.port for n, p in sorted(stack.procs.items())
+                             if n.startswith("memcached-")]
+    stack.app_port = stack.procs["app"].port if "app" in stack.procs else 0
     if stack.backend != "memcached":
         raise RuntimeError("the running stack uses Redis; the bench compares against "
                            "memcached_pass and needs the memcached backend")
@@ -107,12 +113,13 @@ def get(url: str, data: bytes | None = None) -> Answer:
         return Answer(e.code, e.read(), e.headers.get("X-Poll-Source"))
 
 
-def check_hits(base_url: str, path: str, users: list[int], source: str | None = "cache",
-               post: bool = False) -> list[str]:
-    """Every listed user gets exactly its preloaded bytes; returns the problems found."""
+def check_hits(base_url: str, path: str, users: list[int], query: Callable[[str], str],
+               source: str | None = "cache", post: bool = False) -> list[str]:
+    """Every listed user gets exactly its preloaded bytes; returns the problems found.
+    query(uid) gives the (signed) query string of a user."""
     problems = []
     for u in users:
-        a = get(f"{base_url}{path}?user_id={u}", b'{"since":0}' if post else None)
+        a = get(f"{base_url}{path}?{query(str(u))}", b'{"since":0}' if post else None)
         if a.status != 200 or a.body != preload.answer(u) or (source and a.source != source):
             problems.append(f"user {u}: {a.status} {a.source} {a.body[:80]!r}")
     return problems

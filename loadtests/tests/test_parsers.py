@@ -44,8 +44,8 @@ def test_wrk_fpbench_line_wins() -> None:
     assert r.rps == pytest.approx(67240 / 1.078832)
     assert r.p50_ms == pytest.approx(0.452)
     assert r.p999_ms == pytest.approx(19.258)
-    assert r.check == {"n_hit": 67273, "n_miss": 0, "bad_status": 0, "bad_body": 0,
-                       "bad_source": 0}
+    assert r.check == {"n_hit": 67273, "n_miss": 0, "miss_reused": 0, "bad_status": 0,
+                       "bad_body": 0, "bad_source": 0}
     assert r.failed == 0
 
 
