@@ -86,7 +86,7 @@ static void scan_fds(uint16_t port, struct scan *out)
     self = dirfd(d);
     out->connections = out->fds = 0;
     while ((e = readdir(d)) != NULL) {
-        struct sockaddr_storage ss;
+        struct sockaddr_storage ss = { 0 }; /* zeroed for clang-analyzer */
         socklen_t len = sizeof(ss), alen;
         char *end;
         long fd;
