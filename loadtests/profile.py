@@ -33,6 +33,7 @@ import peers  # noqa: E402
 import preload  # noqa: E402
 import stackctl  # noqa: E402
 import sysinfo  # noqa: E402
+from signing import Signer  # noqa: E402
 
 COMMS = ("wrk", "nginx", "poll_server", "memcached")
 
@@ -67,7 +68,8 @@ def perf_breakdown(data: Path) -> tuple[str, dict[str, float]]:
 
 def top_symbols(data: Path, comm: str, limit: int = 30) -> str:
     out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--comms", comm,
-                          "--sort", "dso,sym", "--percent-limit", "0.7"],
+                          "--sort", "dso,sym", "--percentage", "relative",
+                          "--percent-limit", "1.2"],
                          capture_output=True, text=True, timeout=120).stdout
     lines = [ln for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
     return "\n".join(lines[:limit])
@@ -102,6 +104,8 @@ def main() -> int:
          "upstream_keepalive": bench.TUNING["fastpoll_upstream_keepalive"]})
     try:
         preload.preload(mc_servers, args.users)
+        hits = Signer(target.stack).write(work / "hits.txt",
+                                          (str(u) for u in range(1, args.users + 1)))
         peer.start()
         cases = [
             ("fastpoll, one hot key", target.base_url, 1, {
@@ -122,7 +126,8 @@ def main() -> int:
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(0.3)
             r = clients.run_wrk(f"{base}/Poll/getMessages", 50, args.seconds, env={
-                "FP_PATH": "/Poll/getMessages", "FP_USERS": str(users)})
+                "FP_PATH": "/Poll/getMessages", "FP_TARGETS": str(hits),
+                "FP_USERS": str(users)})
             perf.wait(timeout=60)
             after = {g: user_sys(p) for g, p in groups.items()}
             report.append(f"\n## {title}: {r.rps:,.0f} req/s, {r.requests:,} requests, "
@@ -141,10 +146,10 @@ def main() -> int:
                 if k.split("/")[0] in COMMS or share[k] >= 2.0:
                     report.append(f"  {k:28} {share[k]:5.1f}%")
             if "poll_server" in groups:
-                report.append("poll_server hottest symbols (percent of all samples):")
+                report.append("poll_server hottest symbols (percent of its own samples):")
                 report.append(top_symbols(data, "poll_server"))
             else:
-                report.append("nginx (memcached_pass) hottest symbols:")
+                report.append("nginx (memcached_pass) hottest symbols (percent of its samples):")
                 report.append(top_symbols(data, "nginx", 20))
             print("\n".join(report[-40:]), flush=True)
     finally:

@@ -154,6 +154,9 @@ def c50_rows(doc: dict) -> list[dict]:
             "requests": sum(r["requests"] for r in rs),
             "cpu": {k: round(sum(c[k] for c in cpu) / max(1, sum(r["requests"] for r in rs))
                              * 1e8, 1) for k in cpu[0]},  # ms per 100,000 requests
+            "client_cpu": round(sum(r["client_cpu_s"] for r in rs)
+                                / max(1, sum(r["requests"] for r in rs)) * 1e8, 1),
+            "other": med("other_cpu_share"),
         })
     return out
 
