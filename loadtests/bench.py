@@ -493,6 +493,7 @@ def main() -> int:
               targets=work / "targets", miss_pool=8_000 if quick else 40_000)
     failures: list[str] = []
     rss: dict[str, object] = {}
+    hop: list[dict[str, object]] = []
     doc: dict[str, object] = {}
     try:
         mc_servers = [f"127.0.0.1:{p}" for p in target.memcached_ports]
@@ -564,6 +565,13 @@ def main() -> int:
             # Let the closed connections settle (TIME_WAIT, nginx's upstream pool) before the next.
             time.sleep(0.2 if quick else (2.0 if p.conns >= 5000 else 0.5))
 
+        if not quick and (not only or "hop" in only) and not args.systems:
+            import hop_cost
+            print("  one proxy hop, TCP vs unix socket (nginx -> nginx return 200):", flush=True)
+            hop = hop_cost.measure(seconds=3.0, rounds=2)
+            for h in hop:
+                print(f"    {h['hop']:5} {h['rps']:8,} req/s  CPU µs/req: proxy {h['front_us']}"
+                      f", upstream {h['back_us']}, wrk {h['client_us']}", flush=True)
         if not only or "rss" in only:
             rss = measure_rss(ctx, rss_n)
             print(f"  poll server RSS: {rss['rss_kb_before']} KB idle, "
@@ -577,6 +585,7 @@ def main() -> int:
         failures += sanity(ctx, users, quick, after=True)
         derived = derive(ctx.results, rss)
         derived["poll_server_peak_rss_kb"] = peak
+        derived["hop"] = hop
         doc = {
             "run_id": run_id, "mode": "quick" if quick else "full",
             "started_utc": stamp, "seconds": round(time.monotonic() - t_start, 1),

@@ -55,11 +55,8 @@ http {{
     return p
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=4.0)
-    ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args()
+def measure(seconds: float = 4.0, rounds: int = 2) -> list[dict[str, object]]:
+    """Run the comparison; one row per hop and round: req/s and CPU µs per request."""
     if WORK.exists():
         shutil.rmtree(WORK)
     WORK.mkdir(parents=True)
@@ -68,6 +65,7 @@ def main() -> int:
     body47 = "x" * 47
     proxy = 'proxy_http_version 1.1; proxy_set_header Connection "";'
     procs: list[subprocess.Popen] = []
+    rows: list[dict[str, object]] = []
     try:
         back = start("back", f"""    server {{
         listen 127.0.0.1:{back_port};
@@ -82,19 +80,20 @@ def main() -> int:
     server {{ listen 127.0.0.1:{unix_port}; location / {{ proxy_pass http://ux; {proxy} }} }}""",
                       free_port())
         procs.append(front)
-        print("hop      req/s  front µs  back µs  wrk µs   (CPU per request)")
-        for _ in range(args.rounds):
+        for rnd in range(rounds):
             for label, port in (("tcp", tcp_port), ("unix", unix_port)):
                 meter = sysinfo.CpuMeter({
                     "front": [front.pid, *sysinfo.children(front.pid)],
                     "back": [back.pid, *sysinfo.children(back.pid)]})
                 meter.start()
-                r = clients.run_wrk(f"http://127.0.0.1:{port}/", 50, args.seconds,
+                r = clients.run_wrk(f"http://127.0.0.1:{port}/", 50, seconds,
                                     env={"FP_PATH": "/x", "FP_USERS": "1"})
                 cpu = meter.stop()
-                per = {k: v / r.requests * 1e6 for k, v in cpu.items()}
-                print(f"{label:5} {r.rps:8,.0f} {per['front']:9.1f} {per['back']:8.1f} "
-                      f"{r.client_cpu_s / r.requests * 1e6:7.1f}", flush=True)
+                n = max(1, r.requests)
+                rows.append({"hop": label, "round": rnd, "rps": round(r.rps), "failed": r.failed,
+                             "front_us": round(cpu["front"] / n * 1e6, 1),
+                             "back_us": round(cpu["back"] / n * 1e6, 1),
+                             "client_us": round(r.client_cpu_s / n * 1e6, 1)})
     finally:
         for p in procs:
             if p.poll() is None:
@@ -104,6 +103,18 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    print("hop      req/s  front µs  back µs  wrk µs   (CPU per request)")
+    for r in measure(args.seconds, args.rounds):
+        print(f"{r['hop']:5} {r['rps']:8,} {r['front_us']:9.1f} {r['back_us']:8.1f} "
+              f"{r['client_us']:7.1f}", flush=True)
     return 0
 
 

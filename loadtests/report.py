@@ -3,7 +3,7 @@
     .venv/bin/python loadtests/report.py loadtests/results/bench-YYYYmmdd-HHMMSS.json
 
 bench.py calls it at the end of a full run; run it alone to redo the plots and the page from a
-stored run. The page's prose lives in loadtests/benchmarks.md.j2 and loadtests/analysis.md.
+stored run. The prose lives in loadtests/benchmarks.md.j2 and loadtests/analysis.md.j2.
 """
 
 from __future__ import annotations
@@ -170,7 +170,11 @@ def ab_rows(doc: dict) -> list[dict]:
             groups.setdefault((r["system"], r["keepalive"]), []).append(r)
     out = []
     for (system, ka), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        n = max(1, sum(r["requests"] for r in rs))
+        server = sum(sum(r["cpu_s"].values()) for r in rs) / n * 1e6
         out.append({"system": system, "label": LABELS[system], "keepalive": ka, "runs": len(rs),
+                    "server_us": round(server, 1),
+                    "client_us": round(sum(r["client_cpu_s"] for r in rs) / n * 1e6, 1),
                     "n": rs[0]["requests"], "rps": statistics.median(r["rps"] for r in rs),
                     "rps_all": [round(r["rps"]) for r in rs],
                     "p50_ms": statistics.median(r["p50_ms"] for r in rs),
@@ -190,15 +194,25 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
     sweep = _sweep(doc)
     levels = sorted({c for pts in sweep.values() for c in pts})
     rel = os.path.relpath
+    c50 = c50_rows(doc)
+    ab = ab_rows(doc)
+    for c in c50:  # per-request CPU in µs, by role, for the analysis
+        c["us"] = {"client": c["client_cpu"] / 100,
+                   "nginx": (c["cpu"]["nginx"] + c["cpu"].get("peer_memcached_pass", 0)
+                             + c["cpu"].get("peer_return200", 0)) / 100,
+                   "poll": c["cpu"]["poll_servers"] / 100, "mc": c["cpu"]["memcached"] / 100,
+                   "app": (c["cpu"]["app"] + c["cpu"].get("peer_app", 0)) / 100}
+        c["us"]["total"] = sum(c["us"].values())
+    row = {(c["system"], c["scenario"], c["method"]): c for c in c50}
+    abrow = {(a["system"], a["keepalive"]): a for a in ab}
     text = env.get_template("benchmarks.md.j2").render(
         d=doc, m=doc["machine"], dv=doc["derived"], r=doc["derived"]["ratios"],
-        c50=c50_rows(doc), ab=ab_rows(doc), sweep=sweep, levels=levels, labels=LABELS,
+        c50=c50, ab=ab, row=row, abrow=abrow, sweep=sweep, levels=levels, labels=LABELS,
         cpu_names={"poll_servers": "poll", "nginx": "nginx", "memcached": "mc", "app": "app",
                    "peer_memcached_pass": "nginx", "peer_return200": "nginx"},
         json_rel=rel(json_path, out.parent), raw_rel=rel(
             json_path.with_name(json_path.name.replace(".json", "-raw.log")), out.parent),
         png={p.stem.rsplit("-", 1)[1]: rel(p, out.parent) for p in pngs},
-        analysis=(HERE / "analysis.md").read_text() if (HERE / "analysis.md").exists() else "",
     )
     out.write_text(text)
     return out
