@@ -94,6 +94,11 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
                                              "still_open": 10000}),
            "results": results}
     doc["derived"]["poll_server_peak_rss_kb"] = {"poller-0": 15000}
+    doc["derived"]["hop"] = [
+        {"hop": "tcp", "round": 0, "rps": 1, "failed": 0, "front_us": 20.0, "back_us": 10.0,
+         "client_us": 12.0},
+        {"hop": "unix", "round": 0, "rps": 1, "failed": 0, "front_us": 18.0, "back_us": 7.0,
+         "client_us": 12.0}]
     doc = json.loads(json.dumps(doc))  # as stored: integer keys become strings
     json_path = tmp_path / "bench-test.json"
     json_path.write_text(json.dumps(doc))
@@ -105,3 +110,7 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
     assert "![requests per second against concurrency](bench-test-rps.png)" in md
     assert "| 15,000 | 15,000 |" in md  # the sweep table
     assert "0.95×" in md
+    assert "### wrk -c50 keep-alive against nginx `memcached_pass`" in md
+    assert "saves about **5.0 µs per" in md  # (20 + 10) - (18 + 7)
+    assert "### The sweep: flat to 15,000 connections?" in md
+    assert "### Against the app alone" in md
