@@ -465,9 +465,11 @@ def main() -> int:
 
     t_start = time.monotonic()
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    run_id = f"{'quick' if quick else 'bench'}-{stamp}"
+    partial = bool(only or args.systems or args.sweep != ",".join(map(str, SWEEP)))
+    run_id = f"{'quick' if quick else 'partial' if partial else 'bench'}-{stamp}"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    suffix = ".tmp" if quick else ""  # quick runs are not kept in git (.gitignore: *.tmp)
+    # Quick and partial runs are not kept in git (.gitignore: /loadtests/results/*.tmp).
+    suffix = ".tmp" if quick or partial else ""
     out_json = RESULTS / f"{run_id}.json{suffix}"
     raw_log = RESULTS / f"{run_id}-raw.log{suffix}"
     work = ROOT / "run" / "bench"
@@ -611,9 +613,10 @@ def main() -> int:
     if not quick and doc:
         import report
         doc = json.loads(out_json.read_text())  # exactly what is stored (string keys and all)
-        pngs = report.plots(doc, RESULTS)
-        print("  plots: " + ", ".join(str(p.relative_to(ROOT)) for p in pngs))
-        if not args.no_docs and not only and not args.systems:
+        pngs = report.plots(doc, RESULTS) if not partial else []
+        if pngs:
+            print("  plots: " + ", ".join(str(p.relative_to(ROOT)) for p in pngs))
+        if not args.no_docs and not partial:
             md = report.write_markdown(doc, out_json, pngs)
             print(f"  wrote {md.relative_to(ROOT)}")
         for t in doc["derived"]["targets"]:  # type: ignore[index]
