@@ -266,6 +266,30 @@ def collect(source: str, argv: list[str] | None) -> dict[str, Any]:
         return {"error": f"unreadable answer: {r.stdout[:200]!r}"}
 
 
+def start_time(pid: int) -> int:
+    """Field 22 of /proc/PID/stat: with the pid, what identifies a process (tests/stack.py)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def report_processes(run_dir: Path, rep: Report) -> None:
+    """Every process the local stack started, by pid: the check `make status` always made."""
+    state = json.loads((run_dir / "stack.json").read_text())
+    procs = state.get("procs", {})
+    down = [
+        n for n, p in procs.items() if not p.get("started") or start_time(p["pid"]) != p["started"]
+    ]
+    if down:
+        rep.bad(
+            f"  processes  {len(procs) - len(down)}/{len(procs)} running; gone: {', '.join(down)}"
+        )
+    else:
+        rep.add(f"  processes  {len(procs)}/{len(procs)} running ({', '.join(procs)})")
+
+
 def local_endpoints(run_dir: Path) -> dict[str, Any] | None:
     """The local stack's endpoints from run/stack.json, in the endpoints.json shape."""
     try:
@@ -300,11 +324,13 @@ def main(argv: list[str] | None = None) -> int:
         if endpoints is None:
             print(f"fastpoll: not running (no {args.run_dir}/stack.json); `make up` first")
             return 2
-        if not endpoints["pollers"]:
-            print("fastpoll: this stack runs without admin listeners (Stack(admin=False))")
-            return 2
         rep.add(f"fastpoll status: local stack ({endpoints.get('backend')} backend)")
-        report_host("localhost", collect(collector_source(endpoints, args.interval), None), rep)
+        report_processes(args.run_dir, rep)
+        if endpoints["pollers"]:
+            src = collector_source(endpoints, args.interval)
+            report_host("localhost", collect(src, None), rep)
+        else:
+            rep.add("  (started without admin listeners: no metrics to read)")
     else:
         hosts = [h for h in args.hosts.split(",") if h]
         src = collector_source(None, args.interval)
