@@ -199,8 +199,3 @@ void fp_stats_backend_name(size_t i, const char *name)
     if (i + 1 > fp_stats.nbackends)
         fp_stats.nbackends = i + 1;
 }
-
-int fp_stats_loop_probe_works(void)
-{
-    return fp_stats.loop_iterations > 0;
-}

@@ -71,9 +71,6 @@ void fp_stats_free(void);
 /* Backend i (0-based, config order) is called `name` (copied, truncated). */
 void fp_stats_backend_name(size_t i, const char *name);
 
-/* Whether the loop probe saw the loop run (epoll_wait interposed). */
-int fp_stats_loop_probe_works(void);
-
 #ifdef FP_NO_STATS
 
 #define fp_stat_request(m, o) ((void)(m), (void)(o))
