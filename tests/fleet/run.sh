@@ -289,6 +289,14 @@ recap_changed() { awk '/PLAY RECAP/{r=1; next} r && /changed=/{ for(i=1;i<=NF;i+
 
 "$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" --syntax-check > "$LOGS/syntax.log" 2>&1 \
     || { cat "$LOGS/syntax.log"; die "--syntax-check failed"; }
+if [ -x "$ANSIBLE_BIN/ansible-lint" ]; then
+    (cd "$REPO/ansible" && "$ANSIBLE_BIN/ansible-lint" --profile production --nocolor -q) > "$LOGS/lint.log" 2>&1 \
+        || { cat "$LOGS/lint.log"; die "ansible-lint (production profile) failed"; }
+    lint="ansible-lint production: clean, "
+else
+    lint="(no ansible-lint in $ANSIBLE_BIN), "
+fi
+phase "${lint}--syntax-check: ok"
 
 playbook deploy
 phase "first deploy ($(recap_changed) changes)"
@@ -301,8 +309,8 @@ phase "second run: changed=0"
 playbook check-diff --check --diff
 phase "--check --diff on the deployed fleet: ok"
 
-# ---- 5. the request path through each poller --------------------------------------------------
-# http METHOD HOST PATH [curl args]: prints "status source body-sha" for a request to HOST's nginx.
+# http METHOD HOST PATH [curl args]: a request to HOST's nginx; prints "STATUS X-Poll-Source"
+# and leaves the body and headers in $RUN/body and $RUN/headers.
 http() {
     local method=$1 n=$2 path=$3; shift 3
     assert_route "${IP[$n]}"
@@ -314,6 +322,33 @@ http() {
     echo "$status ${source:--}"
 }
 expect() { [ "$1" = "$2" ] || die "$3: got '$1', want '$2'"; }
+
+# ---- 5. the data host: private binds, the Redis password, one memcached list everywhere --------
+redis_pass=$(sed -n 's/^fastpoll_redis_password: "\(.*\)"$/\1/p' "$RUN/secrets.yml")
+on fp-data1 bash -s "${IP[fp-data1]}" "$redis_pass" <<'EOF' || die "fp-data1: service check failed"
+set -euo pipefail
+ip=$1 pass=$2
+listen=$(ss -ltnH | awk '{print $4}')
+for port in 11211 6379 8000; do
+    got=$(echo "$listen" | grep ":$port\$" | sort | tr '\n' ' ')
+    [ "$got" = "$ip:$port " ] || { echo "port $port listens on '$got', want only $ip:$port"; exit 1; }
+done
+out=$(redis-cli -h "$ip" PING 2>&1)
+case "$out" in *NOAUTH*) ;; *) echo "redis answered without the password: $out"; exit 1;; esac
+[ "$(redis-cli -h "$ip" --no-auth-warning -a "$pass" PING)" = PONG ] || { echo "redis refuses the password"; exit 1; }
+[ "$(stat -c '%a %U %G' /etc/fastpoll/redis.pass)" = "640 root fastpoll" ] || { echo "redis.pass mode/owner wrong"; exit 1; }
+EOF
+servers=""
+for n in "${NAMES[@]}"; do
+    line=$(on "$n" grep '^servers' /etc/fastpoll/fastpoll.ini)
+    [ -z "$servers" ] || [ "$line" = "$servers" ] || die "$n: memcached list differs: '$line' vs '$servers'"
+    servers=$line
+done
+# Sorted by inventory name: fp-data1 before fp-poll2.
+expect "$servers" "servers = ${IP[fp-data1]}:11211 ${IP[fp-poll2]}:11211" "memcached list"
+say "memcached, redis and the app listen on the private address only; redis wants its password; one list: $servers"
+
+# ---- 6. the request path through each poller --------------------------------------------------
 
 # Messages API through poller 1 (location / -> app); the poll of that user is then a cache hit
 # on both pollers (the app wrote the key with ketama over the same two memcached nodes).
@@ -340,7 +375,7 @@ for n in "${POLLERS[@]}"; do
 done
 say "miss -> fallback -> hit, and a POST through the fallback: ok on ${POLLERS[*]}"
 
-# ---- 6. instances under systemd ---------------------------------------------------------------
+# ---- 7. instances under systemd ---------------------------------------------------------------
 # check_instances N: N active instances on every poller, each pinned to its own CPU, nginx's
 # upstream listing exactly them, and no other instance enabled.
 check_instances() {
@@ -383,7 +418,7 @@ EOF
 check_instances 2
 phase "request path and instances checked"
 
-# ---- 7. scaling 2 -> 1 -> 2 ---------------------------------------------------------------------
+# ---- 8. scaling 2 -> 1 -> 2 ---------------------------------------------------------------------
 playbook scale-down --limit pollers -e poll_server_instances=1
 check_instances 1
 expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$seed_user")" "200 cache" "hit after scaling down"
@@ -392,7 +427,7 @@ check_instances 2
 expect "$(http GET fp-poll2 "/Poll/getMessages?user_id=$seed_user")" "200 cache" "hit after scaling up"
 phase "scaling 2 -> 1 -> 2"
 
-# ---- 8. rolling upgrade under load ------------------------------------------------------------
+# ---- 9. rolling upgrade under load ------------------------------------------------------------
 # A new version: the same source with another version string, built on the control node.
 if [ -n "${FLEET_POLL_SERVER_BIN:-}" ]; then
     cp "$POLL_SERVER_BIN" "$RUN/poll_server-v2"
@@ -447,5 +482,22 @@ for n in "${POLLERS[@]}"; do
 done
 check_instances 2
 phase "rolling upgrade: $total requests in $rounds ab rounds, 0 failed, every instance restarted"
+
+# ---- 10. switch the cache backend to Redis ------------------------------------------------------
+# fastpoll.ini changes on every host: the app restarts, the pollers restart one by one.
+playbook redis-backend -e fastpoll_cache_backend=redis
+u=$((RANDOM % 9000 + 40000))
+expect "$(http POST fp-poll2 /api/messages -H 'Content-Type: application/json' \
+    --data "{\"user_id\": $u, \"text\": \"hello redis\"}" | cut -d' ' -f1)" 201 "publish (redis)"
+for n in "${POLLERS[@]}"; do
+    expect "$(http GET "$n" "/Poll/getMessages?user_id=$u")" "200 cache" "$n: hit from Redis"
+    grep -q 'hello redis' "$RUN/body" || die "$n: Redis hit lacks the message"
+done
+val=$(on fp-data1 redis-cli -h "${IP[fp-data1]}" --no-auth-warning -a "$redis_pass" GET "'/Poll/getMessages?user_id=$u'")
+case "$val" in *"hello redis"*) ;; *) die "the key is not in Redis: '$val'";; esac
+u=$((u + 1))
+expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$u")" "200 app" "miss with Redis"
+expect "$(http GET fp-poll2 "/Poll/getMessages?user_id=$u")" "200 cache" "hit with Redis after the fill"
+phase "Redis backend: publish -> hit on both pollers, miss -> fill -> hit"
 
 say "all checks passed"
