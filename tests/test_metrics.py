@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -257,6 +258,39 @@ def other_addresses() -> list[str]:
         pass
     found.discard("127.0.0.1")
     return sorted(found)
+
+
+def test_access_log_shows_where_the_answer_came_from(
+    stack: Stack, cache: Cache
+) -> None:
+    """The `fastpoll` log format: src= is X-Poll-Source as sent, us= every upstream tried."""
+    log = stack.run_dir / "nginx" / "access-test.log"
+    stack.nginx_vars["fastpoll_access_log"] = str(log)
+    stack.reload_nginx()
+    try:
+        hit_uid, miss_uid = new_uid(), new_uid()
+        cache.set(poll_key(hit_uid), b"x")
+        with http_client(stack) as c:
+            # Old workers (no log) finish after the reload; poll until the new ones log.
+            for _ in range(120):
+                assert c.get(f"/Poll/getMessages?user_id={hit_uid}").status_code == 200
+                if f"user_id={hit_uid}&" in read(log):
+                    break
+                time.sleep(0.5)  # the log is flushed every 5 s
+            assert c.get(f"/Poll/getMessages?user_id={miss_uid}").status_code == 200
+        wait_for("log", lambda: f"user_id={miss_uid}&" in read(log), timeout=30)
+        lines = read(log).splitlines()
+        hit = next(ln for ln in lines if f"user_id={hit_uid}&" in ln)
+        miss = next(ln for ln in lines if f"user_id={miss_uid}&" in ln)
+        assert " 200 " in hit and "src=cache" in hit and "us=200 " in hit
+        assert " 200 " in miss and "src=app" in miss and "us=404 : 200 " in miss
+    finally:
+        del stack.nginx_vars["fastpoll_access_log"]
+        stack.reload_nginx()
+
+
+def read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 def test_admin_healthz_and_unknown_paths(stack: Stack) -> None:
