@@ -149,11 +149,11 @@ class Ctx:
 
 # ---- plans -------------------------------------------------------------------------------------
 
-def full_plan(reps: int, sweep: tuple[int, ...] = SWEEP) -> list[Plan]:
+def full_plan(reps: int, sweep: tuple[int, ...] = SWEEP, ab_reps: int = 5) -> list[Plan]:
     plans: list[Plan] = []
     # 1. the seed's ab, interleaved over the systems and repeated: a 5,000-request run lasts
-    #    well under a second here, so one run alone is mostly noise.
-    for rep in range(reps):
+    #    under a second here, so one run alone is mostly noise.
+    for rep in range(ab_reps):
         for ka in (False, True):
             for system in ("fastpoll", "return200", "memcached_pass"):
                 plans.append(Plan("ab", system, "hit-hot", 50, tool="ab", n=5000, keepalive=ka,

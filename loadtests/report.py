@@ -169,7 +169,9 @@ def ab_rows(doc: dict) -> list[dict]:
         if r["group"] == "ab":
             groups.setdefault((r["system"], r["keepalive"]), []).append(r)
     out = []
-    for (system, ka), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    order = ["fastpoll", "memcached_pass", "return200", "app"]
+    for (system, ka), rs in sorted(groups.items(),
+                                   key=lambda kv: (kv[0][1], order.index(kv[0][0]))):
         n = max(1, sum(r["requests"] for r in rs))
         server = sum(sum(r["cpu_s"].values()) for r in rs) / n * 1e6
         out.append({"system": system, "label": LABELS[system], "keepalive": ka, "runs": len(rs),
