@@ -49,7 +49,7 @@ status:
 
 test-unit: venv build
 	$(MAKE) -C poll_server test
-	$(VENV)/bin/ruff check fallback_app tests loadtests
+	$(VENV)/bin/ruff check fallback_app tests loadtests tools
 	$(VENV)/bin/pytest -q fallback_app/tests
 
 test-integration: venv build
