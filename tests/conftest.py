@@ -150,3 +150,11 @@ def poller(stack: Stack) -> Iterator[httpx.Client]:
     """A client talking to one poll server directly, without nginx; it signs its polls."""
     with http_client(stack, stack.poller_ports[0]) as c:
         yield c
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "soak: long bounded run (1,000,000 requests, about a minute); `make test` runs it, "
+        "deselect with -m 'not soak'",
+    )
