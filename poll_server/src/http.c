@@ -53,6 +53,7 @@
 
 #include "cache.h"
 #include "coalesce.h"
+#include "deadline.h"
 #include "http.h"
 #include "keys.h"
 #include "log.h"
@@ -88,6 +89,7 @@ struct fp_http {
     struct evhttp_bound_socket *bound;
     struct fp_coalesce *co;
     struct fp_signer *signer;   /* NULL: poll URLs are not signed */
+    struct fp_deadlines *dl;    /* total time limit per request (slowloris) */
     struct request *free_list;
     size_t nfree;
     unsigned long inflight;
@@ -209,7 +211,8 @@ static void on_complete(struct evhttp_request *req, void *arg)
     struct evhttp_connection *evcon = evhttp_request_get_connection(req);
 
     if (evcon != NULL) {
-        evhttp_connection_set_closecb(evcon, NULL, NULL);
+        /* The next request's clock starts; the close callback is its. */
+        fp_deadline_next(r->h->dl, evcon);
         /* Idle until the next request: the keep-alive limit applies. */
         evhttp_connection_set_timeout_tv(evcon, &r->h->idle_tv);
     }
@@ -232,6 +235,7 @@ static void on_close(struct evhttp_connection *evcon, void *arg)
     }
     /* ANSWERED (or never attached): still queued on evcon, evhttp frees it. */
     evhttp_connection_set_closecb(evcon, NULL, NULL);
+    fp_deadline_gone(r->h->dl, evcon);
     request_put(r);
 }
 
@@ -253,6 +257,7 @@ static void on_request(struct evhttp_request *req, void *arg)
     }
     r->req = req;
     r->head = cmd == EVHTTP_REQ_HEAD;
+    fp_deadline_request_in(h->dl, evcon);
     r->method = cmd == EVHTTP_REQ_GET ? FP_STAT_GET :
                 cmd == EVHTTP_REQ_HEAD ? FP_STAT_HEAD :
                 cmd == EVHTTP_REQ_POST ? FP_STAT_POST : FP_STAT_OTHER;
@@ -366,6 +371,14 @@ struct fp_http *fp_http_start(struct event_base *base,
     h->s = s;
     ms_to_tv(s->request_timeout_ms, &h->request_tv);
     ms_to_tv(s->idle_timeout_ms, &h->idle_tv);
+    /* A first request must be in within request_timeout_ms of the accept,
+     * a later one within idle + request of the previous answer. */
+    timeradd(&h->request_tv, &h->idle_tv, &tv);
+    if ((h->dl = fp_deadlines_new(base, &h->request_tv, &tv)) == NULL) {
+        fp_log(FP_LOG_ERROR, "http: out of memory");
+        free(h);
+        return NULL;
+    }
     if ((h->co = fp_coalesce_new(cache, on_answer, h)) == NULL ||
         (h->http = evhttp_new(base)) == NULL ||
         (s->nsign_secrets > 0 &&
@@ -391,6 +404,7 @@ struct fp_http *fp_http_start(struct event_base *base,
     if (evhttp_set_flags(h->http, EVHTTP_SERVER_LINGERING_CLOSE) != 0)
         fp_log(FP_LOG_WARN, "http: lingering close not supported");
     evhttp_set_gencb(h->http, on_request, h);
+    evhttp_set_bevcb(h->http, fp_deadline_bevcb, h->dl);
 
     if ((fd = listen_on(s->listen, s->port)) < 0)
         goto fail;
@@ -408,6 +422,7 @@ fail:
         evhttp_free(h->http);
     fp_coalesce_free(h->co);
     fp_signer_free(h->signer);
+    fp_deadlines_free(h->dl);
     free(h);
     return NULL;
 }
@@ -452,6 +467,7 @@ void fp_http_free(struct fp_http *h)
     h->drained = NULL;
     /* Runs on_close for every request still held, which detaches it. */
     evhttp_free(h->http);
+    fp_deadlines_free(h->dl); /* after evhttp_free: its closes free ours */
     fp_coalesce_free(h->co);
     fp_signer_free(h->signer);
     while ((r = h->free_list) != NULL) {
