@@ -253,6 +253,7 @@ def run_plan(ctx: Ctx, p: Plan, users: int) -> dict[str, object]:
     mc_before = stackctl.memcached_stats(ctx.target.memcached_ports)
     meter.start()
     busy0, irq0, total0 = sysinfo.machine_cpu()
+    tcp0 = sysinfo.tcp_counters()
     if p.tool == "ab":
         body = None
         if p.method == "POST":
@@ -266,6 +267,7 @@ def run_plan(ctx: Ctx, p: Plan, users: int) -> dict[str, object]:
                             timeout_s=10.0, raw_log=ctx.raw_log)
     cpu = meter.stop()
     busy1, irq1, total1 = sysinfo.machine_cpu()
+    tcp1 = sysinfo.tcp_counters()
     mc = stackctl.mc_delta(mc_before, stackctl.memcached_stats(ctx.target.memcached_ports))
     row: dict[str, object] = {
         "name": p.name, "group": p.group, "system": p.system, "scenario": p.scenario,
@@ -276,6 +278,8 @@ def run_plan(ctx: Ctx, p: Plan, users: int) -> dict[str, object]:
         # its capacity. Interrupt time (mostly our own loopback softirq) is shown apart.
         "machine_busy_share": round((busy1 - busy0) / max(1e-9, total1 - total0), 3),
         "irq_share": round((irq1 - irq0) / max(1e-9, total1 - total0), 3),
+        # Machine-wide, so other users' tests count too; a listen overflow means a dropped SYN.
+        "tcp": {k: tcp1.get(k, 0) - tcp0.get(k, 0) for k in tcp1 if tcp1[k] != tcp0.get(k)},
         "other_cpu_share": round(max(0.0, (busy1 - busy0) - (irq1 - irq0) - sum(cpu.values())
                                      - r.client_cpu_s) / max(1e-9, total1 - total0), 3),
     }
@@ -421,6 +425,10 @@ def fmt_row(r: dict[str, object]) -> str:
         s += f"  answers checked: {c['n_hit'] + c['n_miss']:,}, wrong {bad}"  # type: ignore
     if r.get("fallbacks_seen"):
         s += f"  fallbacks(app adds) {r['fallbacks_seen']}"
+    tcp = r.get("tcp") or {}
+    if tcp.get("ListenOverflows") or tcp.get("TCPSynRetrans"):  # type: ignore[union-attr]
+        s += (f"  [tcp: {tcp.get('ListenOverflows', 0)} listen overflows, "  # type: ignore
+              f"{tcp.get('TCPSynRetrans', 0)} SYN retransmits]")  # type: ignore[union-attr]
     if float(r.get("other_cpu_share") or 0) >= 0.05:  # type: ignore[arg-type]
         s += f"  [other load on the machine: {float(r['other_cpu_share']):.0%} of its CPU]"  # type: ignore
     return s
@@ -480,6 +488,7 @@ def main() -> int:
     print(f"bench {run_id}: {'quick smoke' if quick else 'full run'}; results -> {out_json}",
           flush=True)
     quiet = wait_quiet(args.wait_quiet) if args.wait_quiet else None
+    t_start = time.monotonic()  # the time limit and the run's duration start after the wait
     machine = sysinfo.machine(POLL_SERVER)
     ini = {"log": {"level": "warn"}}
     if args.attach:

@@ -55,7 +55,7 @@ http {{
     return p
 
 
-def measure(seconds: float = 4.0, rounds: int = 2) -> list[dict[str, object]]:
+def measure(seconds: float = 4.0, rounds: int = 2, conns: int = 50) -> list[dict[str, object]]:
     """Run the comparison; one row per hop and round: req/s and CPU µs per request."""
     if WORK.exists():
         shutil.rmtree(WORK)
@@ -86,11 +86,12 @@ def measure(seconds: float = 4.0, rounds: int = 2) -> list[dict[str, object]]:
                     "front": [front.pid, *sysinfo.children(front.pid)],
                     "back": [back.pid, *sysinfo.children(back.pid)]})
                 meter.start()
-                r = clients.run_wrk(f"http://127.0.0.1:{port}/", 50, seconds,
+                r = clients.run_wrk(f"http://127.0.0.1:{port}/", conns, seconds,
                                     env={"FP_PATH": "/x", "FP_USERS": "1"})
                 cpu = meter.stop()
                 n = max(1, r.requests)
                 rows.append({"hop": label, "round": rnd, "rps": round(r.rps), "failed": r.failed,
+                             "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
                              "front_us": round(cpu["front"] / n * 1e6, 1),
                              "back_us": round(cpu["back"] / n * 1e6, 1),
                              "client_us": round(r.client_cpu_s / n * 1e6, 1)})
@@ -110,11 +111,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--conns", type=int, default=50)
     args = ap.parse_args()
-    print("hop      req/s  front µs  back µs  wrk µs   (CPU per request)")
-    for r in measure(args.seconds, args.rounds):
+    print("hop      req/s  front µs  back µs  wrk µs  p50 ms  p99 ms")
+    for r in measure(args.seconds, args.rounds, args.conns):
         print(f"{r['hop']:5} {r['rps']:8,} {r['front_us']:9.1f} {r['back_us']:8.1f} "
-              f"{r['client_us']:7.1f}", flush=True)
+              f"{r['client_us']:7.1f} {r['p50_ms']:7.2f} {r['p99_ms']:7.1f}", flush=True)
     return 0
 
 

@@ -117,6 +117,22 @@ def machine_cpu() -> tuple[float, float, float]:
     return (total - idle) / CLK_TCK, irq / CLK_TCK, total / CLK_TCK
 
 
+TCP_COUNTERS = ("ListenOverflows", "ListenDrops", "TCPTimeouts", "TCPSynRetrans",
+                "TCPAbortOnOverflow", "TCPReqQFullDrop", "SyncookiesSent", "TCPBacklogDrop")
+
+
+def tcp_counters() -> dict[str, int]:
+    """Machine-wide TCP counters (/proc/net/netstat) that reveal dropped SYNs and timeouts:
+    a listen queue overflow costs the client a 1 s SYN retransmission, a latency tail."""
+    out: dict[str, int] = {}
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        for n, v in zip(names.split()[1:], values.split()[1:], strict=False):
+            if n in TCP_COUNTERS:
+                out[n] = int(v)
+    return out
+
+
 # ---- per-process costs --------------------------------------------------------------------
 
 def cpu_seconds(pid: int) -> float:
