@@ -325,7 +325,7 @@ def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str
     sweep: dict[str, dict[int, dict[str, object]]] = {}
     for r in pick(results, group="sweep"):
         point = {k: r.get(k) for k in ("rps", "p50_ms", "p99_ms", "failed", "errors", "non2xx",
-                                       "other_cpu_share", "fallbacks_seen")}
+                                       "other_cpu_share", "fallbacks_seen", "tcp")}
         n = max(1, int(r["requests"]))  # type: ignore[arg-type]
         point["cpu_us_per_req"] = {g: round(v / n * 1e6, 1)
                                    for g, v in r["cpu_s"].items() if v > 0}  # type: ignore
