@@ -79,6 +79,8 @@ struct request {
     struct request *free_next;
     enum req_state state;
     int head;                      /* HEAD: headers only */
+    int from_loop;                 /* answered from the loop (the cache), not
+                                    * from inside evhttp's read callback */
     enum fp_stat_method method;    /* for the request counters */
 };
 
@@ -140,6 +142,38 @@ static void request_put(struct request *r)
     }
 }
 
+/* Writes the reply straight away. evhttp_send_reply would only queue it:
+ * the bufferevent enables EV_WRITE (epoll_ctl), waits a loop turn for it
+ * (epoll_wait), writes, then disables it again. Here the headers and body
+ * go to the connection's output buffer (evhttp_send_reply_start; we always
+ * set Content-Length, so it is not chunked), we write that buffer at once,
+ * and evhttp_send_reply_end, finding it empty, completes the request now
+ * (on_complete runs, the next read starts). What the kernel does not take
+ * stays queued and the bufferevent writes it as usual, as it does after a
+ * write error, which it then reports through the usual close path.
+ * Only for answers from the loop: called from inside evhttp's read
+ * callback, completing the request there would re-enter evhttp. */
+static void send_now(struct evhttp_request *req, int code, const char *reason)
+{
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    struct bufferevent *bev;
+    struct evbuffer *out;
+
+    if (evcon == NULL || (bev = evhttp_connection_get_bufferevent(evcon)) == NULL) {
+        evhttp_send_reply(req, code, reason, NULL);
+        return;
+    }
+    evhttp_send_reply_start(req, code, reason);
+    out = bufferevent_get_output(bev);
+    /* A socket bufferevent keeps its output's front frozen: only it may
+     * drain it. Thawed for this one write, as its own write callback does. */
+    if (evbuffer_unfreeze(out, 1) == 0) {
+        (void)evbuffer_write(out, bufferevent_getfd(bev));
+        (void)evbuffer_freeze(out, 1);
+    }
+    evhttp_send_reply_end(req);
+}
+
 /* Queues the answer. Content-Length is always ours: evhttp leaves it out
  * for HEAD, where it must still be the length of the body GET would get. */
 static void reply(struct request *r, int code, const char *reason,
@@ -174,7 +208,10 @@ static void reply(struct request *r, int code, const char *reason,
         reason = "Service Unavailable";
     }
     r->state = REQ_ANSWERED;
-    evhttp_send_reply(req, code, reason, NULL);
+    if (ok && r->from_loop)
+        send_now(req, code, reason);
+    else
+        evhttp_send_reply(req, code, reason, NULL);
 }
 
 static void on_answer(struct fp_waiter *w, enum fp_cache_status st,
@@ -183,6 +220,7 @@ static void on_answer(struct fp_waiter *w, enum fp_cache_status st,
     struct request *r = (struct request *)(void *)w;
 
     (void)arg;
+    r->from_loop = 1;
     switch (st) {
     case FP_CACHE_HIT:
         fp_stat_request(r->method, FP_STAT_HIT);

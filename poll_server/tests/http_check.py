@@ -98,6 +98,68 @@ class Check:
         )
 
 
+def read_answer(s: socket.socket, buf: bytes) -> tuple[bytes, bytes]:
+    """One Content-Length answer from s (after what buf holds); returns (answer, rest)."""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            return buf, b""
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    while len(body) < length:
+        chunk = s.recv(1 << 20)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body[:length], body[length:]
+
+
+def keepalive_many(c: Check) -> None:
+    """Answers written at once, request after request on one connection (the way nginx's
+    upstream keepalive uses a poll server)."""
+    good = 0
+    with socket.create_connection(("127.0.0.1", c.port), timeout=3) as s:
+        rest = b""
+        for i in range(300):
+            target = b"/getMessages?user_id=1" if i % 3 else b"/nothere?user_id=3"
+            s.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % target)
+            answer, rest = read_answer(s, rest)
+            want = b"HTTP/1.1 200" if i % 3 else b"HTTP/1.1 404"
+            good += answer.startswith(want) and (not i % 3 or answer.endswith(b"hello"))
+    c.ok(f"keep-alive: 300 requests on one connection, {good} right", good == 300)
+
+
+def big_value_slow_reader(c: Check) -> None:
+    """A value larger than the socket buffers: what the first write leaves is written later
+    by the bufferevent, and the connection then serves its next request."""
+    value = bytes(range(256)) * 3900  # 998,400 bytes, under memcached's 1 MiB item limit
+    c.mc(b"set /Poll/big?user_id=4 0 0 %d\r\n%s\r\n" % (len(value), value))
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(5)
+        s.connect(("127.0.0.1", c.port))
+        # Pipelined: the kernel buffers the first answer whole, not the next ones.
+        s.sendall(b"GET /big?user_id=4 HTTP/1.1\r\nHost: x\r\n\r\n" * 4)
+        time.sleep(0.1)  # under request_timeout_ms (300 here), which bounds a write too
+        answers, rest = [], b""
+        for _ in range(4):
+            answer, rest = read_answer(s, rest)
+            answers.append(answer)
+        s.sendall(b"GET /getMessages?user_id=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        last, _ = read_answer(s, rest)
+    c.ok(
+        "1 MB values to a slow reader: exact, then the connection serves the next request",
+        all(a.startswith(b"HTTP/1.1 200") and a.endswith(b"\r\n\r\n" + value) for a in answers)
+        and last.startswith(b"HTTP/1.1 200")
+        and last.endswith(b"hello"),
+        ([(a[:30], len(a)) for a in answers], last[:60]),
+    )
+
+
 def run_checks(c: Check) -> None:
     c.mc(b"set /Poll/getMessages?user_id=1 0 0 5\r\nhello\r\n")
     c.mc(b"set /Poll/bin?user_id=2 0 0 7\r\na\x00b\x00c\r\n\r\n")
@@ -147,6 +209,20 @@ def run_checks(c: Check) -> None:
         and rest.startswith(b"HTTP/1.1 200"),
         r,
     )
+    r = c.raw(
+        b"GET /getMessages?user_id=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /nothere?user_id=3 HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /bin?user_id=2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    c.ok(
+        "pipelined hit, miss, hit in one write: three answers in order",
+        r.count(b"HTTP/1.1 ") == 3
+        and r.startswith(b"HTTP/1.1 200")
+        and r.index(b"hello") < r.index(b"HTTP/1.1 404") < r.index(b"a\x00b\x00c\r\n"),
+        r,
+    )
+    keepalive_many(c)
+    big_value_slow_reader(c)
     for m in (b"PUT", b"DELETE", b"OPTIONS", b"PATCH", b"TRACE", b"BREW"):
         r = c.req(b"/getMessages?user_id=1", m)
         c.ok(
