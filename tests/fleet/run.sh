@@ -9,6 +9,8 @@
 #   fp-poll1 10.77.0.11  pollers
 #   fp-poll2 10.77.0.12  pollers, memcached
 #   fp-data1 10.77.0.21  memcached, redis, app
+# and, deployed alongside with its own inventory (the single-host example's layout):
+#   fp-solo  10.77.0.31  every group, services on loopback
 #
 # Network safety: the bridge and its address exist before any packet is sent, and every ssh, curl
 # and ab to a test address is preceded by `ip route get` proving it leaves through fpbr0.
@@ -30,8 +32,9 @@ BRIDGE_ADDR=$NET.1
 STATE=/var/tmp/fastpoll-fleet
 RUN=$STATE/run
 LOGS=$STATE/logs
-NAMES=(fp-poll1 fp-poll2 fp-data1)
-declare -A IP=([fp-poll1]=$NET.11 [fp-poll2]=$NET.12 [fp-data1]=$NET.21)
+NAMES=(fp-poll1 fp-poll2 fp-data1 fp-solo)
+declare -A IP=([fp-poll1]=$NET.11 [fp-poll2]=$NET.12 [fp-data1]=$NET.21 [fp-solo]=$NET.31)
+FLEET=(fp-poll1 fp-poll2 fp-data1)
 POLLERS=(fp-poll1 fp-poll2)
 declare -A PID=()
 
@@ -140,7 +143,7 @@ ip addr add "$BRIDGE_ADDR/24" dev "$BRIDGE"
 ip link set "$BRIDGE" up
 assert_all_routes
 mkdir -p "$RUN" "$LOGS"
-rm -f "$LOGS"/*
+rm -rf --one-file-system "${LOGS:?}"/*
 phase "network: $BRIDGE $BRIDGE_ADDR/24"
 
 # ---- 2. image and artifacts -------------------------------------------------------------------
@@ -219,8 +222,10 @@ for n in "${NAMES[@]}"; do
 done
 phase "hosts up: ${NAMES[*]}"
 
-# ---- 4. inventory and ansible -----------------------------------------------------------------
-cat > "$RUN/inventory.yml" <<EOF
+# ---- 4. inventories and ansible -----------------------------------------------------------------
+# inventory_head FILE: the settings every test host shares.
+inventory_head() {
+    cat > "$1" <<EOF
 all:
   vars:
     ansible_user: root
@@ -229,7 +234,6 @@ all:
       -o UserKnownHostsFile=$RUN/known_hosts -o StrictHostKeyChecking=yes -o ConnectTimeout=5
     # The hosts cannot reach a mirror; everything is in the image.
     fastpoll_apt_cache_valid_time: 0
-    poll_server_instances: 2
     # This machine caps open files at 20000 per process.
     poll_server_limit_nofile: 20000
     fallback_app_limit_nofile: 20000
@@ -238,9 +242,14 @@ all:
     fallback_app_workers: 2
     memcached_memory_mb: 32
     redis_maxmemory: 32mb
+EOF
+}
+inventory_head "$RUN/inventory.yml"
+cat >> "$RUN/inventory.yml" <<EOF
+    poll_server_instances: 2
   hosts:
 EOF
-for n in "${NAMES[@]}"; do
+for n in "${FLEET[@]}"; do
     printf '    %s:\n      ansible_host: %s\n      fastpoll_private_ip: %s\n' "$n" "${IP[$n]}" "${IP[$n]}" \
         >> "$RUN/inventory.yml"
 done
@@ -261,6 +270,20 @@ cat >> "$RUN/inventory.yml" <<EOF
       hosts:
         fp-data1:
 EOF
+# The one-host layout of ansible/inventories/single: everything on loopback, one instance per
+# vCPU (poll_server_instances unset).
+inventory_head "$RUN/solo.yml"
+cat >> "$RUN/solo.yml" <<EOF
+  hosts:
+    fp-solo:
+      ansible_host: ${IP[fp-solo]}
+      fastpoll_private_ip: 127.0.0.1
+  children:
+    pollers: {hosts: {fp-solo: }}
+    memcached: {hosts: {fp-solo: }}
+    redis: {hosts: {fp-solo: }}
+    app: {hosts: {fp-solo: }}
+EOF
 # The Redis password: per run, never in the repository (as a vault file would be in production).
 ( umask 077; printf 'fastpoll_redis_password: "%s"\n' "$(head -c 24 /dev/urandom | base64 | tr -d '/+=')" \
     > "$RUN/secrets.yml" )
@@ -271,21 +294,34 @@ export ANSIBLE_SSH_CONTROL_PATH_DIR=$RUN/cp
 EXTRA=(-e "@$RUN/secrets.yml" -e "poll_server_binary_src=$POLL_SERVER_BIN")
 
 run_no=0
-# playbook LABEL [args...]: runs site.yml, keeps the log, fails the test if ansible fails.
+# playbook LABEL [args...]: runs site.yml on the fleet, keeps the log, fails the test if ansible
+# fails. INVENTORY=... selects another inventory.
 playbook() {
     local label=$1; shift
     run_no=$((run_no + 1))
     local log=$LOGS/ansible-$run_no-$label.log
     assert_all_routes
-    if ! "$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" "${EXTRA[@]}" "$@" \
-            > "$log" 2>&1; then
+    if ! "$ANSIBLE_BIN/ansible-playbook" -i "${INVENTORY:-$RUN/inventory.yml}" "$REPO/ansible/site.yml" \
+            "${EXTRA[@]}" "$@" > "$log" 2>&1; then
         tail -60 "$log"
         die "ansible-playbook ($label) failed; log: $log"
     fi
     LAST_LOG=$log
 }
-# Sum of changed= over the PLAY RECAP of the last run.
-recap_changed() { awk '/PLAY RECAP/{r=1; next} r && /changed=/{ for(i=1;i<=NF;i++) if ($i ~ /^changed=/) { split($i,a,"="); s+=a[2] } } END{print s+0}' "$LAST_LOG"; }
+# Sum of changed= over the PLAY RECAP of a log (default: the last run).
+recap_changed() { awk '/PLAY RECAP/{r=1; next} r && /changed=/{ for(i=1;i<=NF;i++) if ($i ~ /^changed=/) { split($i,a,"="); s+=a[2] } } END{print s+0}' "${1:-$LAST_LOG}"; }
+# solo LABEL [args...]: the same for the one-host inventory, in the background (SOLO_PID, SOLO_LOG).
+solo() {
+    local label=$1; shift
+    SOLO_LOG=$LOGS/ansible-solo-$label.log
+    assert_all_routes
+    ( INVENTORY=$RUN/solo.yml; run_no=0; LOGS=$LOGS/solo-$label; mkdir -p "$LOGS"
+      playbook "$label" "$@" > "$SOLO_LOG" 2>&1; cp "$LAST_LOG" "$SOLO_LOG.ansible" ) &
+    SOLO_PID=$!
+}
+solo_wait() {
+    wait "$SOLO_PID" || { cat "$SOLO_LOG"; die "fp-solo: $1 failed"; }
+}
 
 "$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" --syntax-check > "$LOGS/syntax.log" 2>&1 \
     || { cat "$LOGS/syntax.log"; die "--syntax-check failed"; }
@@ -298,13 +334,19 @@ else
 fi
 phase "${lint}--syntax-check: ok"
 
+solo deploy
 playbook deploy
-phase "first deploy ($(recap_changed) changes)"
+solo_wait "first deploy"
+phase "first deploy ($(recap_changed) changes; fp-solo $(recap_changed "$SOLO_LOG.ansible"))"
 
+solo second-run
 playbook second-run
 changed=$(recap_changed)
 [ "$changed" = 0 ] || { grep -E '^(changed|TASK)' "$LAST_LOG" | grep -B1 '^changed' ; die "second run changed $changed things (want 0)"; }
-phase "second run: changed=0"
+solo_wait "second run"
+changed=$(recap_changed "$SOLO_LOG.ansible")
+[ "$changed" = 0 ] || { grep -B1 '^changed' "$SOLO_LOG.ansible"; die "fp-solo: second run changed $changed things (want 0)"; }
+phase "second run: changed=0 (fleet and fp-solo)"
 
 playbook check-diff --check --diff
 phase "--check --diff on the deployed fleet: ok"
@@ -339,7 +381,7 @@ case "$out" in *NOAUTH*) ;; *) echo "redis answered without the password: $out";
 [ "$(stat -c '%a %U %G' /etc/fastpoll/redis.pass)" = "640 root fastpoll" ] || { echo "redis.pass mode/owner wrong"; exit 1; }
 EOF
 servers=""
-for n in "${NAMES[@]}"; do
+for n in "${FLEET[@]}"; do
     line=$(on "$n" grep '^servers' /etc/fastpoll/fastpoll.ini)
     [ -z "$servers" ] || [ "$line" = "$servers" ] || die "$n: memcached list differs: '$line' vs '$servers'"
     servers=$line
@@ -376,11 +418,12 @@ done
 say "miss -> fallback -> hit, and a POST through the fallback: ok on ${POLLERS[*]}"
 
 # ---- 7. instances under systemd ---------------------------------------------------------------
-# check_instances N: N active instances on every poller, each pinned to its own CPU, nginx's
-# upstream listing exactly them, and no other instance enabled.
+# check_instances N [HOST...]: N active instances on every poller (or HOST), each pinned to its
+# own CPU, nginx's upstream listing exactly them, and no other instance enabled.
 check_instances() {
-    local want=$1 n
-    for n in "${POLLERS[@]}"; do
+    local want=$1 n hosts
+    if [ $# -gt 1 ]; then hosts=("${@:2}"); else hosts=("${POLLERS[@]}"); fi
+    for n in "${hosts[@]}"; do
         on "$n" bash -s "$want" <<'EOF' || die "$n: instance check failed (want $1)"
 set -euo pipefail
 want=$1
@@ -402,7 +445,7 @@ for port in $(seq 8101 $((8100 + want))); do
     echo "  $u active, enabled, CPUAffinity=$aff (pid $pid on cpu $real)"
     i=$((i + 1))
 done
-extra=$(grep -c 'server 127.0.0.1:' /etc/nginx/sites-enabled/fastpoll.conf)
+extra=$(awk '/^upstream fastpoll_pollers/{f=1} f && $1 == "server" {c++} f && /}/{f=0} END{print c+0}' /etc/nginx/sites-enabled/fastpoll.conf)
 [ "$extra" = "$want" ] || { echo "nginx upstream lists $extra pollers, want $want"; exit 1; }
 for u in $(systemctl list-units --all --plain --no-legend 'fastpoll-poller@*.service' | awk '{print $1}'); do
     port=${u#fastpoll-poller@}; port=${port%.service}
@@ -416,7 +459,16 @@ EOF
     done
 }
 check_instances 2
-phase "request path and instances checked"
+
+# fp-solo, the one-host layout: one instance per vCPU, everything on loopback behind nginx.
+u=$((RANDOM % 9000 + 60000))
+expect "$(http POST fp-solo /api/messages -H 'Content-Type: application/json' \
+    --data "{\"user_id\": $u, \"text\": \"hello solo\"}" | cut -d' ' -f1)" 201 "fp-solo: publish"
+expect "$(http GET fp-solo "/Poll/getMessages?user_id=$u")" "200 cache" "fp-solo: hit after publish"
+expect "$(http GET fp-solo "/Poll/getMessages?user_id=$((u + 1))")" "200 app" "fp-solo: miss"
+expect "$(http GET fp-solo "/Poll/getMessages?user_id=$((u + 1))")" "200 cache" "fp-solo: hit after the fill"
+check_instances "$(on fp-solo nproc --all)" fp-solo
+phase "request path and instances checked (fleet and fp-solo)"
 
 # ---- 8. scaling 2 -> 1 -> 2 ---------------------------------------------------------------------
 playbook scale-down --limit pollers -e poll_server_instances=1
