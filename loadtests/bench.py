@@ -71,6 +71,15 @@ TUNING: dict[str, object] = {
     "fastpoll_upstream_keepalive": 8192,
 }
 
+# The processes each system's requests go through (the CPU per request of the sweep table).
+PATH_GROUPS = {
+    "fastpoll": ("nginx", "poll_servers", "memcached", "app"),
+    "direct": ("poll_servers", "memcached"),
+    "memcached_pass": ("peer_memcached_pass", "memcached"),
+    "return200": ("peer_return200",),
+    "app": ("peer_app",),
+}
+
 SYSTEMS = {
     "fastpoll": "fastpoll: nginx -> poll_server -> memcached",
     "direct": "poll_server directly (one instance, no nginx)",
@@ -327,8 +336,9 @@ def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str
         point = {k: r.get(k) for k in ("rps", "p50_ms", "p99_ms", "failed", "errors", "non2xx",
                                        "other_cpu_share", "fallbacks_seen", "tcp")}
         n = max(1, int(r["requests"]))  # type: ignore[arg-type]
-        point["cpu_us_per_req"] = {g: round(v / n * 1e6, 1)
-                                   for g, v in r["cpu_s"].items() if v > 0}  # type: ignore
+        point["cpu_us_per_req"] = {g: round(v / n * 1e6, 1)  # the path's own processes
+                                   for g, v in r["cpu_s"].items()  # type: ignore[union-attr]
+                                   if g in PATH_GROUPS[str(r["system"])]}
         point["client_us_per_req"] = round(float(r["client_cpu_s"]) / n * 1e6, 1)  # type: ignore
         sweep.setdefault(str(r["system"]), {})[int(r["conns"])] = point  # type: ignore[arg-type]
 
@@ -605,7 +615,8 @@ def main() -> int:
                        "attached": bool(args.attach), "nofile": [hard, hard],
                        "wrk": {"threads": 2, "timeout_s": 10}, "ini": ini,
                        "sysctl_changed": {}},
-            "stack": {"http_port": target.http_port, "poller_ports": target.poller_ports,
+            "stack": {"argv": {n: p.argv for n, p in target.stack.procs.items()},
+                      "http_port": target.http_port, "poller_ports": target.poller_ports,
                       "memcached_ports": target.memcached_ports, "app_port": target.app_port},
             "users": users, "derived": derived, "results": ctx.results,
             "failures": failures,

@@ -8,7 +8,8 @@ prints: the share of CPU per process (wrk, nginx, poll_server, memcached) split 
 kernel time, CPU microseconds per request for each, and the poll server's hottest symbols.
 No hardware counters exist in this VM (`perf stat -e instructions` is <not supported>), so this
 samples the clock; instruction counts need valgrind --tool=callgrind (see --callgrind).
-Output: loadtests/results/profile-<stamp>.txt (and on stdout).
+Output: loadtests/results/profile-<stamp>.txt (and on stdout). With --strace instead: every
+syscall of single hits on one poll server, loadtests/results/strace-poll_server-hit.txt.
 """
 
 from __future__ import annotations
@@ -75,12 +76,58 @@ def top_symbols(data: Path, comm: str, limit: int = 30) -> str:
     return "\n".join(lines[:limit])
 
 
+def strace_hits(out: Path) -> None:
+    """strace one poll server (of a 1-poller stack) while three signed keep-alive GETs arrive one
+    at a time: every syscall one hit costs, with nothing else to batch it with."""
+    import signal
+    import socket
+
+    work = ROOT / "run" / "profile-strace"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    t = stackctl.start(work / "stack", bench.TUNING, {"log": {"level": "warn"}}, n_pollers=1)
+    try:
+        preload.preload([f"127.0.0.1:{p}" for p in t.memcached_ports], 10)
+        signer = Signer(t.stack)
+        s = socket.create_connection(("127.0.0.1", t.poller_ports[0]))
+
+        def hit(u: int) -> None:
+            s.sendall(f"GET /getMessages?{signer.query(str(u))} HTTP/1.1\r\nHost: x\r\n\r\n"
+                      .encode())
+            s.recv(4096)
+
+        hit(1)
+        with out.open("w") as f:
+            f.write(f"# strace -f -p <poll_server>: three signed keep-alive GETs (users 2-4),\n"
+                    f"# one at a time, 0.2 s apart; {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}.\n"
+                    f"# One hit = the lines between two long (idle) epoll_waits.\n")
+            f.flush()
+            st = subprocess.Popen(["strace", "-f", "-p", str(t.poller_pids[0])], stderr=f)
+            time.sleep(1)
+            for u in (2, 3, 4):
+                hit(u)
+                time.sleep(0.2)
+            st.send_signal(signal.SIGINT)
+            st.wait(10)
+        s.close()
+    finally:
+        t.stack.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--attach", type=Path)
     ap.add_argument("--users", type=int, default=bench.USERS)
+    ap.add_argument("--strace", action="store_true",
+                    help="only strace one poll server serving single hits (needs strace)")
     args = ap.parse_args()
+    if args.strace:
+        out = bench.RESULTS / "strace-poll_server-hit.txt"
+        strace_hits(out)
+        print(f"wrote {out.relative_to(ROOT)}")
+        return 0
     if shutil.which("perf") is None:
         print("profile: perf is not installed (apt-get install linux-perf)", file=sys.stderr)
         return 2

@@ -1,9 +1,11 @@
 """Plots (matplotlib) and docs/benchmarks.md from one run's JSON.
 
-    .venv/bin/python loadtests/report.py loadtests/results/bench-YYYYmmdd-HHMMSS.json
+    .venv/bin/python loadtests/report.py [--rederive] loadtests/results/bench-YYYYmmdd-HHMMSS.json
 
 bench.py calls it at the end of a full run; run it alone to redo the plots and the page from a
 stored run. The prose lives in loadtests/benchmarks.md.j2 and loadtests/analysis.md.j2.
+--rederive recomputes the JSON's derived figures from its raw results first (after a change to
+bench.derive).
 """
 
 from __future__ import annotations
@@ -210,8 +212,9 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
     text = env.get_template("benchmarks.md.j2").render(
         d=doc, m=doc["machine"], dv=doc["derived"], r=doc["derived"]["ratios"],
         c50=c50, ab=ab, row=row, abrow=abrow, sweep=sweep, levels=levels, labels=LABELS,
-        cpu_names={"poll_servers": "poll", "nginx": "nginx", "memcached": "mc", "app": "app",
-                   "peer_memcached_pass": "nginx", "peer_return200": "nginx"},
+        cpu_names={"poll_servers": "poll", "nginx": "nginx", "memcached": "mc",
+                   "app": "fallback app", "peer_app": "app", "peer_memcached_pass": "nginx",
+                   "peer_return200": "nginx"},
         json_rel=rel(json_path, out.parent), raw_rel=rel(
             json_path.with_name(json_path.name.replace(".json", "-raw.log")), out.parent),
         png={p.stem.rsplit("-", 1)[1]: rel(p, out.parent) for p in pngs},
@@ -220,12 +223,30 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
     return out
 
 
+def rederive(doc: dict) -> dict:
+    """The derived figures again from the stored raw results (they are a pure function of them);
+    what was measured apart (memory, the hop) is kept."""
+    import bench
+
+    old = doc["derived"]
+    new = bench.derive(doc["results"], old.get("rss", {}))
+    for k in ("poll_server_peak_rss_kb", "hop"):
+        if k in old:
+            new[k] = old[k]
+    doc["derived"] = json.loads(json.dumps(new))
+    return doc
+
+
 def main() -> int:
-    if len(sys.argv) != 2:
+    args = [a for a in sys.argv[1:] if a != "--rederive"]
+    if len(args) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    path = Path(sys.argv[1]).resolve()
+    path = Path(args[0]).resolve()
     doc = json.loads(path.read_text())
+    if "--rederive" in sys.argv:
+        doc = rederive(doc)
+        path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     pngs = plots(doc, path.parent)
     print(write_markdown(doc, path, pngs))
     return 0

@@ -21,6 +21,7 @@ SYSCTLS = (
     "net.ipv4.tcp_fin_timeout",
     "net.ipv4.tcp_syncookies",
     "net.core.netdev_max_backlog",
+    "net.ipv4.tcp_congestion_control",
     "fs.file-max",
     "fs.nr_open",
 )
