@@ -72,9 +72,11 @@ def attach(run_dir: Path) -> Target:
 
 
 def start(run_dir: Path, nginx_vars: dict[str, object], ini: dict[str, dict[str, str]],
-          n_pollers: int | None = None) -> Target:
+          n_pollers: int | None = None, cache_timeout_ms: int | None = None) -> Target:
     """A fresh stack on free loopback ports with the bench's nginx tuning."""
     stack = Stack(run_dir=run_dir, backend="memcached", http_port=free_port(), extra_ini=ini)
+    if cache_timeout_ms:
+        stack.cache_timeout_ms = cache_timeout_ms
     if n_pollers:
         stack.n_pollers = n_pollers
     via = _apply_nginx_vars(stack, nginx_vars)
