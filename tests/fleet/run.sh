@@ -1,6 +1,7 @@
 #!/bin/bash
-# The fleet test: a real Ansible deployment of fastpoll to three Debian 12 hosts booted here with
-# systemd-nspawn, then checks of what the issue asks (docs/deploy.md, "The fleet test").
+# The fleet test: a real Ansible deployment of fastpoll to Debian 12 hosts booted here with
+# systemd-nspawn (a fleet of three, plus one single-host deployment), then checks of what the
+# issue asks (docs/deploy.md, "The fleet test").
 #
 #   tests/fleet/run.sh            (as root; `make test-deploy` runs it)
 #
@@ -17,9 +18,11 @@
 # Everything created here (containers by pid, mounts, the bridge, veths, the run directory) is
 # torn down by name in an EXIT trap, also when a check fails.
 #
-# Environment: FLEET_ANSIBLE_BIN (dir with ansible-playbook, default .venv/bin), FLEET_KEEP=1
-# (leave the fleet up at the end, for debugging; tear down with the printed command),
-# FLEET_POLL_SERVER_BIN (deploy this binary instead of building poll_server/).
+# Environment: FLEET_ANSIBLE_BIN (dir with ansible-playbook and ansible-lint, default .venv/bin),
+# FLEET_KEEP=1 (leave the hosts up at the end, pass or fail, for debugging),
+# FLEET_TEARDOWN_ONLY=1 (tear down what a FLEET_KEEP run left), FLEET_CACHE (image cache dir,
+# default /var/cache/fastpoll-fleet), FLEET_POLL_SERVER_BIN (deploy this binary instead of
+# building poll_server/).
 set -euo pipefail
 
 T0=$(date +%s)
@@ -326,7 +329,7 @@ solo_wait() {
 "$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" --syntax-check > "$LOGS/syntax.log" 2>&1 \
     || { cat "$LOGS/syntax.log"; die "--syntax-check failed"; }
 if [ -x "$ANSIBLE_BIN/ansible-lint" ]; then
-    (cd "$REPO/ansible" && "$ANSIBLE_BIN/ansible-lint" --profile production --nocolor -q) > "$LOGS/lint.log" 2>&1 \
+    (cd "$REPO/ansible" && PATH="$ANSIBLE_BIN:$PATH" ansible-lint --profile production --nocolor -q) > "$LOGS/lint.log" 2>&1 \
         || { cat "$LOGS/lint.log"; die "ansible-lint (production profile) failed"; }
     lint="ansible-lint production: clean, "
 else
