@@ -15,7 +15,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stack import Stack
+from stack import SANITIZER_REPORT, Stack
 
 _uids = itertools.count(1000)
 
@@ -150,6 +150,19 @@ def poller(stack: Stack) -> Iterator[httpx.Client]:
     """A client talking to one poll server directly, without nginx; it signs its polls."""
     with http_client(stack, stack.poller_ports[0]) as c:
         yield c
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_sanitizer_reports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """After every stack of the session has stopped: no poll server log may hold an ASan,
+    UBSan, LeakSanitizer or valgrind report (FP_POLL_SERVER / FP_POLL_WRAPPER runs)."""
+    yield
+    found: list[str] = []
+    for log in sorted(tmp_path_factory.getbasetemp().rglob("poller-*.log")):
+        for line in log.read_bytes().splitlines():
+            if SANITIZER_REPORT.search(line):
+                found.append(f"{log}: {line.decode(errors='replace')}")
+    assert not found, "sanitizer/valgrind reports:\n" + "\n".join(found[:30])
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -59,13 +59,21 @@ static void quote(char *out, size_t outlen, const char *v)
             out[0] = '\0';
         return;
     }
+    if (v == NULL)
+        v = "";
     out[o++] = '"';
-    for (i = 0; v[i] != '\0' && o + 6 < outlen; i++) {
+    /* Room is kept for "..." + '"' + NUL (5 bytes) after every piece;
+     * found by fuzz/fuzz_config.c: an escape as the last piece before the
+     * "..." wrote two bytes past out. */
+    for (i = 0; v[i] != '\0'; i++) {
         unsigned char c = (unsigned char)v[i];
-        if (c < 0x20 || c >= 0x7F || c == '"' || c == '\\') {
-            if (o + 4 >= outlen - 2)
+        int esc = c < 0x20 || c >= 0x7F || c == '"' || c == '\\';
+        if (o + (esc ? 4 : 1) + 5 > outlen)
+            break;
+        if (esc) {
+            if (snprintf(out + o, outlen - o, "\\x%02X", c) != 4)
                 break;
-            o += (size_t)snprintf(out + o, outlen - o, "\\x%02X", c);
+            o += 4;
         } else {
             out[o++] = (char)c;
         }
