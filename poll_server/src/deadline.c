@@ -41,22 +41,28 @@ struct fp_deadlines {
     unsigned long long expired;
 };
 
+/* Frees c without touching the list of all conns. */
+static void conn_release(struct dl_conn *c)
+{
+    if (c->evcon != NULL)
+        HASH_DELETE(hh, c->d->table, c);
+    if (c->bev != NULL)
+        bufferevent_decref(c->bev);
+    event_free(c->timer);
+    free(c);
+}
+
 static void conn_free(struct dl_conn *c)
 {
     struct fp_deadlines *d = c->d;
 
-    if (c->evcon != NULL)
-        HASH_DELETE(hh, d->table, c);
     if (c->prev != NULL)
         c->prev->next = c->next;
     else
         d->all = c->next;
     if (c->next != NULL)
         c->next->prev = c->prev;
-    if (c->bev != NULL)
-        bufferevent_decref(c->bev);
-    event_free(c->timer);
-    free(c);
+    conn_release(c);
 }
 
 static struct dl_conn *conn_find(struct fp_deadlines *d,
@@ -202,11 +208,15 @@ struct fp_deadlines *fp_deadlines_new(struct event_base *base,
 
 void fp_deadlines_free(struct fp_deadlines *d)
 {
+    struct dl_conn *c, *next;
+
     if (d == NULL)
         return;
     /* Left: connections accepted but not yet adopted. */
-    while (d->all != NULL)
-        conn_free(d->all);
+    for (c = d->all; c != NULL; c = next) {
+        next = c->next;
+        conn_release(c);
+    }
     free(d);
 }
 
