@@ -455,6 +455,8 @@ def main() -> int:
     ap.add_argument("--max-minutes", type=float, default=None,
                     help="skip what is left after this long (default 12, quick 1.5)")
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
+    ap.add_argument("--poller-tcp", action="store_true",
+                    help="nginx reaches the poll servers over TCP, not unix sockets")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                     help="first wait up to this long for the machine to be idle (other users)")
     ap.add_argument("--only", default="", help="comma list of groups to run: ab,c50,sweep,rss")
@@ -508,9 +510,11 @@ def main() -> int:
         # The smoke checks every body, so a hit that falls back to the app on a starved CI
         # machine (a cache answer later than 100 ms) would fail it: quick mode allows 1 s.
         target = stackctl.start(work / "stack", TUNING, ini,
-                                cache_timeout_ms=1000 if quick else None)
+                                cache_timeout_ms=1000 if quick else None,
+                                poller_unix=not args.poller_tcp)
         print(f"  stack up at {target.base_url}: {len(target.poller_ports)} poll servers "
-              f"{target.poller_ports}, memcached {target.memcached_ports}, app {target.app_port}"
+              f"{target.poller_ports} (nginx reaches them over {target.poller_hop}), memcached "
+              f"{target.memcached_ports}, app {target.app_port}"
               f" ({time.monotonic() - t_start:.1f}s)", flush=True)
     peer_tuning = {k: v for k, v in TUNING.items() if not k.startswith("fastpoll_")}
     ctx = Ctx(args=args, target=target, peers={}, raw_log=raw_log, signer=Signer(target.stack),
@@ -615,6 +619,7 @@ def main() -> int:
             "started_utc": stamp, "seconds": round(time.monotonic() - t_start, 1),
             "machine": machine, "idle_before_start": quiet,
             "tuning": {"nginx": TUNING, "nginx_applied_via": target.nginx_vars_via,
+                       "poller_hop": target.poller_hop,
                        "attached": bool(args.attach), "nofile": [hard, hard],
                        "wrk": {"threads": 2, "timeout_s": 10}, "ini": ini,
                        "sysctl_changed": {}},

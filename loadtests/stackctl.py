@@ -36,6 +36,7 @@ class Target:
     nginx_pid: int
     nginx_vars: dict[str, object] = field(default_factory=dict)
     nginx_vars_via: str = ""
+    poller_hop: str = "tcp"  # how nginx reaches the poll servers
 
     @property
     def base_url(self) -> str:
@@ -72,17 +73,22 @@ def attach(run_dir: Path) -> Target:
 
 
 def start(run_dir: Path, nginx_vars: dict[str, object], ini: dict[str, dict[str, str]],
-          n_pollers: int | None = None, cache_timeout_ms: int | None = None) -> Target:
-    """A fresh stack on free loopback ports with the bench's nginx tuning."""
+          n_pollers: int | None = None, cache_timeout_ms: int | None = None,
+          poller_unix: bool = True) -> Target:
+    """A fresh stack on free loopback ports with the bench's nginx tuning; nginx reaches the
+    poll servers through unix sockets when the harness and the poll server support it."""
     stack = Stack(run_dir=run_dir, backend="memcached", http_port=free_port(), extra_ini=ini)
     if cache_timeout_ms:
         stack.cache_timeout_ms = cache_timeout_ms
+    if hasattr(stack, "poller_unix"):
+        stack.poller_unix = poller_unix
     if n_pollers:
         stack.n_pollers = n_pollers
     via = _apply_nginx_vars(stack, nginx_vars)
     stack.start()
     t = _target(stack, started_here=True)
     t.nginx_vars, t.nginx_vars_via = nginx_vars, via
+    t.poller_hop = "unix" if getattr(stack, "poller_unix", False) else "tcp"
     return t
 
 
