@@ -57,6 +57,39 @@ test-integration: venv build
 
 test: test-unit test-integration
 
+# Security and reliability checks (docs/security.md); `make test` runs them through test-security.
+#   sanitize-test: every integration test but the soak on the ASan+UBSan poll server; any
+#                  sanitizer report in a poll server's log fails the run (tests/conftest.py).
+#   valgrind:      a subset under valgrind memcheck; any error or leak fails.
+#   fuzz:          each libFuzzer target FUZZ_SECONDS (30) on the committed corpus.
+#   lint-c:        cppcheck and clang-tidy on poll_server/src.
+.PHONY: sanitize-test valgrind fuzz lint-c test-security deps-security
+# libFuzzer's runtime is only "recommended" by clang in Debian: named, since deps skips those.
+SECURITY_PACKAGES := clang libclang-rt-14-dev cppcheck clang-tidy valgrind
+deps-security:
+	@missing=$$(for p in $(SECURITY_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null \
+		| grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "apt: installing $$missing"; \
+		$(SUDO) apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+sanitize-test: venv build
+	$(MAKE) -C poll_server sanitize
+	FP_POLL_SERVER=poll_server/build/poll_server-asan $(VENV)/bin/pytest -q -m "not soak" tests
+
+valgrind: venv build deps-security
+	$(MAKE) -C poll_server valgrind
+
+fuzz: deps-security
+	$(MAKE) -C poll_server fuzz FUZZ_SECONDS=$(or $(FUZZ_SECONDS),30)
+
+lint-c: deps-security
+	$(MAKE) -C poll_server lint
+
+test-security: lint-c fuzz sanitize-test valgrind
+
 # Full benchmark (<= 10 min): loadtests/results/ and docs/benchmarks.md, on its own free ports.
 bench: venv build
 	$(PY) loadtests/bench.py

@@ -159,9 +159,14 @@ def no_sanitizer_reports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
     yield
     found: list[str] = []
     for log in sorted(tmp_path_factory.getbasetemp().rglob("poller-*.log")):
-        for line in log.read_bytes().splitlines():
+        text = log.read_bytes()
+        for line in text.splitlines():
             if SANITIZER_REPORT.search(line):
                 found.append(f"{log}: {line.decode(errors='replace')}")
+        # Under valgrind a poll server that never got to its summary (killed) proves nothing.
+        killed = b"SIGKILL" in text or b"signal 9" in text
+        if b"Memcheck" in text and b"ERROR SUMMARY: 0 errors" not in text and not killed:
+            found.append(f"{log}: valgrind printed no clean ERROR SUMMARY")
     assert not found, "sanitizer/valgrind reports:\n" + "\n".join(found[:30])
 
 
