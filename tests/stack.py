@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -125,6 +126,13 @@ class Stack:
     signing: bool = True
     # Extra memcached flags, e.g. ["-vv"]: it then logs every command it receives.
     memcached_args: list[str] = field(default_factory=list)
+    # Pollers also listen on a unix socket (poller_socket()) and nginx reaches them through
+    # it (no TCP loopback stack on that hop); their TCP ports stay for direct use.
+    # FP_POLLER_UNIX=1 turns it on for every stack (e.g. the whole test suite).
+    poller_unix: bool = field(
+        default_factory=lambda: os.environ.get("FP_POLLER_UNIX", "0") == "1"
+    )
+    socket_dir: Path | None = None  # made by poller_socket(), removed by stop()
     extra_ini: dict[str, dict[str, str]] = field(default_factory=dict)
     nginx_vars: dict[str, object] = field(
         default_factory=dict
@@ -193,6 +201,9 @@ class Stack:
         }
         if self.signing:
             sections["signing"] = {"secret_file": str(self.secret_path), "ttl": "3600"}
+        if self.poller_unix:
+            # nginx's workers run as nobody when we are root; the socket directory is ours.
+            sections["server"]["unix_mode"] = "0666"
         for section, values in self.extra_ini.items():
             sections.setdefault(section, {}).update(values)
         return sections
@@ -232,7 +243,12 @@ class Stack:
         site = env.get_template("fastpoll.conf.j2").render(
             **{
                 "fastpoll_listen": f"127.0.0.1:{self.http_port}",
-                "fastpoll_pollers": [f"127.0.0.1:{p}" for p in self.poller_ports],
+                "fastpoll_pollers": [
+                    f"unix:{self.poller_socket(i)}"
+                    if self.poller_unix
+                    else f"127.0.0.1:{p}"
+                    for i, p in enumerate(self.poller_ports)
+                ],
                 "fastpoll_apps": [f"127.0.0.1:{self.app_port}"],
                 **(
                     {"fastpoll_status_port": self.nginx_status_port}
@@ -342,6 +358,16 @@ class Stack:
             "app", lambda: http_status(url) == 200, timeout=60, proc=self._popen["app"]
         )
 
+    def poller_socket(self, i: int) -> Path:
+        """Poller i's unix socket (used when poller_unix is set). The sockets live in a
+        directory of their own under /tmp: nginx's workers (nobody, when we are root) must be
+        able to reach them, run_dir may sit in a 0700 directory (pytest's), and a socket path
+        is limited to 107 bytes."""
+        if self.socket_dir is None:
+            self.socket_dir = Path(tempfile.mkdtemp(prefix="fastpoll-", dir="/tmp"))
+            self.socket_dir.chmod(0o711)  # reachable, not listable
+        return self.socket_dir / f"poller-{i}.sock"
+
     def start_poller(self, i: int, binary: Path | None = None) -> None:
         port = self.poller_ports[i]
         name = f"poller-{i}"
@@ -353,6 +379,8 @@ class Stack:
             "-p",
             str(port),
         ]
+        if self.poller_unix:
+            argv += ["-l", f"127.0.0.1 unix:{self.poller_socket(i)}"]
         if self.admin_ports:
             argv += ["-A", str(self.admin_ports[i])]
         self._spawn(name, argv, port)
@@ -480,6 +508,10 @@ class Stack:
             self.procs, key=lambda n: (n != "nginx", n.startswith("memcached"), n)
         ):
             self.stop_proc(name)
+        if self.socket_dir is not None:
+            # Empty by now: each poller unlinks its socket on exit.
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self.socket_dir = None
         state = self.run_dir / "stack.json"
         if state.exists():
             state.unlink()
@@ -494,6 +526,7 @@ class Stack:
             "admin_ports": {f"poller-{i}": p for i, p in enumerate(self.admin_ports)},
             "nginx_status_port": self.nginx_status_port,
             "app_port": self.app_port,
+            "socket_dir": str(self.socket_dir) if self.socket_dir else None,
             "procs": {
                 n: {"pid": p.pid, "port": p.port, "argv": p.argv, "started": p.started}
                 for n, p in self.procs.items()
@@ -507,6 +540,8 @@ class Stack:
         stack = cls(
             run_dir=run_dir, backend=state["backend"], http_port=state["http_port"]
         )
+        if state.get("socket_dir"):
+            stack.socket_dir = Path(state["socket_dir"])
         for name, p in state["procs"].items():
             stack.procs[name] = Proc(
                 name=name,
@@ -559,6 +594,12 @@ def main() -> int:
         default=int(os.environ.get("FP_MEMCACHED_NODES", "1")),
     )
     ap.add_argument(
+        "--poller-unix",
+        action="store_true",
+        default=os.environ.get("FP_POLLER_UNIX", "0") == "1",
+        help="nginx reaches the pollers through unix sockets (in /tmp/fastpoll-*/)",
+    )
+    ap.add_argument(
         "--no-signing",
         action="store_true",
         default=os.environ.get("FP_SIGNING", "1") == "0",
@@ -601,6 +642,7 @@ def main() -> int:
         http_port=args.http_port,
         n_memcached=args.memcached_nodes,
         signing=not args.no_signing,
+        poller_unix=args.poller_unix,
         access_log=os.environ.get("FP_ACCESS_LOG", "0") == "1",
     )
     if args.pollers:

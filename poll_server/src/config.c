@@ -287,11 +287,105 @@ static int set_address(char **field, const char *v, char *why, size_t whylen)
     return replace_str(field, v, why, whylen);
 }
 
+/* An absolute path a unix socket can be bound to. */
+static int check_unix_path(const char *path, char *why, size_t whylen)
+{
+    if (path[0] != '/') {
+        fmt(why, whylen, "unix: needs an absolute path");
+        return -1;
+    }
+    if (strlen(path) > UNIX_PATH_MAX_) {
+        fmt(why, whylen, "unix socket path longer than %d bytes", UNIX_PATH_MAX_);
+        return -1;
+    }
+    for (const char *p = path; *p; p++) {
+        if ((unsigned char)*p <= 0x20 || (unsigned char)*p == 0x7F) {
+            fmt(why, whylen, "unix socket path with a space or control character");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* "ADDR", "unix:/path" or both, separated by spaces: a TCP address (bound
+ * with `port`) and/or a unix socket. nginx on the same host reaches the
+ * poller cheaper through the socket; the TCP one stays for direct use. */
 static int set_listen(struct fp_settings *s, const struct option_def *o,
                       const char *v, char *why, size_t whylen)
 {
+    char *host = NULL, *path = NULL, *tok, *save = NULL, *copy;
+    int rc = -1;
+
     (void)o;
-    return set_address(&s->listen, v, why, whylen);
+    if ((copy = dupn(v, strlen(v))) == NULL) {
+        fmt(why, whylen, "out of memory");
+        return -1;
+    }
+    for (tok = strtok_r(copy, " \t", &save); tok != NULL;
+         tok = strtok_r(NULL, " \t", &save)) {
+        if (strncmp(tok, "unix:", 5) == 0) {
+            if (path != NULL) {
+                fmt(why, whylen, "more than one unix: path");
+                goto out;
+            }
+            if (check_unix_path(tok + 5, why, whylen) < 0)
+                goto out;
+            if ((path = dupn(tok + 5, strlen(tok + 5))) == NULL) {
+                fmt(why, whylen, "out of memory");
+                goto out;
+            }
+        } else {
+            if (host != NULL) {
+                fmt(why, whylen, "more than one address (one address and "
+                    "one unix:/path at most)");
+                goto out;
+            }
+            if (set_address(&host, tok, why, whylen) < 0)
+                goto out;
+        }
+    }
+    if (host == NULL && path == NULL) {
+        fmt(why, whylen, "not an address or host name");
+        goto out;
+    }
+    free(s->listen);
+    free(s->listen_unix);
+    s->listen = host;
+    s->listen_unix = path;
+    host = path = NULL;
+    rc = 0;
+out:
+    free(host);
+    free(path);
+    free(copy);
+    return rc;
+}
+
+/* Octal permissions, e.g. 0660; 0..0777. */
+static int set_mode(struct fp_settings *s, const struct option_def *o,
+                    const char *v, char *why, size_t whylen)
+{
+    unsigned m = 0;
+    size_t n = strlen(v);
+
+    (void)o;
+    if (n == 0 || n > 4) {
+        fmt(why, whylen, "not octal permissions such as 0660");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] < '0' || v[i] > '7') {
+            fmt(why, whylen, "not octal permissions such as 0660");
+            return -1;
+        }
+        m = m * 8 + (unsigned)(v[i] - '0');
+    }
+    if (m > 0777) {
+        fmt(why, whylen, "not octal permissions in 0..0777");
+        return -1;
+    }
+    s->unix_mode = m;
+    return 0;
 }
 
 static int set_admin_listen(struct fp_settings *s, const struct option_def *o,
@@ -710,6 +804,7 @@ static int set_level(struct fp_settings *s, const struct option_def *o,
 static const struct option_def options[] = {
     { "server", "listen", set_listen, 0, 0, 0, false },
     { "server", "port", set_port, 0, 0, 0, false },
+    { "server", "unix_mode", set_mode, 0, 0, 0, false },
     { "server", "max_header_size", set_size, F(max_header_size), 256, 1048576, false },
     { "server", "max_body_size", set_size, F(max_body_size), 0, 67108864, false },
     { "server", "request_timeout_ms", set_uint, F(request_timeout_ms), 1, 3600000, false },
@@ -762,6 +857,7 @@ static const struct option_def *find_option(const char *section,
 void fp_config_free(struct fp_settings *s)
 {
     free(s->listen);
+    free(s->listen_unix);
     free(s->admin_listen);
     free(s->key_prefix);
     for (size_t i = 0; i < s->nkey_params; i++)
@@ -791,6 +887,7 @@ int fp_config_defaults(struct fp_settings *s, char *err, size_t errlen)
 
     memset(s, 0, sizeof(*s));
     s->port = 8101;
+    s->unix_mode = 0660;
     s->max_header_size = 8192;
     s->max_body_size = 65536;
     s->request_timeout_ms = 10000;
@@ -1005,7 +1102,7 @@ void fp_config_usage(FILE *out, const char *prog)
         "       [-L debug|info|warn|error] [-A PORT] [-h] [-V]\n"
         "  -c, --config FILE     read FILE (fastpoll.ini); without it, defaults\n"
         "  -t, --test            check the configuration, print \"config OK\", exit\n"
-        "  -l, --listen ADDR     [server] listen\n"
+        "  -l, --listen ADDR     [server] listen: ADDR, unix:/path or both\n"
         "  -p, --port PORT       [server] port\n"
         "  -b, --backend NAME    [cache] backend\n"
         "  -s, --servers LIST    [memcached] servers (replaces the file's list)\n"

@@ -42,7 +42,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
@@ -88,7 +90,11 @@ struct fp_http {
     struct event_base *base;
     const struct fp_settings *s;
     struct evhttp *http;
-    struct evhttp_bound_socket *bound;
+    struct evhttp_bound_socket *bound;      /* TCP listener, or NULL */
+    struct evhttp_bound_socket *bound_unix; /* unix socket listener, or NULL */
+    const char *unix_path;      /* ours to unlink at exit, or NULL */
+    dev_t unix_dev;             /* ... if it is still the one we bound */
+    ino_t unix_ino;
     struct fp_coalesce *co;
     struct fp_signer *signer;   /* NULL: poll URLs are not signed */
     struct fp_deadlines *dl;    /* total time limit per request (slowloris) */
@@ -393,6 +399,105 @@ static evutil_socket_t listen_on(const char *host, uint16_t port)
     return fd;
 }
 
+/* Is a server listening on this unix socket? A stale file refuses the
+ * connect; a live one accepts it (or is too busy to: EAGAIN). */
+static int unix_in_use(const struct sockaddr_un *sa)
+{
+    evutil_socket_t fd;
+    int rc, err;
+
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 1; /* cannot tell: do not remove it */
+    rc = connect(fd, (const struct sockaddr *)sa, sizeof(*sa));
+    err = errno;
+    close(fd);
+    return rc == 0 || (err != ECONNREFUSED && err != ENOENT);
+}
+
+/* A non-blocking listening unix socket at path with the given mode, or -1
+ * (logged). A socket file left by a server that is gone is replaced; one
+ * a server still listens on, or a file that is not a socket, is not. The
+ * file's identity goes to *st, so that exit removes only our own. */
+static evutil_socket_t listen_unix(const char *path, unsigned mode,
+                                   struct stat *st)
+{
+    struct sockaddr_un sa;
+    struct stat old;
+    evutil_socket_t fd;
+    mode_t um;
+    int rc;
+
+    if (path == NULL) /* never: the caller checks (keeps -Wformat quiet) */
+        return -1;
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        fp_log(FP_LOG_ERROR, "http: unix socket path too long: %s", path);
+        return -1;
+    }
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    if (lstat(path, &old) == 0) {
+        if (!S_ISSOCK(old.st_mode)) {
+            fp_log(FP_LOG_ERROR, "http: %s exists and is not a socket", path);
+            return -1;
+        }
+        if (unix_in_use(&sa)) {
+            fp_log(FP_LOG_ERROR, "http: a server already listens on %s", path);
+            return -1;
+        }
+        if (unlink(path) != 0 && errno != ENOENT) {
+            fp_log(FP_LOG_ERROR, "http: cannot remove the stale socket %s: %s",
+                   path, strerror(errno));
+            return -1;
+        }
+        fp_log(FP_LOG_INFO, "http: removed the stale socket %s", path);
+    } else if (errno != ENOENT) {
+        fp_log(FP_LOG_ERROR, "http: cannot check %s: %s", path, strerror(errno));
+        return -1;
+    }
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        fp_log(FP_LOG_ERROR, "http: cannot create a unix socket: %s",
+               strerror(errno));
+        return -1;
+    }
+    /* Created no wider than 0600, then opened up to mode: never wider than
+     * asked, not even for a moment. (Start-up: no other thread.) */
+    um = umask(0177);
+    rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    umask(um);
+    if (rc != 0) {
+        fp_log(FP_LOG_ERROR, "http: cannot bind %s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (chmod(path, (mode_t)mode) != 0 || stat(path, st) != 0 ||
+        listen(fd, LISTEN_BACKLOG) != 0) {
+        fp_log(FP_LOG_ERROR, "http: cannot listen on %s: %s", path,
+               strerror(errno));
+        (void)unlink(path);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Removes our socket file, if it is still ours (a restarted instance may
+ * have bound a new one at the same path meanwhile). */
+static void unix_release(struct fp_http *h)
+{
+    struct stat st;
+
+    if (h->unix_path == NULL)
+        return;
+    if (stat(h->unix_path, &st) == 0 && st.st_dev == h->unix_dev &&
+        st.st_ino == h->unix_ino && unlink(h->unix_path) != 0)
+        fp_log(FP_LOG_WARN, "http: cannot remove %s: %s", h->unix_path,
+               strerror(errno));
+    h->unix_path = NULL;
+}
+
 struct fp_http *fp_http_start(struct event_base *base,
                               const struct fp_settings *s,
                               struct fp_cache *cache)
@@ -444,18 +549,34 @@ struct fp_http *fp_http_start(struct event_base *base,
     evhttp_set_gencb(h->http, on_request, h);
     evhttp_set_bevcb(h->http, fp_deadline_bevcb, h->dl);
 
-    if ((fd = listen_on(s->listen, s->port)) < 0)
-        goto fail;
-    /* evhttp owns the socket from here (closed by evhttp_del_accept_socket
+    /* evhttp owns the sockets from here (closed by evhttp_del_accept_socket
      * or evhttp_free). */
-    if ((h->bound = evhttp_accept_socket_with_handle(h->http, fd)) == NULL) {
-        fp_log(FP_LOG_ERROR, "http: cannot accept on %s:%u", s->listen,
-               (unsigned)s->port);
-        close(fd);
-        goto fail;
+    if (s->listen != NULL) {
+        if ((fd = listen_on(s->listen, s->port)) < 0)
+            goto fail;
+        if ((h->bound = evhttp_accept_socket_with_handle(h->http, fd)) == NULL) {
+            fp_log(FP_LOG_ERROR, "http: cannot accept on %s:%u", s->listen,
+                   (unsigned)s->port);
+            close(fd);
+            goto fail;
+        }
+    }
+    if (s->listen_unix != NULL) {
+        struct stat st;
+        if ((fd = listen_unix(s->listen_unix, s->unix_mode, &st)) < 0)
+            goto fail;
+        h->unix_path = s->listen_unix;
+        h->unix_dev = st.st_dev;
+        h->unix_ino = st.st_ino;
+        if ((h->bound_unix = evhttp_accept_socket_with_handle(h->http, fd)) == NULL) {
+            fp_log(FP_LOG_ERROR, "http: cannot accept on unix:%s", s->listen_unix);
+            close(fd);
+            goto fail;
+        }
     }
     return h;
 fail:
+    unix_release(h);
     if (h->http != NULL)
         evhttp_free(h->http);
     fp_coalesce_free(h->co);
@@ -471,6 +592,11 @@ void fp_http_drain(struct fp_http *h, void (*done)(void *arg), void *arg)
         evhttp_del_accept_socket(h->http, h->bound);
         h->bound = NULL;
     }
+    if (h->bound_unix != NULL) {
+        evhttp_del_accept_socket(h->http, h->bound_unix);
+        h->bound_unix = NULL;
+    }
+    unix_release(h); /* nginx gets ECONNREFUSED/ENOENT: the next poller */
     h->draining = 1;
     h->drained = done;
     h->drained_arg = arg;
@@ -503,6 +629,7 @@ void fp_http_free(struct fp_http *h)
     if (h == NULL)
         return;
     h->drained = NULL;
+    unix_release(h);
     /* Runs on_close for every request still held, which detaches it. */
     evhttp_free(h->http);
     fp_deadlines_free(h->dl); /* after evhttp_free: its closes free ours */

@@ -95,7 +95,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 
 static void log_startup(const struct fp_settings *s, const char *config)
 {
-    char servers[512];
+    char servers[512], where[400];
     size_t n = 0;
 
     servers[0] = '\0';
@@ -118,9 +118,17 @@ static void log_startup(const struct fp_settings *s, const char *config)
                  (unsigned)s->redis.port, s->redis_db,
                  s->redis_password ? " (AUTH)" : "");
     }
-    fp_log(FP_LOG_INFO, "poll_server %s (libevent %s) listening on %s:%u, "
+    if (s->listen != NULL && s->listen_unix != NULL)
+        snprintf(where, sizeof(where), "%s:%u and unix:%s (mode %04o)",
+                 s->listen, (unsigned)s->port, s->listen_unix, s->unix_mode);
+    else if (s->listen != NULL)
+        snprintf(where, sizeof(where), "%s:%u", s->listen, (unsigned)s->port);
+    else
+        snprintf(where, sizeof(where), "unix:%s (mode %04o)", s->listen_unix,
+                 s->unix_mode);
+    fp_log(FP_LOG_INFO, "poll_server %s (libevent %s) listening on %s, "
            "config %s, backend %s: %s, timeout %u ms, log level %s",
-           FP_VERSION, event_get_version(), s->listen, (unsigned)s->port,
+           FP_VERSION, event_get_version(), where,
            config ? config : "(defaults)",
            s->backend == FP_BACKEND_MEMCACHED ? "memcached" : "redis",
            servers, s->cache_timeout_ms, fp_config_level_name(s->log_level));

@@ -23,7 +23,10 @@ struct fp_server_addr {
 
 struct fp_settings {
     /* [server] */
-    char *listen;                /* address to bind, default 127.0.0.1 */
+    char *listen;                /* address to bind with port, default 127.0.0.1;
+                                  * NULL: no TCP listener (unix socket only) */
+    char *listen_unix;           /* unix socket path to listen on, or NULL */
+    unsigned unix_mode;          /* its permissions, default 0660 */
     uint16_t port;               /* default 8101 */
     size_t max_header_size;      /* bytes, default 8192 */
     size_t max_body_size;        /* bytes, default 65536; POST bodies read and discarded */

@@ -215,6 +215,56 @@ static void test_bad_values(void **state)
     expect_error("[log]\nlevel = verbose\n", ":2:", "level", "debug, info");
 }
 
+/* [server] listen: an address, a unix socket, or one of each; unix_mode. */
+static void test_listen_unix(void **state)
+{
+    struct fp_settings s;
+    (void)state;
+
+    assert_int_equal(fp_config_defaults(&s, err, sizeof(err)), 0);
+    assert_null(s.listen_unix);
+    assert_int_equal(s.unix_mode, 0660);
+    fp_config_free(&s);
+
+    assert_int_equal(load(&s, "[server]\nlisten = unix:/run/fastpoll/p0.sock\n"), 0);
+    assert_null(s.listen);
+    assert_string_equal(s.listen_unix, "/run/fastpoll/p0.sock");
+    fp_config_free(&s);
+
+    assert_int_equal(load(&s, "[server]\nlisten = 127.0.0.2   unix:/run/p.sock\n"
+                              "unix_mode = 0600\n"), 0);
+    assert_string_equal(s.listen, "127.0.0.2");
+    assert_string_equal(s.listen_unix, "/run/p.sock");
+    assert_int_equal(s.unix_mode, 0600);
+    fp_config_free(&s);
+
+    /* A value replaces both parts (-l over the file's listen). */
+    assert_int_equal(load(&s, "[server]\nlisten = unix:/run/p.sock ::1\n"), 0);
+    assert_string_equal(s.listen, "::1");
+    assert_int_equal(fp_config_set(&s, "server", "listen", "10.0.0.1", err,
+                                   sizeof(err)), 0);
+    assert_string_equal(s.listen, "10.0.0.1");
+    assert_null(s.listen_unix);
+    fp_config_free(&s);
+
+    expect_error("[server]\nlisten = unix:relative.sock\n", ":2:", "listen",
+                 "absolute");
+    expect_error("[server]\nlisten = unix:\n", ":2:", "listen", "absolute");
+    expect_error("[server]\nlisten = unix:/a.sock unix:/b.sock\n", ":2:",
+                 "listen", "more than one unix");
+    expect_error("[server]\nlisten = unix:/" /* 108 bytes: one too many */
+                 "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                 "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n", ":2:", "listen", "107");
+    expect_error("[server]\nlisten = 127.0.0.1 ::1\n", ":2:", "listen",
+                 "more than one address");
+    expect_error("[server]\nlisten = unix:/a.sock b_c\n", ":2:", "listen", NULL);
+    expect_error("[server]\nunix_mode = 0999\n", ":2:", "unix_mode", "octal");
+    expect_error("[server]\nunix_mode = 1777\n", ":2:", "unix_mode", "0..0777");
+    expect_error("[server]\nunix_mode = rw\n", ":2:", "unix_mode", NULL);
+    expect_error("[server]\nunix_mode =\n", ":2:", "unix_mode", NULL);
+    expect_error("[server]\nunix_mode = 00660\n", ":2:", "unix_mode", NULL);
+}
+
 static void test_unknown_and_repeats(void **state)
 {
     (void)state;
@@ -378,6 +428,13 @@ static void test_flags(void **state)
         assert_int_equal(s.nmc_servers, 1);
         fp_config_free(&s);
     }
+    {   /* -l takes a unix socket too (the stack gives each poller its own) */
+        char *argv[] = { "poll_server", "-l", "127.0.0.1 unix:/tmp/p0.sock", NULL };
+        assert_int_equal(run_args(&s, &cli, 3, argv), 0);
+        assert_string_equal(s.listen, "127.0.0.1");
+        assert_string_equal(s.listen_unix, "/tmp/p0.sock");
+        fp_config_free(&s);
+    }
     {   /* a bad flag value names the flag */
         char *argv[] = { "poll_server", "-c", path, "-p", "99999", NULL };
         assert_int_equal(run_args(&s, &cli, 5, argv), -1);
@@ -472,6 +529,7 @@ int main(void)
         cmocka_unit_test(test_good_file),
         cmocka_unit_test(test_empty_values),
         cmocka_unit_test(test_bad_values),
+        cmocka_unit_test(test_listen_unix),
         cmocka_unit_test(test_unknown_and_repeats),
         cmocka_unit_test(test_long_lines),
         cmocka_unit_test(test_password_file),
