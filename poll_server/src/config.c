@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <arpa/inet.h>
 #include <ini.h>
 
 #include "config.h"
@@ -270,6 +271,30 @@ static int set_db(struct fp_settings *s, const struct option_def *o,
 }
 
 /* A name or IPv4 literal, or an IPv6 literal such as ::1. */
+/* Loopback, private (RFC 1918, RFC 4193), shared (RFC 6598) or link-local:
+ * addresses the internet cannot reach. Names other than localhost are not
+ * resolved here, so they cannot be checked: refused. */
+static int private_address(const char *v)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    uint32_t a;
+
+    if (strcmp(v, "localhost") == 0)
+        return 1;
+    if (inet_pton(AF_INET6, v, &a6) == 1) {
+        if (!IN6_IS_ADDR_V4MAPPED(&a6))
+            return IN6_IS_ADDR_LOOPBACK(&a6) || IN6_IS_ADDR_LINKLOCAL(&a6) ||
+                   (a6.s6_addr[0] & 0xFE) == 0xFC;
+        memcpy(&a4, &a6.s6_addr[12], sizeof(a4));
+    } else if (inet_pton(AF_INET, v, &a4) != 1) {
+        return 0;
+    }
+    a = ntohl(a4.s_addr);
+    return a >> 24 == 127 || a >> 24 == 10 || a >> 20 == 0xAC1 ||
+           a >> 16 == 0xC0A8 || a >> 16 == 0xA9FE || a >> 22 == 0x191;
+}
+
 static int set_address(char **field, const char *v, char *why, size_t whylen)
 {
     size_t n = strlen(v);
@@ -283,6 +308,12 @@ static int set_address(char **field, const char *v, char *why, size_t whylen)
             fmt(why, whylen, "not an address or host name");
             return -1;
         }
+    }
+    /* Only nginx (and the monitoring agent) may reach a poll server. */
+    if (!private_address(v)) {
+        fmt(why, whylen, "not a loopback or private IP address (or localhost): "
+            "nothing but nginx may reach a poll server (docs/security.md)");
+        return -1;
     }
     return replace_str(field, v, why, whylen);
 }

@@ -88,7 +88,7 @@ static void test_good_file(void **state)
         "; fastpoll\n"
         "# both comment styles\n"
         "[server]\n"
-        "listen = 0.0.0.0\n"
+        "listen = 10.1.2.3\n"
         "port = 9000 ; inline comment\n"
         "max_header_size = 4096\n"
         "max_body_size = 0\n"
@@ -117,7 +117,7 @@ static void test_good_file(void **state)
         "anything = goes here\n"
         "[something_else]\n"
         "whatever = 1\n"), 0);
-    assert_string_equal(s.listen, "0.0.0.0");
+    assert_string_equal(s.listen, "10.1.2.3");
     assert_int_equal(s.port, 9000);
     assert_int_equal(s.max_header_size, 4096);
     assert_int_equal(s.max_body_size, 0);

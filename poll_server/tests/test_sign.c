@@ -224,6 +224,38 @@ static void test_config(void **state)
     assert_int_equal(fp_config_set(&s, "keys", "params", "expires sigma", why,
                                    sizeof(why)), 0);
 
+    /* Listeners: loopback or private addresses only. */
+    {
+        static const char *const ok[] = {
+            "127.0.0.1", "127.8.9.10", "10.0.0.1", "172.16.0.1", "172.31.255.254",
+            "192.168.1.1", "169.254.1.1", "100.64.0.1", "::1", "fd00::1",
+            "fe80::1", "::ffff:10.1.2.3", "localhost",
+        };
+        static const char *const refused[] = {
+            "0.0.0.0", "::", "8.8.8.8", "172.32.0.1", "172.15.255.255",
+            "192.169.0.1", "100.128.0.1", "11.0.0.1", "2001:db8::1",
+            "::ffff:8.8.8.8", "example.com", "poller1.internal",
+        };
+        for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+            if (fp_config_set(&s, "server", "listen", ok[i], why, sizeof(why)) != 0)
+                fail_msg("listen %s refused: %s", ok[i], why);
+            assert_int_equal(fp_config_set(&s, "admin", "listen", ok[i], why,
+                                           sizeof(why)), 0);
+        }
+        for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+            if (fp_config_set(&s, "server", "listen", refused[i], why,
+                              sizeof(why)) == 0)
+                fail_msg("listen %s accepted", refused[i]);
+            assert_non_null(strstr(why, "private"));
+            assert_int_equal(fp_config_set(&s, "admin", "listen", refused[i],
+                                           why, sizeof(why)), -1);
+        }
+        /* A unix socket next to a private address is still fine. */
+        assert_int_equal(fp_config_set(&s, "server", "listen",
+                                       "10.0.0.1 unix:/run/p.sock", why,
+                                       sizeof(why)), 0);
+    }
+
     /* Empty: not signed. */
     assert_int_equal(fp_config_set(&s, "signing", "secret_file", "", why,
                                    sizeof(why)), 0);
