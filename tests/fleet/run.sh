@@ -387,12 +387,12 @@ case "$out" in *NOAUTH*) ;; *) echo "redis answered without the password: $out";
 EOF
 servers=""
 for n in "${FLEET[@]}"; do
-    line=$(on "$n" grep '^servers' /etc/fastpoll/fastpoll.ini)
+    line=$(on "$n" grep '^servers' /etc/fastpoll/fastpoll.ini | tr '\n' ' ')
     [ -z "$servers" ] || [ "$line" = "$servers" ] || die "$n: memcached list differs: '$line' vs '$servers'"
     servers=$line
 done
 # Sorted by inventory name: fp-data1 before fp-poll2.
-expect "$servers" "servers = ${IP[fp-data1]}:11211 ${IP[fp-poll2]}:11211" "memcached list"
+expect "$servers" "servers = ${IP[fp-data1]}:11211 servers = ${IP[fp-poll2]}:11211 " "memcached list"
 say "memcached, redis and the app listen on the private address only; redis wants its password; one list: $servers"
 
 # ---- 6. the request path through each poller --------------------------------------------------
@@ -474,6 +474,50 @@ expect "$(http GET fp-solo "/Poll/getMessages?user_id=$((u + 1))")" "200 app" "f
 expect "$(http GET fp-solo "/Poll/getMessages?user_id=$((u + 1))")" "200 cache" "fp-solo: hit after the fill"
 check_instances "$(on fp-solo nproc --all)" fp-solo
 phase "request path and instances checked (fleet and fp-solo)"
+
+# Metrics: every instance's admin listener and nginx's stub_status answer on the host's loopback,
+# and nothing of them is reachable from another host.
+for n in "${POLLERS[@]}"; do
+    on "$n" bash -s "${IP[fp-data1]}" <<'EOF' || die "$n: metrics check failed"
+set -euo pipefail
+for admin in 9101 9102; do
+    [ "$(curl -fsS "http://127.0.0.1:$admin/healthz")" = ok ] || { echo "admin $admin: /healthz not ok"; exit 1; }
+    m=$(curl -fsS "http://127.0.0.1:$admin/metrics")
+    echo "$m" | grep -q '^fastpoll_build_info' || { echo "admin $admin: no fastpoll_build_info"; exit 1; }
+    up=$(echo "$m" | grep '^fastpoll_backend_up{' || true)
+    [ "$(echo "$up" | grep -c ' 1$')" = 2 ] || { echo "admin $admin: backends not all up: $up"; exit 1; }
+done
+curl -fsS http://127.0.0.1:8090/nginx_status | grep -q '^Active connections' || { echo "no stub_status"; exit 1; }
+EOF
+    for port in 9101 8090; do
+        assert_route "${IP[$n]}"
+        rc=0; curl -sS -m 5 -o /dev/null "http://${IP[$n]}:$port/" 2>/dev/null || rc=$?
+        [ "$rc" = 7 ] || die "$n:$port answered (or timed out, curl rc $rc) from another host; want connection refused"
+    done
+    expect "$(http GET "$n" /metrics | cut -d' ' -f1)" 404 "$n: /metrics through the public server"
+done
+# A memcached node going down shows on every instance's metrics, and comes back.
+on fp-data1 systemctl stop memcached
+for n in "${POLLERS[@]}"; do
+    for _ in $(seq 1 20); do
+        v=$(on "$n" curl -fsS http://127.0.0.1:9101/metrics | awk -v s="${IP[fp-data1]}:11211" 'index($0, "fastpoll_backend_up{") == 1 && index($0, s) {print $NF}')
+        [ "$v" = 0 ] && break; sleep 0.5
+    done
+    expect "$v" 0 "$n: fastpoll_backend_up of the stopped memcached"
+done
+on fp-data1 systemctl start memcached
+for n in "${POLLERS[@]}"; do
+    for _ in $(seq 1 40); do
+        v=$(on "$n" curl -fsS http://127.0.0.1:9101/metrics | awk -v s="${IP[fp-data1]}:11211" 'index($0, "fastpoll_backend_up{") == 1 && index($0, s) {print $NF}')
+        [ "$v" = 1 ] && break; sleep 0.5
+    done
+    expect "$v" 1 "$n: fastpoll_backend_up after memcached is back"
+done
+# The restart emptied that node: publish again so the seeded key is a hit wherever it lives.
+expect "$(http POST fp-poll2 /api/messages -H 'Content-Type: application/json' \
+    --data "{\"user_id\": $seed_user, \"text\": \"hello again\"}" | cut -d' ' -f1)" 201 "publish again"
+expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$seed_user")" "200 cache" "hit after memcached came back"
+phase "metrics: admin /healthz and /metrics per instance, stub_status, loopback only; backend_up follows memcached"
 
 # ---- 8. scaling 2 -> 1 -> 2 ---------------------------------------------------------------------
 playbook scale-down --limit pollers -e poll_server_instances=1
