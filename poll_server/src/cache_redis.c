@@ -210,7 +210,7 @@ static void connect_cb(const redisAsyncContext *ac, int status)
     }
     /* hiredis frees the context after this returns and answers the
      * pending callbacks with NULL; disconnect_cb is not called. */
-    snprintf(why, sizeof(why), "connect failed: %s", ac->errstr);
+    (void)snprintf(why, sizeof(why), "connect failed: %s", ac->errstr);
     log_down(r, why);
     r->ac = NULL;
     schedule_retry(r);
@@ -223,7 +223,7 @@ static void disconnect_cb(const redisAsyncContext *ac, int status)
 
     if (r->ac != ac)            /* we dropped it ourselves */
         return;
-    snprintf(why, sizeof(why), "connection lost: %s",
+    (void)snprintf(why, sizeof(why), "connection lost: %s",
              status == REDIS_OK ? "closed" : ac->errstr);
     log_down(r, why);
     r->ac = NULL;
@@ -246,7 +246,7 @@ static void do_connect(struct fp_redis *r)
         return;
     }
     if (ac->err) {
-        snprintf(why, sizeof(why), "connect failed: %s", ac->errstr);
+        (void)snprintf(why, sizeof(why), "connect failed: %s", ac->errstr);
         log_down(r, why);
         redisAsyncFree(ac);
         schedule_retry(r);
@@ -306,7 +306,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
     }
     if (r->ac != NULL) {
         r->hung = 1;
-        snprintf(why, sizeof(why), "no reply within %u ms, reconnecting",
+        (void)snprintf(why, sizeof(why), "no reply within %u ms, reconnecting",
                  (unsigned)(r->timeout_tv.tv_sec * 1000 +
                             r->timeout_tv.tv_usec / 1000));
         log_down(r, why);
@@ -367,7 +367,7 @@ static int resolve(struct fp_redis *r, const char *host, uint16_t port)
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_NUMERICSERV;
-    snprintf(ps, sizeof(ps), "%u", (unsigned)port);
+    (void)snprintf(ps, sizeof(ps), "%u", (unsigned)port);
     rc = getaddrinfo(host, ps, &hints, &res);
     if (rc == 0 && res != NULL)
         rc = getnameinfo(res->ai_addr, res->ai_addrlen, r->ip, sizeof(r->ip),
@@ -396,7 +396,7 @@ struct fp_redis *fp_redis_create(struct event_base *base,
     r->db = st->redis_db;
     TAILQ_INIT(&r->failq);
     r->timeout_tv.tv_sec = st->cache_timeout_ms / 1000;
-    r->timeout_tv.tv_usec = (st->cache_timeout_ms % 1000) * 1000;
+    r->timeout_tv.tv_usec = (suseconds_t)(st->cache_timeout_ms % 1000) * 1000;
     r->timeout = event_base_init_common_timeout(base, &r->timeout_tv);
     if (r->timeout == NULL)
         r->timeout = &r->timeout_tv;
@@ -407,11 +407,11 @@ struct fp_redis *fp_redis_create(struct event_base *base,
         (r->password = strdup(st->redis_password)) == NULL)
         goto fail;
     if (st->redis.unix_path != NULL) {
-        snprintf(r->name, sizeof(r->name), "unix:%s", st->redis.unix_path);
+        (void)snprintf(r->name, sizeof(r->name), "unix:%s", st->redis.unix_path);
         if ((r->unix_path = strdup(st->redis.unix_path)) == NULL)
             goto fail;
     } else if (st->redis.host != NULL) {
-        snprintf(r->name, sizeof(r->name), "%s:%u", st->redis.host,
+        (void)snprintf(r->name, sizeof(r->name), "%s:%u", st->redis.host,
                  (unsigned)st->redis.port);
         /* getaddrinfo blocks, but the loop is not running yet. */
         if (resolve(r, st->redis.host, st->redis.port) != 0)

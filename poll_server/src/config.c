@@ -699,7 +699,7 @@ toolong:
     fmt(why, whylen, "first line longer than %d bytes", PASSWORD_MAX);
 out:
     explicit_bzero(line, sizeof(line));
-    fclose(f);
+    (void)fclose(f);
     return rc;
 }
 
@@ -801,7 +801,7 @@ out:
         free(got[i]);
     }
     explicit_bzero(line, sizeof(line));
-    fclose(f);
+    (void)fclose(f);
     return rc;
 }
 
@@ -1101,7 +1101,7 @@ int fp_config_load_file(struct fp_settings *s, const char *path,
         return -1;
     }
     rc = fp_config_load_stream(s, f, path, err, errlen);
-    fclose(f);
+    (void)fclose(f);
     return rc;
 }
 
@@ -1127,7 +1127,7 @@ static const struct flag_def flags[] = {
 
 void fp_config_usage(FILE *out, const char *prog)
 {
-    fprintf(out,
+    (void)fprintf(out,
         "usage: %s [-c FILE] [-t] [-l ADDR] [-p PORT] [-b memcached|redis]\n"
         "       [-s \"host:port host:port\"] [-r host:port|unix:/path]\n"
         "       [-L debug|info|warn|error] [-A PORT] [-h] [-V]\n"

@@ -43,7 +43,7 @@ static void drained(void *arg)
 static void drain_timeout(evutil_socket_t fd, short what, void *arg)
 {
     struct app *a = arg;
-    struct timeval tv = { 0, FLUSH_MS * 1000 };
+    struct timeval tv = { 0, (suseconds_t)FLUSH_MS * 1000 };
 
     (void)fd;
     (void)what;
@@ -111,20 +111,20 @@ static void log_startup(const struct fp_settings *s, const char *config)
         if (n >= sizeof(servers))
             memcpy(servers + sizeof(servers) - 4, "...", 4);
     } else if (s->redis.unix_path != NULL) {
-        snprintf(servers, sizeof(servers), "unix:%s db %d%s", s->redis.unix_path,
+        (void)snprintf(servers, sizeof(servers), "unix:%s db %d%s", s->redis.unix_path,
                  s->redis_db, s->redis_password ? " (AUTH)" : "");
     } else {
-        snprintf(servers, sizeof(servers), "%s:%u db %d%s", s->redis.host,
+        (void)snprintf(servers, sizeof(servers), "%s:%u db %d%s", s->redis.host,
                  (unsigned)s->redis.port, s->redis_db,
                  s->redis_password ? " (AUTH)" : "");
     }
     if (s->listen != NULL && s->listen_unix != NULL)
-        snprintf(where, sizeof(where), "%s:%u and unix:%s (mode %04o)",
+        (void)snprintf(where, sizeof(where), "%s:%u and unix:%s (mode %04o)",
                  s->listen, (unsigned)s->port, s->listen_unix, s->unix_mode);
     else if (s->listen != NULL)
-        snprintf(where, sizeof(where), "%s:%u", s->listen, (unsigned)s->port);
+        (void)snprintf(where, sizeof(where), "%s:%u", s->listen, (unsigned)s->port);
     else
-        snprintf(where, sizeof(where), "unix:%s (mode %04o)", s->listen_unix,
+        (void)snprintf(where, sizeof(where), "unix:%s (mode %04o)", s->listen_unix,
                  s->unix_mode);
     fp_log(FP_LOG_INFO, "poll_server %s (libevent %s) listening on %s, "
            "config %s, backend %s: %s, timeout %u ms, log level %s",
@@ -148,7 +148,7 @@ int main(int argc, char **argv)
     memset(&a, 0, sizeof(a));
     if (fp_config_from_args(&s, &cli, argc, argv, err, sizeof(err)) < 0) {
         if (cli.test_only) {
-            fprintf(stderr, "%s\n", err);
+            (void)fprintf(stderr, "%s\n", err);
         } else {
             fp_log(FP_LOG_ERROR, "config: %s", err);
         }

@@ -35,7 +35,7 @@ struct fp_stats fp_stats;
 
 #ifndef FP_NO_STATS
 
-#define FD_BITS_MAX (16u * 1024u * 1024u) /* descriptors tracked, at most */
+#define FD_BITS_MAX ((size_t)16 * 1024 * 1024) /* descriptors tracked, at most */
 
 static const uint64_t bucket_us[FP_STAT_NBUCKETS] = FP_STAT_LATENCY_BUCKETS;
 
@@ -110,12 +110,11 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event *event)
     else
         rc = (int)syscall(SYS_epoll_ctl, epfd, op, fd, event);
     err = errno;
-    if (op == EPOLL_CTL_DEL)
+    if (op == EPOLL_CTL_DEL ||
+        (rc != 0 && op == EPOLL_CTL_MOD && err == ENOENT))
         fd_mark(fd, 0);
     else if (rc == 0 || (op == EPOLL_CTL_ADD && err == EEXIST))
         fd_mark(fd, 1);
-    else if (op == EPOLL_CTL_MOD && err == ENOENT)
-        fd_mark(fd, 0);
     errno = err;
     return rc;
 }
