@@ -16,14 +16,18 @@ all: build
 
 # Installs only what is missing, so a second run costs nothing. Debian's own nginx, memcached and
 # redis services are never needed (the stack uses its own ports), so they are not started here.
-deps:
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null \
+define apt_install
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null \
 		| grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "apt: installing $$missing"; \
 		$(SUDO) apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
 	fi
+endef
+
+deps:
+	$(call apt_install,$(APT_PACKAGES))
 
 $(VENV)/.done: fallback_app/pyproject.toml
 	python3 -m venv $(VENV)
@@ -55,7 +59,22 @@ test-unit: venv build
 test-integration: venv build
 	$(VENV)/bin/pytest -q tests
 
-test: test-unit test-integration
+# Everything CI runs (.ci/run). Fast checks first; the fleet deploy (about 15 minutes) last.
+test: test-unit test-integration bench-quick test-security test-deploy
+
+# The fleet test (docs/deploy.md): a real Ansible deploy to Debian 12 hosts booted here with
+# systemd-nspawn in network namespaces. Needs root.
+.PHONY: test-deploy deps-fleet
+FLEET_PACKAGES := debootstrap systemd-container openssh-client iproute2 util-linux
+deps-fleet:
+	$(call apt_install,$(FLEET_PACKAGES))
+
+$(VENV)/.ansible: $(VENV)/.done
+	$(PIP) install -q 'ansible-core>=2.17,<2.18' 'ansible-lint>=26,<27'
+	touch $@
+
+test-deploy: venv build deps-fleet $(VENV)/.ansible
+	$(SUDO) tests/fleet/run.sh
 
 # Security and reliability checks (docs/security.md); `make test` runs them through test-security.
 #   sanitize-test: every integration test but the soak on the ASan+UBSan poll server; any
@@ -67,13 +86,7 @@ test: test-unit test-integration
 # libFuzzer's runtime is only "recommended" by clang in Debian: named, since deps skips those.
 SECURITY_PACKAGES := clang libclang-rt-14-dev cppcheck clang-tidy valgrind
 deps-security:
-	@missing=$$(for p in $(SECURITY_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null \
-		| grep -q 'install ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-		echo "apt: installing $$missing"; \
-		$(SUDO) apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
-	fi
+	$(call apt_install,$(SECURITY_PACKAGES))
 
 sanitize-test: venv build
 	$(MAKE) -C poll_server sanitize
