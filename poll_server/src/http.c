@@ -44,6 +44,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -51,6 +52,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/http_struct.h> /* the request's HTTP version (2.1 has no getter) */
 #include <event2/keyvalq_struct.h>
 
 #include "cache.h"
@@ -105,6 +107,8 @@ struct fp_http {
     void (*drained)(void *arg);
     void *drained_arg;
     struct timeval request_tv, idle_tv;
+    time_t date_sec;            /* date holds this second's Date header */
+    char date[64];
 };
 
 static void ms_to_tv(unsigned ms, struct timeval *tv)
@@ -148,36 +152,164 @@ static void request_put(struct request *r)
     }
 }
 
-/* Writes the reply straight away. evhttp_send_reply would only queue it:
- * the bufferevent enables EV_WRITE (epoll_ctl), waits a loop turn for it
- * (epoll_wait), writes, then disables it again. Here the headers and body
- * go to the connection's output buffer (evhttp_send_reply_start; we always
- * set Content-Length, so it is not chunked), we write that buffer at once,
- * and evhttp_send_reply_end, finding it empty, completes the request now
- * (on_complete runs, the next read starts). What the kernel does not take
- * stays queued and the bufferevent writes it as usual, as it does after a
- * write error, which it then reports through the usual close path.
- * Only for answers from the loop: called from inside evhttp's read
- * callback, completing the request there would re-enter evhttp. */
-static void send_now(struct evhttp_request *req, int code, const char *reason)
+/* The Date header, formatted once a second. */
+static const char *date_now(struct fp_http *h)
 {
+    struct timeval now;
+    struct tm tm;
+
+    if (event_base_gettimeofday_cached(h->base, &now) != 0)
+        now.tv_sec = time(NULL);
+    if (now.tv_sec != h->date_sec || h->date[0] == '\0') {
+        if (gmtime_r(&now.tv_sec, &tm) == NULL ||
+            evutil_date_rfc1123(h->date, sizeof(h->date), &tm) <= 0)
+            return NULL;
+        h->date_sec = now.tv_sec;
+    }
+    return h->date;
+}
+
+static char *put(char *p, const char *end, const char *s, size_t n)
+{
+    if (p == NULL || n > (size_t)(end - p))
+        return NULL;
+    memcpy(p, s, n);
+    return p + n;
+}
+
+static char *put_str(char *p, const char *end, const char *s)
+{
+    return put(p, end, s, strlen(s));
+}
+
+static char *put_num(char *p, const char *end, size_t v)
+{
+    char digits[24];
+    size_t i = sizeof(digits);
+
+    do
+        digits[--i] = (char)('0' + v % 10);
+    while ((v /= 10) != 0 && i > 0);
+    return put(p, end, digits + i, sizeof(digits) - i);
+}
+
+/* Writes an answer made from the loop (the cache's, or a shutdown 503)
+ * straight to the socket, and completes the request on the spot.
+ *
+ * evhttp_send_reply would only queue it: its bufferevent enables EV_WRITE
+ * (epoll_ctl), waits a loop turn for it (epoll_wait), writes and disables
+ * it again; and building the answer costs an allocation per header and a
+ * printf per line. Here the status line and headers are formatted into one
+ * buffer and sent with the value in one writev, the value straight from
+ * the cache's buffer. Then evhttp_send_reply_end, finding the connection's
+ * output empty, runs evhttp_send_done: on_complete, the request is freed,
+ * the next one is read (libevent 2.1.12 http.c). The answer is the one
+ * evhttp would make (its status line, Date, Content-Length, our headers);
+ * the keep-alive decision stays evhttp's, so "Connection" is written here
+ * to match it: close when the client asked for it, when we drain (also
+ * set on the request, which evhttp checks), or on HTTP/1.0 without
+ * keep-alive; keep-alive on HTTP/1.0 with it.
+ * What the kernel does not take goes to the connection's output, written
+ * by the bufferevent; evhttp's write callback then completes the request,
+ * as after evhttp_send_reply. A write error takes the same way, and the
+ * bufferevent reports it through the usual close path.
+ * Returns -1 (nothing sent) if the answer does not fit our buffer. */
+static int send_now(struct request *r, int code, const char *reason,
+                    const char *body, size_t len, int from_cache)
+{
+    struct evhttp_request *req = r->req;
     struct evhttp_connection *evcon = evhttp_request_get_connection(req);
     struct bufferevent *bev;
-    struct evbuffer *out;
+    const char *conn, *date;
+    char head[1024], *p = head;
+    const char *end = head + sizeof(head);
+    struct iovec iov[2];
+    size_t hlen, blen = r->head ? 0 : len;
+    ssize_t n;
+    int before_11, keep_alive, close_it;
 
-    if (evcon == NULL || (bev = evhttp_connection_get_bufferevent(evcon)) == NULL) {
-        evhttp_send_reply(req, code, reason, NULL);
-        return;
+    if (evcon == NULL || (bev = evhttp_connection_get_bufferevent(evcon)) == NULL)
+        return -1;
+    /* evhttp_send_done's rule: close after HTTP/1.0 (or older) without
+     * keep-alive, or when either side says "Connection: close". */
+    conn = evhttp_find_header(evhttp_request_get_input_headers(req), "Connection");
+    before_11 = req->major < 1 || (req->major == 1 && req->minor < 1);
+    keep_alive = conn != NULL && evutil_ascii_strncasecmp(conn, "keep-alive", 10) == 0;
+    close_it = r->h->draining || (before_11 && !keep_alive) ||
+               (conn != NULL && evutil_ascii_strcasecmp(conn, "close") == 0);
+    /* evhttp_send_done decides on the request's headers: tell it. */
+    if (r->h->draining &&
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection",
+                          "close") != 0)
+        return -1;
+
+    p = put(p, end, "HTTP/", 5);
+    p = put_num(p, end, (size_t)(unsigned char)req->major);
+    p = put(p, end, ".", 1);
+    p = put_num(p, end, (size_t)(unsigned char)req->minor);
+    p = put(p, end, " ", 1);
+    p = put_num(p, end, (size_t)code);
+    p = put(p, end, " ", 1);
+    p = put_str(p, end, reason);
+    p = put(p, end, "\r\nContent-Length: ", 18);
+    p = put_num(p, end, len);
+    if (from_cache) {
+        p = put(p, end, "\r\nContent-Type: ", 16);
+        p = put_str(p, end, r->h->s->content_type);
+        p = put(p, end, "\r\nX-Poll-Source: cache", 22);
     }
-    evhttp_send_reply_start(req, code, reason);
-    out = bufferevent_get_output(bev);
-    /* A socket bufferevent keeps its output's front frozen: only it may
-     * drain it. Thawed for this one write, as its own write callback does. */
-    if (evbuffer_unfreeze(out, 1) == 0) {
-        (void)evbuffer_write(out, bufferevent_getfd(bev));
-        (void)evbuffer_freeze(out, 1);
+    if ((date = date_now(r->h)) != NULL) {
+        p = put(p, end, "\r\nDate: ", 8);
+        p = put_str(p, end, date);
+    }
+    if (close_it)
+        p = put(p, end, "\r\nConnection: close", 19);
+    else if (before_11)
+        p = put(p, end, "\r\nConnection: keep-alive", 24);
+    p = put(p, end, "\r\n\r\n", 4);
+    if (p == NULL)
+        return -1;
+    hlen = (size_t)(p - head);
+
+    r->state = REQ_ANSWERED;
+    iov[0].iov_base = head;
+    iov[0].iov_len = hlen;
+    iov[1].iov_base = (void *)(uintptr_t)body;
+    iov[1].iov_len = blen;
+    do
+        n = writev(bufferevent_getfd(bev), iov, blen > 0 ? 2 : 1);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        n = 0; /* EAGAIN, or an error the bufferevent will meet again */
+    if ((size_t)n < hlen + blen) {
+        /* The rest is evhttp's to write (it then calls evhttp_send_done),
+         * as evhttp_write_buffer would set it up: no read callback while
+         * writing, EV_WRITE on. */
+        struct evbuffer *out = bufferevent_get_output(bev);
+        bufferevent_data_cb wcb;
+        bufferevent_event_cb ecb;
+        void *cbarg;
+        int ok;
+
+        if ((size_t)n < hlen)
+            ok = evbuffer_add(out, head + n, hlen - (size_t)n) == 0 &&
+                 evbuffer_add(out, body, blen) == 0;
+        else
+            ok = evbuffer_add(out, body + ((size_t)n - hlen),
+                              blen - ((size_t)n - hlen)) == 0;
+        if (!ok) {
+            /* Half an answer went out: the connection cannot be reused. */
+            fp_log(FP_LOG_ERROR, "http: out of memory writing an answer");
+            evhttp_connection_free(evcon); /* on_close releases r */
+            return 0;
+        }
+        bufferevent_getcb(bev, NULL, &wcb, &ecb, &cbarg);
+        bufferevent_setcb(bev, NULL, wcb, ecb, cbarg);
+        if (bufferevent_enable(bev, EV_WRITE) != 0)
+            fp_log(FP_LOG_ERROR, "http: cannot wait to write an answer");
     }
     evhttp_send_reply_end(req);
+    return 0;
 }
 
 /* Queues the answer. Content-Length is always ours: evhttp leaves it out
@@ -190,6 +322,8 @@ static void reply(struct request *r, int code, const char *reason,
     char clen[24];
     int ok;
 
+    if (r->from_loop && send_now(r, code, reason, body, len, from_cache) == 0)
+        return;
     ok = snprintf(clen, sizeof(clen), "%zu", len) > 0 &&
          evhttp_add_header(hdr, "Content-Length", clen) == 0;
     if (ok && from_cache)
@@ -214,10 +348,7 @@ static void reply(struct request *r, int code, const char *reason,
         reason = "Service Unavailable";
     }
     r->state = REQ_ANSWERED;
-    if (ok && r->from_loop)
-        send_now(req, code, reason);
-    else
-        evhttp_send_reply(req, code, reason, NULL);
+    evhttp_send_reply(req, code, reason, NULL);
 }
 
 static void on_answer(struct fp_waiter *w, enum fp_cache_status st,
