@@ -48,9 +48,22 @@ def wait_port(port: int, proc: subprocess.Popen, what: str) -> None:
 
 
 class Check:
-    def __init__(self, port: int, mc_port: int, mc_pid: int) -> None:
+    def __init__(self, port: int, mc_port: int, mc_pid: int, admin_port: int = 0) -> None:
         self.port, self.mc_port, self.mc_pid = port, mc_port, mc_pid
+        self.admin_port = admin_port
         self.failed = 0
+
+    def metric(self, name: str) -> float:
+        """One unlabelled value from the admin listener's /metrics."""
+        with socket.create_connection(("127.0.0.1", self.admin_port), timeout=2) as s:
+            s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+        for line in out.decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise RuntimeError(f"no {name} in /metrics")
 
     def ok(self, name: str, cond: bool, detail: object = "") -> None:
         print(
@@ -319,7 +332,12 @@ def run_checks(c: Check) -> None:
         r[:60],
     )
 
-    # Clients that close or reset while their request waits for the cache.
+    # Clients that close or reset while their request waits for the cache (once the backend
+    # is back from the hang above, so that the requests do wait).
+    for _ in range(40):
+        if c.req(b"/getMessages?user_id=1").startswith(b"HTTP/1.1 200"):
+            break
+        time.sleep(0.05)
     os.kill(c.mc_pid, signal.SIGSTOP)
     try:
         for i in range(20):
@@ -334,9 +352,17 @@ def run_checks(c: Check) -> None:
                     b"\x01\x00\x00\x00\x00\x00\x00\x00",
                 )
             s.close()
+        time.sleep(0.03)  # well within the cache timeout (100 ms): nothing answered yet
+        inflight = c.metric("fastpoll_requests_in_flight")
         time.sleep(0.2)
     finally:
         os.kill(c.mc_pid, signal.SIGCONT)
+    # The connection is still read while its request waits: a client that left is let go at
+    # once, not when the cache answers.
+    c.ok(
+        f"clients that hung up mid-wait are let go at once ({inflight:.0f} still in flight)",
+        inflight == 0,
+    )
     time.sleep(0.3)  # the backend reconnects after its timeout
     r = c.req(b"/getMessages?user_id=1")
     c.ok(
@@ -413,7 +439,7 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="fp-http-check-"))
     ini = tmp / "fastpoll.ini"
-    mc_port, port = free_port(), free_port()
+    mc_port, port, admin_port = free_port(), free_port(), free_port()
     ini.write_text(
         f"[server]\nrequest_timeout_ms = 300\n[memcached]\nservers = 127.0.0.1:{mc_port}\n"
     )
@@ -429,12 +455,13 @@ def main() -> int:
         wait_port(mc_port, memcached, "memcached")
         with open(log, "wb") as err:
             server = subprocess.Popen(
-                [args.binary, "-c", str(ini), "-p", str(port)],
+                [args.binary, "-c", str(ini), "-p", str(port), "-A", str(admin_port)],
                 stdout=subprocess.DEVNULL,
                 stderr=err,
             )
         wait_port(port, server, "poll_server")
-        c = Check(port, mc_port, memcached.pid)
+        wait_port(admin_port, server, "poll_server's admin listener")
+        c = Check(port, mc_port, memcached.pid, admin_port)
         run_checks(c)
         drain(c, server)
         text = log.read_text(errors="replace")
