@@ -4,27 +4,26 @@
  * that lives until its answer has been written or its connection is gone:
  *
  *   on_request   -> 405 / 404 right away, or WAITING on the coalescer
- *   on_answer    -> WAITING -> ANSWERED: reply queued on the connection
+ *   on_answer    -> WAITING -> ANSWERED: written at once (send_now)
  *   on_complete  -> reply written (evhttp_send_done): release
  *   on_close     -> connection freed first: detach, release
  *
  * Why this never touches a freed evhttp_request (libevent 2.1.12 http.c):
- * - evhttp_handle_request disables reading before calling us, and nothing
- *   re-enables it until our reply is written (evhttp_send_done starts the
- *   next read). So while a request waits for the cache, evhttp notices
- *   neither a client's FIN/RST nor a read timeout: the request stays valid,
- *   and the wait is bounded by the cache timeout. A client that left is
- *   found out when its answer is written; verified with clients that close
- *   or reset mid-wait under ASan.
- * - After evhttp_send_reply, evhttp frees the request in evhttp_send_done
- *   (on_complete runs just before), or in evhttp_connection_free when the
- *   write fails (closecb = on_close runs just before).
+ * - While a request waits for the cache, its connection is still read,
+ *   with no read callback (keep_reading): a client's FIN/RST or the read
+ *   timeout fails the connection at once. evhttp then unlinks the request,
+ *   which is not answered yet (userdone == 0), sets req->evcon = NULL and
+ *   frees the connection; on_close sees that orphan, detaches it from the
+ *   coalescer and frees it. Verified with clients that close or reset
+ *   mid-wait under ASan (tests/http_check.py).
+ * - An answer from the loop is written by send_now and completed at once
+ *   by evhttp_send_reply_end (evhttp_send_done frees the request, with
+ *   on_complete just before); what the kernel did not take is written by
+ *   the bufferevent, and evhttp_send_done or, if the write fails,
+ *   evhttp_connection_free (with on_close just before) follow as after
+ *   evhttp_send_reply, which the answers made inside on_request still use.
  * - evhttp_free (shutdown) frees every connection, each running on_close
  *   first, with the request still queued on it.
- * - Defensively, on_close also handles the orphan case of
- *   evhttp_connection_incoming_fail (EOF/timeout while userdone == 0: the
- *   request is unlinked, req->evcon = NULL, and the connection freed): the
- *   request is then ours to free.
  * In every case on_close detaches the request from the coalescer, which
  * only ever knows our struct, never the evhttp_request.
  *
