@@ -11,6 +11,7 @@ bench.derive).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -191,7 +192,8 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["n"] = lambda v, d=0: "–" if v is None else f"{v:,.{d}f}"
-    env.filters["x"] = lambda v: "–" if v is None else f"{v:.2f}×"
+    # Truncated, not rounded: 0.897 must not read as the 0.90 it misses.
+    env.filters["x"] = lambda v: "–" if v is None else f"{math.floor(v * 100) / 100:.2f}×"
     env.filters["ms"] = lambda v: ("–" if v is None else
                                    (f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else
                                     f"{v:,.0f}"))
