@@ -4,7 +4,6 @@ counters (they show fallbacks and coalescing that a req/s figure hides)."""
 
 from __future__ import annotations
 
-import socket
 import sys
 import urllib.error
 import urllib.request
@@ -16,6 +15,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from stack import Stack, free_port  # noqa: E402  (the one stack harness)
+from stack import memcached_stats as node_stats  # noqa: E402
 
 import preload  # noqa: E402
 
@@ -45,36 +45,57 @@ class Target:
 
 def _target(stack: Stack, started_here: bool) -> Target:
     procs = stack.procs
-    pollers = sorted((p for n, p in procs.items() if n.startswith("poller-")),
-                     key=lambda p: int(p.name.split("-")[1]))
-    mcs = sorted((p for n, p in procs.items() if n.startswith("memcached-")),
-                 key=lambda p: int(p.name.split("-")[1]))
+    pollers = sorted(
+        (p for n, p in procs.items() if n.startswith("poller-")),
+        key=lambda p: int(p.name.split("-")[1]),
+    )
+    mcs = sorted(
+        (p for n, p in procs.items() if n.startswith("memcached-")),
+        key=lambda p: int(p.name.split("-")[1]),
+    )
     if not pollers or not mcs or "nginx" not in procs or "app" not in procs:
-        raise RuntimeError("the stack must run nginx, the app, poll servers and memcached "
-                           f"(has: {', '.join(procs)}); the bench needs the memcached backend")
-    return Target(stack=stack, started_here=started_here, http_port=stack.http_port,
-                  poller_ports=[p.port for p in pollers], poller_pids=[p.pid for p in pollers],
-                  memcached_ports=[p.port for p in mcs], memcached_pids=[p.pid for p in mcs],
-                  app_port=procs["app"].port, app_pid=procs["app"].pid,
-                  nginx_pid=procs["nginx"].pid)
+        raise RuntimeError(
+            "the stack must run nginx, the app, poll servers and memcached "
+            f"(has: {', '.join(procs)}); the bench needs the memcached backend"
+        )
+    return Target(
+        stack=stack,
+        started_here=started_here,
+        http_port=stack.http_port,
+        poller_ports=[p.port for p in pollers],
+        poller_pids=[p.pid for p in pollers],
+        memcached_ports=[p.port for p in mcs],
+        memcached_pids=[p.pid for p in mcs],
+        app_port=procs["app"].port,
+        app_pid=procs["app"].pid,
+        nginx_pid=procs["nginx"].pid,
+    )
 
 
 def attach(run_dir: Path) -> Target:
     stack = Stack.load(run_dir)
     # The loaded state names processes only; signing needs the ports in the ini sections.
     stack.poller_ports = [p.port for n, p in sorted(stack.procs.items()) if n.startswith("poller-")]
-    stack.memcached_ports = [p.port for n, p in sorted(stack.procs.items())
-                             if n.startswith("memcached-")]
+    stack.memcached_ports = [
+        p.port for n, p in sorted(stack.procs.items()) if n.startswith("memcached-")
+    ]
     stack.app_port = stack.procs["app"].port if "app" in stack.procs else 0
     if stack.backend != "memcached":
-        raise RuntimeError("the running stack uses Redis; the bench compares against "
-                           "memcached_pass and needs the memcached backend")
+        raise RuntimeError(
+            "the running stack uses Redis; the bench compares against "
+            "memcached_pass and needs the memcached backend"
+        )
     return _target(stack, started_here=False)
 
 
-def start(run_dir: Path, nginx_vars: dict[str, object], ini: dict[str, dict[str, str]],
-          n_pollers: int | None = None, cache_timeout_ms: int | None = None,
-          poller_unix: bool = True) -> Target:
+def start(
+    run_dir: Path,
+    nginx_vars: dict[str, object],
+    ini: dict[str, dict[str, str]],
+    n_pollers: int | None = None,
+    cache_timeout_ms: int | None = None,
+    poller_unix: bool = True,
+) -> Target:
     """A fresh stack on free loopback ports with the bench's nginx tuning; nginx reaches the
     poll servers through unix sockets when the harness and the poll server support it."""
     stack = Stack(run_dir=run_dir, backend="memcached", http_port=free_port(), extra_ini=ini)
@@ -104,6 +125,7 @@ def _apply_nginx_vars(stack: Stack, nginx_vars: dict[str, object]) -> str:
 
 # ---- answers and counters ---------------------------------------------------------------------
 
+
 @dataclass
 class Answer:
     status: int
@@ -112,8 +134,12 @@ class Answer:
 
 
 def get(url: str, data: bytes | None = None) -> Answer:
-    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET",
-                                 headers={"Content-Type": "application/json"} if data else {})
+    req = urllib.request.Request(
+        url,
+        data=data,
+        method="POST" if data is not None else "GET",
+        headers={"Content-Type": "application/json"} if data else {},
+    )
     try:
         with urllib.request.urlopen(req, timeout=5) as r:
             return Answer(r.status, r.read(), r.headers.get("X-Poll-Source"))
@@ -121,8 +147,14 @@ def get(url: str, data: bytes | None = None) -> Answer:
         return Answer(e.code, e.read(), e.headers.get("X-Poll-Source"))
 
 
-def check_hits(base_url: str, path: str, users: list[int], query: Callable[[str], str],
-               source: str | None = "cache", post: bool = False) -> list[str]:
+def check_hits(
+    base_url: str,
+    path: str,
+    users: list[int],
+    query: Callable[[str], str],
+    source: str | None = "cache",
+    post: bool = False,
+) -> list[str]:
     """Every listed user gets exactly its preloaded bytes; returns the problems found.
     query(uid) gives the (signed) query string of a user."""
     problems = []
@@ -137,18 +169,8 @@ def memcached_stats(ports: list[int]) -> dict[str, int]:
     """memcached's counters summed over the nodes."""
     total: dict[str, int] = {}
     for port in ports:
-        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
-            s.sendall(b"stats\r\n")
-            data = b""
-            while not data.endswith(b"END\r\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        for line in data.decode().splitlines():
-            parts = line.split()
-            if len(parts) == 3 and parts[0] == "STAT" and parts[2].isdigit():
-                total[parts[1]] = total.get(parts[1], 0) + int(parts[2])
+        for name, value in node_stats(port).items():
+            total[name] = total.get(name, 0) + value
     return total
 
 

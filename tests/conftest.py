@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stack import SANITIZER_REPORT, Stack
+from stack import SANITIZER_REPORT, Stack, memcached_stats
 
 _uids = itertools.count(1000)
 
@@ -59,23 +58,6 @@ class Cache:
                 memcached_stats(p)["cmd_get"] for p in self.stack.memcached_ports
             )
         return int(self.r.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
-
-
-def memcached_stats(port: int) -> dict[str, int]:
-    with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
-        s.sendall(b"stats\r\n")
-        data = b""
-        while not data.endswith(b"END\r\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    stats: dict[str, int] = {}
-    for line in data.decode().splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == "STAT" and parts[2].isdigit():
-            stats[parts[1]] = int(parts[2])
-    return stats
 
 
 def new_uid() -> int:
@@ -165,7 +147,11 @@ def no_sanitizer_reports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
                 found.append(f"{log}: {line.decode(errors='replace')}")
         # Under valgrind a poll server that never got to its summary (killed) proves nothing.
         killed = b"SIGKILL" in text or b"signal 9" in text
-        if b"Memcheck" in text and b"ERROR SUMMARY: 0 errors" not in text and not killed:
+        if (
+            b"Memcheck" in text
+            and b"ERROR SUMMARY: 0 errors" not in text
+            and not killed
+        ):
             found.append(f"{log}: valgrind printed no clean ERROR SUMMARY")
     assert not found, "sanitizer/valgrind reports:\n" + "\n".join(found[:30])
 
