@@ -291,7 +291,10 @@ cat >> "$RUN/solo.yml" <<EOF
 EOF
 # The Redis password: per run, never in the repository (as a vault file would be in production).
 ( umask 077; printf 'fastpoll_redis_password: "%s"\n' "$(head -c 24 /dev/urandom | base64 | tr -d '/+=')" \
-    > "$RUN/secrets.yml" )
+    > "$RUN/secrets.yml"
+  # The signing secret, also per run; the control node keeps a copy to sign the test's poll URLs.
+  "$REPO/.venv/bin/python" -c 'import secrets; print(secrets.token_hex(32))' > "$RUN/signing.key"
+  printf 'fastpoll_signing_secrets: ["%s"]\n' "$(cat "$RUN/signing.key")" >> "$RUN/secrets.yml" )
 
 export ANSIBLE_CONFIG=$REPO/ansible/ansible.cfg ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0
 export ANSIBLE_HOME=$RUN/ansible-home ANSIBLE_LOCAL_TEMP=$RUN/ansible-tmp
@@ -358,8 +361,25 @@ phase "--check --diff on the deployed fleet: ok"
 
 # http METHOD HOST PATH [curl args]: a request to HOST's nginx; prints "STATUS X-Poll-Source"
 # and leaves the body and headers in $RUN/body and $RUN/headers.
+# Poll URLs are signed (docs/security.md): sign a /Poll/ target with this run's secret, exactly
+# as the app's POST /api/poll-url would. A target that already has a sig= is sent as it is.
+signed() {
+    case $1 in
+    /Poll/*sig=*|/[!P]*) echo "$1"; return ;;
+    esac
+    "$REPO/.venv/bin/python" - "$RUN/signing.key" "$1" <<'PY'
+import sys, time
+from fastpoll_app.keys import derive_key
+from fastpoll_app.signing import load_secrets, signed_query
+target = sys.argv[2].encode()
+key = derive_key(b"/Poll", target[len(b"/Poll"):], [b"user_id"])
+query = signed_query(load_secrets(sys.argv[1])[0], key, int(time.time()) + 3600)
+print(target.decode() + ("&" if b"?" in target else "?") + query.decode())
+PY
+}
+
 http() {
-    local method=$1 n=$2 path=$3; shift 3
+    local method=$1 n=$2 path; path=$(signed "$3"); shift 3
     assert_route "${IP[$n]}"
     curl -sS -m 10 -X "$method" -o "$RUN/body" -D "$RUN/headers" "$@" "http://${IP[$n]}$path" >/dev/null \
         || die "curl $method $n $path failed"
@@ -412,6 +432,11 @@ for n in "${POLLERS[@]}"; do
     u=$((RANDOM % 9000 + 20000))
     expect "$(http GET "$n" "/Poll/getMessages?user_id=$u&_=$RANDOM")" "200 app" "$n: first poll of user $u (miss -> fallback)"
     expect "$(http GET "$n" "/Poll/getMessages?user_id=$u")" "200 cache" "$n: second poll of user $u (hit)"
+    # Signed URLs are enforced: a missing or forged signature is 403, cached answer or not.
+    expect "$(http GET "$n" "/Poll/getMessages?user_id=$u&sig=")" "403 -" "$n: unsigned poll"
+    forged=$(signed "/Poll/getMessages?user_id=$((u + 1))")
+    expect "$(http GET "$n" "/Poll/getMessages?user_id=$u&${forged#*\?user_id=$((u + 1))&}")" "403 -" \
+        "$n: another user's signature"
     # POST through the fallback with its body intact (the app echoes the body's length and hash).
     u=$((u + 10000))
     printf 'fleet-post-body-%s' "$n" > "$RUN/post"
@@ -574,10 +599,11 @@ assert_all_routes
     > "$LOGS/ansible-upgrade.log" 2>&1 &
 upgrade_pid=$!
 rounds=0 total=0
+ab_path=$(signed "/Poll/getMessages?user_id=$seed_user")
 while kill -0 "$upgrade_pid" 2>/dev/null && [ "$rounds" -lt 300 ]; do
     n=${POLLERS[$((rounds % 2))]}
     assert_route "${IP[$n]}"
-    ab -q -n 2000 -c 10 -s 10 "http://${IP[$n]}/Poll/getMessages?user_id=$seed_user" > "$RUN/ab.txt" 2>&1 \
+    ab -q -n 2000 -c 10 -s 10 "http://${IP[$n]}$ab_path" > "$RUN/ab.txt" 2>&1 \
         || { cat "$RUN/ab.txt"; die "ab against $n failed"; }
     failed=$(awk '/^Failed requests:/{print $3}' "$RUN/ab.txt")
     complete=$(awk '/^Complete requests:/{print $3}' "$RUN/ab.txt")
