@@ -110,8 +110,10 @@ class Plan:
     @property
     def name(self) -> str:
         ka = "" if self.tool == "wrk" else (" -k" if self.keepalive else "")
-        return (f"{self.group} {self.tool}{ka} c={self.conns} {self.system} {self.scenario} "
-                f"{self.method}" + (f" #{self.rep + 1}" if self.rep else ""))
+        return (
+            f"{self.group} {self.tool}{ka} c={self.conns} {self.system} {self.scenario} "
+            f"{self.method}" + (f" #{self.rep + 1}" if self.rep else "")
+        )
 
     def est_seconds(self) -> float:
         if self.tool == "ab":
@@ -141,8 +143,9 @@ class Ctx:
     def miss_file(self) -> Path:
         """Signed queries of users never polled before, fresh for every run."""
         prefix = self.next_miss_prefix()
-        return self.signer.write(self.targets / "misses.txt",
-                                 (f"{prefix}{i:08d}" for i in range(1, self.miss_pool + 1)))
+        return self.signer.write(
+            self.targets / "misses.txt", (f"{prefix}{i:08d}" for i in range(1, self.miss_pool + 1))
+        )
 
     def write_targets(self, users: int) -> None:
         self.targets.mkdir(parents=True, exist_ok=True)
@@ -151,12 +154,15 @@ class Ctx:
         # written 0NNN: it answers them from SQLite like any poll, but never reads or fills the
         # cache for a non-canonical spelling of the id.
         (self.targets / "app-msg.txt").write_text(
-            "".join(f"user_id=0{preload.APP_USER_BASE + i}\n" for i in range(1, APP_USERS + 1)))
+            "".join(f"user_id=0{preload.APP_USER_BASE + i}\n" for i in range(1, APP_USERS + 1))
+        )
         (self.targets / "app-empty.txt").write_text(
-            "".join(f"user_id=0{APP_EMPTY_BASE + i}\n" for i in range(1, 20_001)))
+            "".join(f"user_id=0{APP_EMPTY_BASE + i}\n" for i in range(1, 20_001))
+        )
 
 
 # ---- plans -------------------------------------------------------------------------------------
+
 
 def full_plan(reps: int, sweep: tuple[int, ...] = SWEEP, ab_reps: int = 5) -> list[Plan]:
     plans: list[Plan] = []
@@ -165,10 +171,20 @@ def full_plan(reps: int, sweep: tuple[int, ...] = SWEEP, ab_reps: int = 5) -> li
     for rep in range(ab_reps):
         for ka in (False, True):
             for system in ("fastpoll", "return200", "memcached_pass"):
-                plans.append(Plan("ab", system, "hit-hot", 50, tool="ab", n=5000, keepalive=ka,
-                                  users=1, rep=rep))
-    plans.append(Plan("ab", "app", "nocache-msg", 50, tool="ab", n=2000, keepalive=False,
-                      users=1))
+                plans.append(
+                    Plan(
+                        "ab",
+                        system,
+                        "hit-hot",
+                        50,
+                        tool="ab",
+                        n=5000,
+                        keepalive=ka,
+                        users=1,
+                        rep=rep,
+                    )
+                )
+    plans.append(Plan("ab", "app", "nocache-msg", 50, tool="ab", n=2000, keepalive=False, users=1))
     # 2. wrk -c50 keep-alive. The ratio runs are interleaved and repeated.
     for rep in range(reps):
         for system in ("fastpoll", "memcached_pass", "return200"):
@@ -190,7 +206,7 @@ def full_plan(reps: int, sweep: tuple[int, ...] = SWEEP, ab_reps: int = 5) -> li
     # 3. the sweep, interleaved level by level (order rotated) so drift hits every system alike.
     for i, c in enumerate(sweep):
         systems = ["fastpoll", "memcached_pass", "return200"]
-        systems = systems[i % 3:] + systems[: i % 3]
+        systems = systems[i % 3 :] + systems[: i % 3]
         if c <= APP_SWEEP_MAX:
             systems.append("app")
         secs = 3.0 if c <= 200 else (4.0 if c <= 2000 else 6.0)
@@ -221,6 +237,7 @@ def quick_plan() -> list[Plan]:
 
 # ---- running one plan ---------------------------------------------------------------------------
 
+
 def system_url(ctx: Ctx, system: str) -> tuple[str, str]:
     """(base URL, poll path) of a system."""
     t = ctx.target
@@ -250,8 +267,13 @@ def run_plan(ctx: Ctx, p: Plan, users: int) -> dict[str, object]:
     empty = p.scenario == "nocache-empty"  # users the app has nothing for
     targets = ctx.targets / ("app-empty.txt" if empty else "app-msg.txt" if app else "hits.txt")
     n_users = min(p.users, 20_000 if empty else ctx.app_users if app else users)
-    env = {"FP_PATH": path, "FP_TARGETS": str(targets), "FP_USERS": str(n_users),
-           "FP_HIT": str(p.hit), "FP_METHOD": p.method}
+    env = {
+        "FP_PATH": path,
+        "FP_TARGETS": str(targets),
+        "FP_USERS": str(n_users),
+        "FP_HIT": str(p.hit),
+        "FP_METHOD": p.method,
+    }
     if p.hit < 1:
         env["FP_MISSES"] = str(ctx.miss_file())
     if p.check:
@@ -269,19 +291,40 @@ def run_plan(ctx: Ctx, p: Plan, users: int) -> dict[str, object]:
             body = ctx.raw_log.parent / "post-body.json.tmp"
             body.write_text('{"since":0}')
         query = targets.open().readline().strip()  # the first user: the hot one
-        r = clients.run_ab(f"{base}{path}?{query}", p.conns, p.n, p.keepalive,
-                           raw_log=ctx.raw_log, method_body=body)
+        r = clients.run_ab(
+            f"{base}{path}?{query}",
+            p.conns,
+            p.n,
+            p.keepalive,
+            raw_log=ctx.raw_log,
+            method_body=body,
+        )
     else:
-        r = clients.run_wrk(f"{base}{path}", p.conns, p.seconds, threads=2, env=env,
-                            timeout_s=10.0, raw_log=ctx.raw_log)
+        r = clients.run_wrk(
+            f"{base}{path}",
+            p.conns,
+            p.seconds,
+            threads=2,
+            env=env,
+            timeout_s=10.0,
+            raw_log=ctx.raw_log,
+        )
     cpu = meter.stop()
     busy1, irq1, total1 = sysinfo.machine_cpu()
     tcp1 = sysinfo.tcp_counters()
     mc = stackctl.mc_delta(mc_before, stackctl.memcached_stats(ctx.target.memcached_ports))
     row: dict[str, object] = {
-        "name": p.name, "group": p.group, "system": p.system, "scenario": p.scenario,
-        "method": p.method, "rep": p.rep, "users": n_users, "hit_ratio": p.hit,
-        **r.as_dict(), "cpu_s": cpu, "memcached": mc,
+        "name": p.name,
+        "group": p.group,
+        "system": p.system,
+        "scenario": p.scenario,
+        "method": p.method,
+        "rep": p.rep,
+        "users": n_users,
+        "hit_ratio": p.hit,
+        **r.as_dict(),
+        "cpu_s": cpu,
+        "memcached": mc,
         # Whatever else ran on the machine meanwhile (other users, the kernel's own threads):
         # busy CPU of the whole machine minus interrupts, ours and the client's, as a share of
         # its capacity. Interrupt time (mostly our own loopback softirq) is shown apart.
@@ -289,8 +332,11 @@ def run_plan(ctx: Ctx, p: Plan, users: int) -> dict[str, object]:
         "irq_share": round((irq1 - irq0) / max(1e-9, total1 - total0), 3),
         # Machine-wide, so other users' tests count too; a listen overflow means a dropped SYN.
         "tcp": {k: tcp1.get(k, 0) - tcp0.get(k, 0) for k in tcp1 if tcp1[k] != tcp0.get(k)},
-        "other_cpu_share": round(max(0.0, (busy1 - busy0) - (irq1 - irq0) - sum(cpu.values())
-                                     - r.client_cpu_s) / max(1e-9, total1 - total0), 3),
+        "other_cpu_share": round(
+            max(0.0, (busy1 - busy0) - (irq1 - irq0) - sum(cpu.values()) - r.client_cpu_s)
+            / max(1e-9, total1 - total0),
+            3,
+        ),
     }
     # Hits that quietly went to the app would still be 200s: memcached's own counters show them
     # (the app's fill is an `add`, counted in cmd_set).
@@ -300,6 +346,7 @@ def run_plan(ctx: Ctx, p: Plan, users: int) -> dict[str, object]:
 
 
 # ---- derived figures ---------------------------------------------------------------------------
+
 
 def _median(rows: list[dict[str, object]], key: str = "rps") -> float | None:
     vals = [float(r[key]) for r in rows if r.get(key) is not None]  # type: ignore[arg-type]
@@ -333,35 +380,59 @@ def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str
         rows = pick(results, group="ab", system=system, keepalive=False)
         if not rows:
             return None
-        return statistics.median(max(cost_us(r, client=False),
-                                     float(r["client_cpu_s"]) / max(1, int(r["requests"]))  # type: ignore
-                                     * 1e6) for r in rows)
+        return statistics.median(
+            max(
+                cost_us(r, client=False),
+                float(r["client_cpu_s"])
+                / max(1, int(r["requests"]))  # type: ignore
+                * 1e6,
+            )
+            for r in rows
+        )
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return round(a / b, 3) if a and b else None
 
-    ab = {f"{s}{'_k' if ka else ''}": med(group="ab", system=s, keepalive=ka)
-          for s in ("fastpoll", "return200", "memcached_pass", "app") for ka in (False, True)}
-    c50 = {f"{s}_{sc}": med(group="c50", system=s, scenario=sc, method="GET")
-           for s in ("fastpoll", "memcached_pass", "return200", "direct")
-           for sc in ("hit-hot", "hit-many")}
+    ab = {
+        f"{s}{'_k' if ka else ''}": med(group="ab", system=s, keepalive=ka)
+        for s in ("fastpoll", "return200", "memcached_pass", "app")
+        for ka in (False, True)
+    }
+    c50 = {
+        f"{s}_{sc}": med(group="c50", system=s, scenario=sc, method="GET")
+        for s in ("fastpoll", "memcached_pass", "return200", "direct")
+        for sc in ("hit-hot", "hit-many")
+    }
     for sc in ("nocache-msg", "nocache-empty"):
         c50[f"app_{sc}"] = med(group="c50", system="app", scenario=sc)
     for sc in ("mix95", "mix50", "miss"):
         c50[f"fastpoll_{sc}"] = med(group="c50", system="fastpoll", scenario=sc)
     for sc in ("hit-hot", "hit-many"):
-        c50[f"fastpoll_{sc}_POST"] = med(group="c50", system="fastpoll", scenario=sc,
-                                         method="POST")
+        c50[f"fastpoll_{sc}_POST"] = med(group="c50", system="fastpoll", scenario=sc, method="POST")
     c50["return200_hit-hot_POST"] = med(group="c50", system="return200", method="POST")
 
     sweep: dict[str, dict[int, dict[str, object]]] = {}
     for r in pick(results, group="sweep"):
-        point = {k: r.get(k) for k in ("rps", "p50_ms", "p99_ms", "failed", "errors", "non2xx",
-                                       "other_cpu_share", "fallbacks_seen", "tcp")}
+        point = {
+            k: r.get(k)
+            for k in (
+                "rps",
+                "p50_ms",
+                "p99_ms",
+                "failed",
+                "errors",
+                "non2xx",
+                "other_cpu_share",
+                "fallbacks_seen",
+                "tcp",
+            )
+        }
         n = max(1, int(r["requests"]))  # type: ignore[arg-type]
-        point["cpu_us_per_req"] = {g: round(v / n * 1e6, 1)  # the path's own processes
-                                   for g, v in r["cpu_s"].items()  # type: ignore[union-attr]
-                                   if g in PATH_GROUPS[str(r["system"])]}
+        point["cpu_us_per_req"] = {
+            g: round(v / n * 1e6, 1)  # the path's own processes
+            for g, v in r["cpu_s"].items()  # type: ignore[union-attr]
+            if g in PATH_GROUPS[str(r["system"])]
+        }
         point["client_us_per_req"] = round(float(r["client_cpu_s"]) / n * 1e6, 1)  # type: ignore
         sweep.setdefault(str(r["system"]), {})[int(r["conns"])] = point  # type: ignore[arg-type]
 
@@ -382,8 +453,9 @@ def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str
                 cpu[f"{sys_}_{sc}"] = round(secs / reqs * 100_000 * 1000, 1)  # ms
     ratios = {
         "c50_vs_memcached_pass_hot": ratio(c50["fastpoll_hit-hot"], c50["memcached_pass_hit-hot"]),
-        "c50_vs_memcached_pass_many": ratio(c50["fastpoll_hit-many"],
-                                            c50["memcached_pass_hit-many"]),
+        "c50_vs_memcached_pass_many": ratio(
+            c50["fastpoll_hit-many"], c50["memcached_pass_hit-many"]
+        ),
         "c50_vs_return200_hot": ratio(c50["fastpoll_hit-hot"], c50["return200_hit-hot"]),
         "ab_vs_return200": ratio(ab["fastpoll"], ab["return200"]),
         "ab_k_vs_return200": ratio(ab["fastpoll_k"], ab["return200_k"]),
@@ -398,6 +470,7 @@ def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str
     }
     fp = sweep.get("fastpoll", {})
     sweep_errors = sum(int(v["failed"]) for c, v in fp.items() if c >= 10000)  # type: ignore
+
     # The same ratios from CPU cost per request: the other system's cost over ours. On a machine
     # whose CPU other work shares, req/s depends on how much CPU was left to each run; the cost of
     # a request does not, and on an idle machine (everything CPU-bound) it predicts the req/s ratio.
@@ -410,77 +483,140 @@ def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str
     costs = {
         "c50_vs_memcached_pass_hot": cratio(
             cost(group="c50", system="fastpoll", scenario="hit-hot", method="GET"),
-            cost(group="c50", system="memcached_pass", scenario="hit-hot", method="GET")),
+            cost(group="c50", system="memcached_pass", scenario="hit-hot", method="GET"),
+        ),
         "c50_vs_memcached_pass_many": cratio(
             cost(group="c50", system="fastpoll", scenario="hit-many", method="GET"),
-            cost(group="c50", system="memcached_pass", scenario="hit-many", method="GET")),
-        "c50_vs_app": cratio(cost(group="c50", system="fastpoll", scenario="hit-many",
-                                  method="GET"),
-                             cost(group="c50", system="app", scenario="nocache-msg")),
-        "c50_vs_app_empty": cratio(cost(group="c50", system="fastpoll", scenario="hit-many",
-                                        method="GET"),
-                                   cost(group="c50", system="app", scenario="nocache-empty")),
+            cost(group="c50", system="memcached_pass", scenario="hit-many", method="GET"),
+        ),
+        "c50_vs_app": cratio(
+            cost(group="c50", system="fastpoll", scenario="hit-many", method="GET"),
+            cost(group="c50", system="app", scenario="nocache-msg"),
+        ),
+        "c50_vs_app_empty": cratio(
+            cost(group="c50", system="fastpoll", scenario="hit-many", method="GET"),
+            cost(group="c50", system="app", scenario="nocache-empty"),
+        ),
         "ab_vs_return200": cratio(ab_bound("fastpoll"), ab_bound("return200")),
         "sweep_10000_vs_50": cratio(sweep_cost("fastpoll", 10000), sweep_cost("fastpoll", 50)),
         "sweep_15000_vs_50": cratio(sweep_cost("fastpoll", 15000), sweep_cost("fastpoll", 50)),
     }
     targets = [
-        _target("wrk -c50 keep-alive, hot key: fastpoll >= 1.0x nginx memcached_pass",
-                ratios["c50_vs_memcached_pass_hot"], 1.0, costs["c50_vs_memcached_pass_hot"]),
-        _target("wrk -c50 keep-alive, 100,000 keys: fastpoll >= 1.0x nginx memcached_pass",
-                ratios["c50_vs_memcached_pass_many"], 1.0, costs["c50_vs_memcached_pass_many"]),
-        _target("sweep flat: 10,000 connections >= 0.9x its own 50",
-                ratios["sweep_10000_vs_50"], 0.9, costs["sweep_10000_vs_50"]),
-        _target("sweep flat: 15,000 connections >= 0.9x its own 50",
-                ratios["sweep_15000_vs_50"], 0.9, costs["sweep_15000_vs_50"]),
-        {"target": "sweep: 0 errors or timeouts at 10,000 and 15,000", "value": sweep_errors,
-         "need": 0, "met": (sweep_errors == 0) if {10000, 15000} & set(fp) else None,
-         "by_cost": None, "met_by_cost": None},
-        _target("ab -c 50 -n 5000: fastpoll >= 0.95x nginx return 200",
-                ratios["ab_vs_return200"], 0.95, costs["ab_vs_return200"]),
-        _target("wrk -c50: fastpoll >= 10x the app alone (users with a message)",
-                ratios["c50_vs_app"], 10.0, costs["c50_vs_app"]),
-        _target("wrk -c50: fastpoll >= 10x the app alone (users with nothing new)",
-                ratios["c50_vs_app_empty"], 10.0, costs["c50_vs_app_empty"]),
+        _target(
+            "wrk -c50 keep-alive, hot key: fastpoll >= 1.0x nginx memcached_pass",
+            ratios["c50_vs_memcached_pass_hot"],
+            1.0,
+            costs["c50_vs_memcached_pass_hot"],
+        ),
+        _target(
+            "wrk -c50 keep-alive, 100,000 keys: fastpoll >= 1.0x nginx memcached_pass",
+            ratios["c50_vs_memcached_pass_many"],
+            1.0,
+            costs["c50_vs_memcached_pass_many"],
+        ),
+        _target(
+            "sweep flat: 10,000 connections >= 0.9x its own 50",
+            ratios["sweep_10000_vs_50"],
+            0.9,
+            costs["sweep_10000_vs_50"],
+        ),
+        _target(
+            "sweep flat: 15,000 connections >= 0.9x its own 50",
+            ratios["sweep_15000_vs_50"],
+            0.9,
+            costs["sweep_15000_vs_50"],
+        ),
+        {
+            "target": "sweep: 0 errors or timeouts at 10,000 and 15,000",
+            "value": sweep_errors,
+            "need": 0,
+            "met": (sweep_errors == 0) if {10000, 15000} & set(fp) else None,
+            "by_cost": None,
+            "met_by_cost": None,
+        },
+        _target(
+            "ab -c 50 -n 5000: fastpoll >= 0.95x nginx return 200",
+            ratios["ab_vs_return200"],
+            0.95,
+            costs["ab_vs_return200"],
+        ),
+        _target(
+            "wrk -c50: fastpoll >= 10x the app alone (users with a message)",
+            ratios["c50_vs_app"],
+            10.0,
+            costs["c50_vs_app"],
+        ),
+        _target(
+            "wrk -c50: fastpoll >= 10x the app alone (users with nothing new)",
+            ratios["c50_vs_app_empty"],
+            10.0,
+            costs["c50_vs_app_empty"],
+        ),
     ]
-    return {"ab": ab, "c50": c50, "sweep": sweep, "ratios": ratios, "cost_ratios": costs,
-            "cpu_ms_per_100k_hits": cpu, "rss": rss, "targets": targets}
+    return {
+        "ab": ab,
+        "c50": c50,
+        "sweep": sweep,
+        "ratios": ratios,
+        "cost_ratios": costs,
+        "cpu_ms_per_100k_hits": cpu,
+        "rss": rss,
+        "targets": targets,
+    }
 
 
-def _target(what: str, value: float | None, need: float,
-            by_cost: float | None = None) -> dict[str, object]:
-    return {"target": what, "value": value, "need": need,
-            "met": None if value is None else value >= need,
-            "by_cost": by_cost, "met_by_cost": None if by_cost is None else by_cost >= need}
+def _target(
+    what: str, value: float | None, need: float, by_cost: float | None = None
+) -> dict[str, object]:
+    return {
+        "target": what,
+        "value": value,
+        "need": need,
+        "met": None if value is None else value >= need,
+        "by_cost": by_cost,
+        "met_by_cost": None if by_cost is None else by_cost >= need,
+    }
 
 
 # ---- memory with many connections ---------------------------------------------------------------
+
 
 def measure_rss(ctx: Ctx, count: int) -> dict[str, object]:
     t = ctx.target
     pid, port = t.poller_pids[0], t.poller_ports[0]
     before = sysinfo.status_kb(pid, "VmRSS")
-    req = (f"GET /getMessages?{ctx.signer.query(str(HOT_USER))} HTTP/1.1\r\n"
-           f"Host: 127.0.0.1\r\n\r\n").encode()
+    req = (
+        f"GET /getMessages?{ctx.signer.query(str(HOT_USER))} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    ).encode()
     t0 = time.monotonic()
     with conns.ConnectionCrowd(port, req, count) as crowd:
         time.sleep(0.5)
         during = sysinfo.status_kb(pid, "VmRSS")
         alive = crowd.still_open()
         answered, failed = crowd.answered, crowd.failed
-    return {"connections": count, "answered": answered, "failed": failed, "still_open": alive,
-            "rss_kb_before": before, "rss_kb_with_connections": during,
-            "bytes_per_connection": round((during - before) * 1024 / max(1, answered)),
-            "seconds": round(time.monotonic() - t0, 1)}
+    return {
+        "connections": count,
+        "answered": answered,
+        "failed": failed,
+        "still_open": alive,
+        "rss_kb_before": before,
+        "rss_kb_with_connections": during,
+        "bytes_per_connection": round((during - before) * 1024 / max(1, answered)),
+        "seconds": round(time.monotonic() - t0, 1),
+    }
 
 
 # ---- main --------------------------------------------------------------------------------------
 
+
 def fmt_row(r: dict[str, object]) -> str:
     def ms(v: object) -> str:
         return "-" if v is None else (f"{v:.2f}ms" if float(v) < 100 else f"{v:.0f}ms")  # type: ignore
-    s = (f"{float(r['rps']):>10,.0f} req/s  p50 {ms(r['p50_ms']):>8}  p99 {ms(r['p99_ms']):>8}"  # type: ignore
-         f"  failed {r['failed']}")
+
+    s = (
+        f"{float(r['rps']):>10,.0f} req/s  p50 {ms(r['p50_ms']):>8}  p99 {ms(r['p99_ms']):>8}"  # type: ignore
+        f"  failed {r['failed']}"
+    )
     c = r.get("check") or {}
     if "bad_status" in c:  # type: ignore[operator]
         bad = sum(c[k] for k in ("bad_status", "bad_body", "bad_source"))  # type: ignore[index]
@@ -489,8 +625,10 @@ def fmt_row(r: dict[str, object]) -> str:
         s += f"  fallbacks(app adds) {r['fallbacks_seen']}"
     tcp = r.get("tcp") or {}
     if tcp.get("ListenOverflows") or tcp.get("TCPSynRetrans"):  # type: ignore[union-attr]
-        s += (f"  [tcp: {tcp.get('ListenOverflows', 0)} listen overflows, "  # type: ignore
-              f"{tcp.get('TCPSynRetrans', 0)} SYN retransmits]")  # type: ignore[union-attr]
+        s += (
+            f"  [tcp: {tcp.get('ListenOverflows', 0)} listen overflows, "  # type: ignore
+            f"{tcp.get('TCPSynRetrans', 0)} SYN retransmits]"
+        )  # type: ignore[union-attr]
     if float(r.get("other_cpu_share") or 0) >= 0.05:  # type: ignore[arg-type]
         s += f"  [other load on the machine: {float(r['other_cpu_share']):.0%} of its CPU]"  # type: ignore
     return s
@@ -499,26 +637,50 @@ def fmt_row(r: dict[str, object]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="CI smoke: < 1 minute, checks bodies")
-    ap.add_argument("--attach", type=Path, metavar="RUN_DIR",
-                    help="use the stack `make up` started (its run dir) instead of a fresh one")
+    ap.add_argument(
+        "--attach",
+        type=Path,
+        metavar="RUN_DIR",
+        help="use the stack `make up` started (its run dir) instead of a fresh one",
+    )
     ap.add_argument("--users", type=int, default=None, help=f"preloaded users (default {USERS})")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of the ratio runs")
     ap.add_argument("--rss-conns", type=int, default=None, help="default 10000 (quick: 1000)")
-    ap.add_argument("--max-minutes", type=float, default=None,
-                    help="skip what is left after this long (default 12, quick 1.5)")
+    ap.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="skip what is left after this long (default 12, quick 1.5)",
+    )
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
-    ap.add_argument("--poller-tcp", action="store_true",
-                    help="nginx reaches the poll servers over TCP, not unix sockets")
-    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
-                    help="first wait up to this long for the machine to be idle (other users)")
+    ap.add_argument(
+        "--poller-tcp",
+        action="store_true",
+        help="nginx reaches the poll servers over TCP, not unix sockets",
+    )
+    ap.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait up to this long for the machine to be idle (other users)",
+    )
     ap.add_argument("--only", default="", help="comma list of groups to run: ab,c50,sweep,rss")
-    ap.add_argument("--systems", default="",
-                    help="comma list of systems to run: " + ",".join(SYSTEMS))
-    ap.add_argument("--upstream-keepalive", type=int, default=None,
-                    help=f"idle upstream connections per nginx worker "
-                         f"(default {TUNING['fastpoll_upstream_keepalive']})")
-    ap.add_argument("--sweep", default=",".join(map(str, SWEEP)),
-                    help="concurrency levels of the sweep (default: %(default)s)")
+    ap.add_argument(
+        "--systems", default="", help="comma list of systems to run: " + ",".join(SYSTEMS)
+    )
+    ap.add_argument(
+        "--upstream-keepalive",
+        type=int,
+        default=None,
+        help=f"idle upstream connections per nginx worker "
+        f"(default {TUNING['fastpoll_upstream_keepalive']})",
+    )
+    ap.add_argument(
+        "--sweep",
+        default=",".join(map(str, SWEEP)),
+        help="concurrency levels of the sweep (default: %(default)s)",
+    )
     args = ap.parse_args()
     quick = args.quick
     users = args.users or (2000 if quick else USERS)
@@ -549,8 +711,10 @@ def main() -> int:
         shutil.rmtree(work)  # our own scratch dir from an earlier run (stopped, by pid)
     work.mkdir(parents=True)
 
-    print(f"bench {run_id}: {'quick smoke' if quick else 'full run'}; results -> {out_json}",
-          flush=True)
+    print(
+        f"bench {run_id}: {'quick smoke' if quick else 'full run'}; results -> {out_json}",
+        flush=True,
+    )
     quiet = wait_quiet(args.wait_quiet) if args.wait_quiet else None
     t_start = time.monotonic()  # the time limit and the run's duration start after the wait
     machine = sysinfo.machine(POLL_SERVER)
@@ -561,16 +725,30 @@ def main() -> int:
     else:
         # The smoke checks every body, so a hit that falls back to the app on a starved CI
         # machine (a cache answer later than 100 ms) would fail it: quick mode allows 1 s.
-        target = stackctl.start(work / "stack", TUNING, ini,
-                                cache_timeout_ms=1000 if quick else None,
-                                poller_unix=not args.poller_tcp)
-        print(f"  stack up at {target.base_url}: {len(target.poller_ports)} poll servers "
-              f"{target.poller_ports} (nginx reaches them over {target.poller_hop}), memcached "
-              f"{target.memcached_ports}, app {target.app_port}"
-              f" ({time.monotonic() - t_start:.1f}s)", flush=True)
+        target = stackctl.start(
+            work / "stack",
+            TUNING,
+            ini,
+            cache_timeout_ms=1000 if quick else None,
+            poller_unix=not args.poller_tcp,
+        )
+        print(
+            f"  stack up at {target.base_url}: {len(target.poller_ports)} poll servers "
+            f"{target.poller_ports} (nginx reaches them over {target.poller_hop}), memcached "
+            f"{target.memcached_ports}, app {target.app_port}"
+            f" ({time.monotonic() - t_start:.1f}s)",
+            flush=True,
+        )
     peer_tuning = {k: v for k, v in TUNING.items() if not k.startswith("fastpoll_")}
-    ctx = Ctx(args=args, target=target, peers={}, raw_log=raw_log, signer=Signer(target.stack),
-              targets=work / "targets", miss_pool=8_000 if quick else 40_000)
+    ctx = Ctx(
+        args=args,
+        target=target,
+        peers={},
+        raw_log=raw_log,
+        signer=Signer(target.stack),
+        targets=work / "targets",
+        miss_pool=8_000 if quick else 40_000,
+    )
     failures: list[str] = []
     rss: dict[str, object] = {}
     hop: list[dict[str, object]] = []
@@ -582,18 +760,30 @@ def main() -> int:
         print(f"  preloaded {users:,} users into memcached ({time.monotonic() - t0:.1f}s)")
         t0 = time.monotonic()
         ctx.write_targets(users)
-        print(f"  {'signed' if ctx.signer.enabled else 'unsigned (signing is off)'} poll URLs "
-              f"written for {users:,} users and the app's ({time.monotonic() - t0:.1f}s)")
+        print(
+            f"  {'signed' if ctx.signer.enabled else 'unsigned (signing is off)'} poll URLs "
+            f"written for {users:,} users and the app's ({time.monotonic() - t0:.1f}s)"
+        )
         ctx.peers = {
-            "return200": peers.Peer("return200", work / "peer-return200", peer_tuning,
-                                    {"body": preload.answer(HOT_USER).decode()}),
+            "return200": peers.Peer(
+                "return200",
+                work / "peer-return200",
+                peer_tuning,
+                {"body": preload.answer(HOT_USER).decode()},
+            ),
             "memcached_pass": peers.Peer(
-                "memcached_pass", work / "peer-memcached_pass", peer_tuning,
-                {"memcached": mc_servers[0],
-                 "upstream_keepalive": TUNING["fastpoll_upstream_keepalive"]}),
+                "memcached_pass",
+                work / "peer-memcached_pass",
+                peer_tuning,
+                {
+                    "memcached": mc_servers[0],
+                    "upstream_keepalive": TUNING["fastpoll_upstream_keepalive"],
+                },
+            ),
         }
-        ctx.peers["app"] = peers.AppPeer(work / "peer-app", target.stack.ini_path,
-                                         workers=target.stack.app_workers)
+        ctx.peers["app"] = peers.AppPeer(
+            work / "peer-app", target.stack.ini_path, workers=target.stack.app_workers
+        )
         for peer in ctx.peers.values():
             peer.start()
         print("  peers up: " + ", ".join(f"{n} {p.base_url}" for n, p in ctx.peers.items()))
@@ -631,15 +821,22 @@ def main() -> int:
             ctx.results.append(row)
             done_est += p.est_seconds()
             left = max(0.0, total_est - done_est)
-            print(f"  [{i:3}/{len(plans)} {_mmss(elapsed)} ~{_mmss(left)} left] "
-                  f"{p.name:44} {fmt_row(row)}", flush=True)
+            print(
+                f"  [{i:3}/{len(plans)} {_mmss(elapsed)} ~{_mmss(left)} left] "
+                f"{p.name:44} {fmt_row(row)}",
+                flush=True,
+            )
             if row.get("check") and row["check"].get("miss_reused"):  # type: ignore[union-attr]
-                failures.append(f"{p.name}: the pool of miss URLs ran out "
-                                f"({row['check']['miss_reused']} reused)")  # type: ignore[index]
+                failures.append(
+                    f"{p.name}: the pool of miss URLs ran out "
+                    f"({row['check']['miss_reused']} reused)"
+                )  # type: ignore[index]
             if quick or p.check:
                 if row["failed"]:
-                    failures.append(f"{p.name}: {row['failed']} failed requests "
-                                    f"(errors {row['errors']}, non-2xx {row['non2xx']})")
+                    failures.append(
+                        f"{p.name}: {row['failed']} failed requests "
+                        f"(errors {row['errors']}, non-2xx {row['non2xx']})"
+                    )
                 if row.get("check") and row["check"]["n_hit"] + row["check"]["n_miss"] == 0:  # type: ignore
                     failures.append(f"{p.name}: no requests were checked")
             # Let the closed connections settle (TIME_WAIT, nginx's upstream pool) before the next.
@@ -647,38 +844,64 @@ def main() -> int:
 
         if not quick and (not only or "hop" in only) and not args.systems:
             import hop_cost
+
             print("  one proxy hop, TCP vs unix socket (nginx -> nginx return 200):", flush=True)
             hop = hop_cost.measure(seconds=3.0, rounds=2)
             for h in hop:
-                print(f"    {h['hop']:5} {h['rps']:8,} req/s  CPU µs/req: proxy {h['front_us']}"
-                      f", upstream {h['back_us']}, wrk {h['client_us']}", flush=True)
+                print(
+                    f"    {h['hop']:5} {h['rps']:8,} req/s  CPU µs/req: proxy {h['front_us']}"
+                    f", upstream {h['back_us']}, wrk {h['client_us']}",
+                    flush=True,
+                )
         if not only or "rss" in only:
             rss = measure_rss(ctx, rss_n)
-            print(f"  poll server RSS: {rss['rss_kb_before']} KB idle, "
-                  f"{rss['rss_kb_with_connections']} KB with {rss['answered']:,} connections open"
-                  f" ({rss['bytes_per_connection']} B each; {rss['still_open']} still open)")
+            print(
+                f"  poll server RSS: {rss['rss_kb_before']} KB idle, "
+                f"{rss['rss_kb_with_connections']} KB with {rss['answered']:,} connections open"
+                f" ({rss['bytes_per_connection']} B each; {rss['still_open']} still open)"
+            )
             if rss["answered"] != rss_n or rss["still_open"] != rss_n:
-                failures.append(f"rss: {rss['answered']} of {rss_n} connections answered, "
-                                f"{rss['still_open']} still open")
-        peak = {f"poller-{i}": sysinfo.status_kb(pid, "VmHWM")
-                for i, pid in enumerate(target.poller_pids)}
+                failures.append(
+                    f"rss: {rss['answered']} of {rss_n} connections answered, "
+                    f"{rss['still_open']} still open"
+                )
+        peak = {
+            f"poller-{i}": sysinfo.status_kb(pid, "VmHWM")
+            for i, pid in enumerate(target.poller_pids)
+        }
         failures += sanity(ctx, users, quick, after=True)
         derived = derive(ctx.results, rss)
         derived["poll_server_peak_rss_kb"] = peak
+        logs = collect_logs(target.stack.run_dir)
         derived["hop"] = hop
         doc = {
-            "run_id": run_id, "mode": "quick" if quick else "full",
-            "started_utc": stamp, "seconds": round(time.monotonic() - t_start, 1),
-            "machine": machine, "idle_before_start": quiet,
-            "tuning": {"nginx": TUNING, "nginx_applied_via": target.nginx_vars_via,
-                       "poller_hop": target.poller_hop,
-                       "attached": bool(args.attach), "nofile": [hard, hard],
-                       "wrk": {"threads": 2, "timeout_s": 10}, "ini": ini,
-                       "sysctl_changed": {}},
-            "stack": {"argv": {n: p.argv for n, p in target.stack.procs.items()},
-                      "http_port": target.http_port, "poller_ports": target.poller_ports,
-                      "memcached_ports": target.memcached_ports, "app_port": target.app_port},
-            "users": users, "derived": derived, "results": ctx.results,
+            "run_id": run_id,
+            "mode": "quick" if quick else "full",
+            "started_utc": stamp,
+            "seconds": round(time.monotonic() - t_start, 1),
+            "machine": machine,
+            "idle_before_start": quiet,
+            "tuning": {
+                "nginx": TUNING,
+                "nginx_applied_via": target.nginx_vars_via,
+                "poller_hop": target.poller_hop,
+                "attached": bool(args.attach),
+                "nofile": [hard, hard],
+                "wrk": {"threads": 2, "timeout_s": 10},
+                "ini": ini,
+                "sysctl_changed": {},
+            },
+            "stack": {
+                "argv": {n: p.argv for n, p in target.stack.procs.items()},
+                "http_port": target.http_port,
+                "poller_ports": target.poller_ports,
+                "memcached_ports": target.memcached_ports,
+                "app_port": target.app_port,
+            },
+            "users": users,
+            "derived": derived,
+            "results": ctx.results,
+            "logs": logs,
             "failures": failures,
         }
     finally:
@@ -692,6 +915,7 @@ def main() -> int:
 
     if not quick and doc:
         import report
+
         doc = json.loads(out_json.read_text())  # exactly what is stored (string keys and all)
         pngs = report.plots(doc, RESULTS) if not partial else []
         if pngs:
@@ -702,10 +926,14 @@ def main() -> int:
         for t in doc["derived"]["targets"]:  # type: ignore[index]
             mark = {True: "met   ", False: "MISSED", None: "n/a   "}[t["met"]]
             by_cost = {True: "met", False: "missed", None: "n/a"}[t.get("met_by_cost")]
-            print(f"  target {mark} {t['target']}: {t['value']} (by CPU cost: "
-                  f"{t.get('by_cost')}, {by_cost})")
-    print(f"bench {run_id}: {'OK' if not failures else 'FAILED'} in "
-          f"{_mmss(time.monotonic() - t_start)}")
+            print(
+                f"  target {mark} {t['target']}: {t['value']} (by CPU cost: "
+                f"{t.get('by_cost')}, {by_cost})"
+            )
+    print(
+        f"bench {run_id}: {'OK' if not failures else 'FAILED'} in "
+        f"{_mmss(time.monotonic() - t_start)}"
+    )
     for f in failures:
         print(f"  FAIL {f}")
     return 1 if failures else 0
@@ -714,23 +942,42 @@ def main() -> int:
 def sanity(ctx: Ctx, users: int, quick: bool, after: bool = False) -> list[str]:
     """Right bytes from every path before (and after) the load; returns problems."""
     import random
+
     rnd = random.Random(11 if after else 5)
     sample = sorted({HOT_USER, users, *rnd.sample(range(1, users + 1), min(users, 50))})
     t = ctx.target
     q = ctx.signer.query
-    problems = [f"fastpoll {m}" for m in stackctl.check_hits(t.base_url, "/Poll/getMessages",
-                                                             sample, q)]
-    problems += [f"fastpoll POST {m}" for m in stackctl.check_hits(
-        t.base_url, "/Poll/getMessages", sample[:10], q, post=True)]
-    problems += [f"direct {m}" for m in stackctl.check_hits(
-        f"http://127.0.0.1:{t.poller_ports[0]}", "/getMessages", sample[:10], q)]
+    problems = [
+        f"fastpoll {m}" for m in stackctl.check_hits(t.base_url, "/Poll/getMessages", sample, q)
+    ]
+    problems += [
+        f"fastpoll POST {m}"
+        for m in stackctl.check_hits(t.base_url, "/Poll/getMessages", sample[:10], q, post=True)
+    ]
+    problems += [
+        f"direct {m}"
+        for m in stackctl.check_hits(
+            f"http://127.0.0.1:{t.poller_ports[0]}", "/getMessages", sample[:10], q
+        )
+    ]
     if "memcached_pass" in ctx.peers:
-        problems += [f"memcached_pass {m}" for m in stackctl.check_hits(
-            ctx.peers["memcached_pass"].base_url, "/Poll/getMessages", sample[:10], q,
-            source=None)]
+        problems += [
+            f"memcached_pass {m}"
+            for m in stackctl.check_hits(
+                ctx.peers["memcached_pass"].base_url,
+                "/Poll/getMessages",
+                sample[:10],
+                q,
+                source=None,
+            )
+        ]
     if "return200" in ctx.peers:
-        problems += [f"return200 {m}" for m in stackctl.check_hits(
-            ctx.peers["return200"].base_url, "/Poll/getMessages", [HOT_USER], q, source=None)]
+        problems += [
+            f"return200 {m}"
+            for m in stackctl.check_hits(
+                ctx.peers["return200"].base_url, "/Poll/getMessages", [HOT_USER], q, source=None
+            )
+        ]
     if ctx.signer.enabled:  # an unsigned poll is refused before the cache and the app
         a = stackctl.get(f"{t.base_url}/Poll/getMessages?user_id={HOT_USER}")
         if a.status != 403:
@@ -739,15 +986,44 @@ def sanity(ctx: Ctx, users: int, quick: bool, after: bool = False) -> list[str]:
     a = stackctl.get(f"{t.base_url}/Poll/getMessages?{q(ctx.next_miss_prefix() + '00000001')}")
     if (a.status, a.body, a.source) != (200, b"", "app"):
         problems.append(f"miss: {a.status} {a.source} {a.body[:80]!r}")
-    a = stackctl.get(f"{ctx.peers['app'].base_url}/Poll/getMessages"
-                     f"?user_id=0{preload.APP_USER_BASE + 1}")
+    a = stackctl.get(
+        f"{ctx.peers['app'].base_url}/Poll/getMessages?user_id=0{preload.APP_USER_BASE + 1}"
+    )
     seeded = ctx.app_users > 0
     if (a.status, a.source) != (200, "app") or a.body.startswith(b'{"unread":') != seeded:
         problems.append(f"app alone: {a.status} {a.source} {a.body[:80]!r}")
     if not problems:
-        print(f"  answers {'after' if after else 'before'} the load: right "
-              f"({len(sample)} users, POST, direct, peers, a miss, the app)")
+        print(
+            f"  answers {'after' if after else 'before'} the load: right "
+            f"({len(sample)} users, POST, direct, peers, a miss, the app)"
+        )
     return problems
+
+
+def collect_logs(run_dir: Path) -> dict[str, dict[str, int]]:
+    """What the poll servers and the stack's nginx logged during the run (warnings and errors),
+    each message once with its count: the evidence behind a fallback or a failure."""
+    import re
+
+    out: dict[str, dict[str, int]] = {}
+    files = {
+        **{f.stem: f for f in sorted(run_dir.glob("poller-*.log"))},
+        "nginx": run_dir / "nginx" / "error.log",
+    }
+    for name, path in files.items():
+        counts: dict[str, int] = {}
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if "[signing]" in line or " info:" in line or "[notice]" in line:
+                continue
+            msg = re.sub(r"^\S+ \[\d+\] |^\S+ \S+ |\d+#\d+: \*\d+ |, client: .*$", "", line)
+            counts[msg[:200]] = counts.get(msg[:200], 0) + 1
+        if counts:
+            out[name] = dict(sorted(counts.items(), key=lambda kv: -kv[1])[:20])
+    return out
 
 
 def wait_quiet(limit_s: float, busy_max: float = 0.15, window_s: float = 5.0) -> dict:
@@ -762,8 +1038,11 @@ def wait_quiet(limit_s: float, busy_max: float = 0.15, window_s: float = 5.0) ->
         waited = time.monotonic() - t0
         if share <= busy_max or waited >= limit_s:
             break
-        print(f"  machine busy {share:.0%} (other users); waiting for it to calm down "
-              f"({waited:.0f}/{limit_s:.0f}s)", flush=True)
+        print(
+            f"  machine busy {share:.0%} (other users); waiting for it to calm down "
+            f"({waited:.0f}/{limit_s:.0f}s)",
+            flush=True,
+        )
     print(f"  machine busy {share:.0%} over the last {window_s:.0f}s; starting", flush=True)
     return {"busy_share": round(share, 3), "waited_s": round(time.monotonic() - t0, 1)}
 

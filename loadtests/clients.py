@@ -116,6 +116,7 @@ def parse_wrk(text: str, url: str = "", conns: int = 0) -> LoadResult:
 
 def parse_ab(text: str, url: str = "", keepalive: bool = False) -> LoadResult:
     """Parse ApacheBench's report (ab -c C -n N [-k])."""
+
     def num(label: str, default: float | None = None) -> float:
         m = re.search(rf"^{re.escape(label)}:\s+([0-9.]+)", text, re.M)
         if not m:
@@ -133,8 +134,11 @@ def parse_ab(text: str, url: str = "", keepalive: bool = False) -> LoadResult:
     r.non2xx = int(num("Non-2xx responses", 0))
     write_errors = int(num("Write errors", 0))
     m = re.search(r"\(Connect: (\d+), Receive: (\d+), Length: (\d+), Exceptions: (\d+)\)", text)
-    detail = dict(zip(("connect", "receive", "length", "exceptions"),
-                      map(int, m.groups()), strict=True)) if m else {}
+    detail = (
+        dict(zip(("connect", "receive", "length", "exceptions"), map(int, m.groups()), strict=True))
+        if m
+        else {}
+    )
     r.errors = {"failed": failed, "write": write_errors, **detail}
     r.failed = failed + write_errors + r.non2xx
     pcts = dict(re.findall(r"^\s*(\d+)%\s+(\d+)", text, re.M))
@@ -154,24 +158,41 @@ def _children_cpu() -> float:
 def _run(cmd: list[str], env: dict[str, str] | None, timeout: float) -> tuple[str, float]:
     before = _children_cpu()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                           env={**os.environ, **(env or {})})
+        p = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+        )
     except subprocess.TimeoutExpired as e:  # subprocess.run killed it
         raise ToolError(f"{cmd[0]} did not finish within {timeout:.0f}s") from e
     cpu = _children_cpu() - before
     if p.returncode != 0:
-        raise ToolError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-2000:]}"
-                        f"{p.stdout[-2000:]}")
+        raise ToolError(
+            f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-2000:]}{p.stdout[-2000:]}"
+        )
     return p.stdout + p.stderr, cpu
 
 
-def run_wrk(url: str, conns: int, duration_s: float, threads: int = 2,
-            env: dict[str, str] | None = None, timeout_s: float = 10.0,
-            raw_log: Path | None = None) -> LoadResult:
+def run_wrk(
+    url: str,
+    conns: int,
+    duration_s: float,
+    threads: int = 2,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 10.0,
+    raw_log: Path | None = None,
+) -> LoadResult:
     threads = max(1, min(threads, conns))
     env = {**(env or {}), "FP_THREADS": str(threads)}  # poll.lua splits the miss pool by thread
-    cmd = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration_s:g}s", f"--timeout={timeout_s:g}s",
-           "--latency", "-s", str(POLL_LUA), url]
+    cmd = [
+        "wrk",
+        f"-t{threads}",
+        f"-c{conns}",
+        f"-d{duration_s:g}s",
+        f"--timeout={timeout_s:g}s",
+        "--latency",
+        "-s",
+        str(POLL_LUA),
+        url,
+    ]
     # The hard bound: the run, a slow start of many connections, and the final timeout.
     text, cpu = _run(cmd, env, timeout=duration_s + timeout_s + 60)
     if raw_log is not None:
@@ -183,8 +204,14 @@ def run_wrk(url: str, conns: int, duration_s: float, threads: int = 2,
     return r
 
 
-def run_ab(url: str, conns: int, n: int, keepalive: bool = False,
-           raw_log: Path | None = None, method_body: Path | None = None) -> LoadResult:
+def run_ab(
+    url: str,
+    conns: int,
+    n: int,
+    keepalive: bool = False,
+    raw_log: Path | None = None,
+    method_body: Path | None = None,
+) -> LoadResult:
     cmd = ["ab", "-q", "-c", str(conns), "-n", str(n), "-s", "10", "-r"]
     if keepalive:
         cmd.append("-k")

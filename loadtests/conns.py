@@ -15,8 +15,9 @@ import time
 
 
 class ConnectionCrowd:
-    def __init__(self, port: int, request: bytes, count: int, batch: int = 500,
-                 deadline_s: float = 60.0) -> None:
+    def __init__(
+        self, port: int, request: bytes, count: int, batch: int = 500, deadline_s: float = 60.0
+    ) -> None:
         self.port, self.request, self.count = port, request, count
         self.batch, self.deadline_s = batch, deadline_s
         self.socks: list[socket.socket] = []

@@ -34,8 +34,9 @@ def start(name: str, body: str, port: int) -> subprocess.Popen:
     d = WORK / name
     for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (d / "tmp" / sub).mkdir(parents=True, exist_ok=True)
-    temp = "\n".join(f"    {s}_temp_path {d}/tmp/{s};" for s in ("proxy", "fastcgi", "uwsgi",
-                                                                   "scgi"))
+    temp = "\n".join(
+        f"    {s}_temp_path {d}/tmp/{s};" for s in ("proxy", "fastcgi", "uwsgi", "scgi")
+    )
     (d / "nginx.conf").write_text(f"""worker_processes 1;
 pid {d}/nginx.pid;
 error_log {d}/error.log warn;
@@ -49,8 +50,11 @@ http {{
 {body}
 }}
 """)
-    p = subprocess.Popen(["nginx", "-p", str(d), "-c", str(d / "nginx.conf"), "-g", "daemon off;"],
-                         stdin=subprocess.DEVNULL, start_new_session=True)
+    p = subprocess.Popen(
+        ["nginx", "-p", str(d), "-c", str(d / "nginx.conf"), "-g", "daemon off;"],
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     wait_for(name, lambda: http_status(f"http://127.0.0.1:{port}/healthz") == 200, proc=p)
     return p
 
@@ -67,34 +71,56 @@ def measure(seconds: float = 4.0, rounds: int = 2, conns: int = 50) -> list[dict
     procs: list[subprocess.Popen] = []
     rows: list[dict[str, object]] = []
     try:
-        back = start("back", f"""    server {{
+        back = start(
+            "back",
+            f"""    server {{
         listen 127.0.0.1:{back_port};
         listen unix:{sock};
         location / {{ return 200 '{body47}'; }}
-    }}""", free_port())
+    }}""",
+            free_port(),
+        )
         procs.append(back)
-        front = start("front", f"""
+        front = start(
+            "front",
+            f"""
     upstream tcp {{ server 127.0.0.1:{back_port}; keepalive 64; }}
     upstream ux {{ server unix:{sock}; keepalive 64; }}
     server {{ listen 127.0.0.1:{tcp_port}; location / {{ proxy_pass http://tcp; {proxy} }} }}
     server {{ listen 127.0.0.1:{unix_port}; location / {{ proxy_pass http://ux; {proxy} }} }}""",
-                      free_port())
+            free_port(),
+        )
         procs.append(front)
         for rnd in range(rounds):
             for label, port in (("tcp", tcp_port), ("unix", unix_port)):
-                meter = sysinfo.CpuMeter({
-                    "front": [front.pid, *sysinfo.children(front.pid)],
-                    "back": [back.pid, *sysinfo.children(back.pid)]})
+                meter = sysinfo.CpuMeter(
+                    {
+                        "front": [front.pid, *sysinfo.children(front.pid)],
+                        "back": [back.pid, *sysinfo.children(back.pid)],
+                    }
+                )
                 meter.start()
-                r = clients.run_wrk(f"http://127.0.0.1:{port}/", conns, seconds,
-                                    env={"FP_PATH": "/x", "FP_USERS": "1"})
+                r = clients.run_wrk(
+                    f"http://127.0.0.1:{port}/",
+                    conns,
+                    seconds,
+                    env={"FP_PATH": "/x", "FP_USERS": "1"},
+                )
                 cpu = meter.stop()
                 n = max(1, r.requests)
-                rows.append({"hop": label, "round": rnd, "rps": round(r.rps), "failed": r.failed,
-                             "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
-                             "front_us": round(cpu["front"] / n * 1e6, 1),
-                             "back_us": round(cpu["back"] / n * 1e6, 1),
-                             "client_us": round(r.client_cpu_s / n * 1e6, 1)})
+                rows.append(
+                    {
+                        "hop": label,
+                        "round": rnd,
+                        "rps": round(r.rps),
+                        "failed": r.failed,
+                        "p50_ms": r.p50_ms,
+                        "p99_ms": r.p99_ms,
+                        "front_us": round(cpu["front"] / n * 1e6, 1),
+                        "back_us": round(cpu["back"] / n * 1e6, 1),
+                        "client_us": round(r.client_cpu_s / n * 1e6, 1),
+                    }
+                )
     finally:
         for p in procs:
             if p.poll() is None:
@@ -115,8 +141,11 @@ def main() -> int:
     args = ap.parse_args()
     print("hop      req/s  front µs  back µs  wrk µs  p50 ms  p99 ms")
     for r in measure(args.seconds, args.rounds, args.conns):
-        print(f"{r['hop']:5} {r['rps']:8,} {r['front_us']:9.1f} {r['back_us']:8.1f} "
-              f"{r['client_us']:7.1f} {r['p50_ms']:7.2f} {r['p99_ms']:7.1f}", flush=True)
+        print(
+            f"{r['hop']:5} {r['rps']:8,} {r['front_us']:9.1f} {r['back_us']:8.1f} "
+            f"{r['client_us']:7.1f} {r['p50_ms']:7.2f} {r['p99_ms']:7.1f}",
+            flush=True,
+        )
     return 0
 
 

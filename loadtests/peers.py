@@ -45,29 +45,42 @@ class Peer:
         self.port = self.port or free_port()
         for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             (self.run_dir / "tmp" / sub).mkdir(parents=True, exist_ok=True)
-        env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES),
-                                 undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(TEMPLATES),
+            undefined=jinja2.StrictUndefined,
+            keep_trailing_newline=True,
+        )
         conf = env.get_template(f"{self.name}.conf.j2").render(
-            run_dir=str(self.run_dir), port=self.port, **self.tuning, **self.params)
+            run_dir=str(self.run_dir), port=self.port, **self.tuning, **self.params
+        )
         path = self.run_dir / "nginx.conf"
         path.write_text(conf)
         return path
 
     def start(self) -> None:
         conf = self.render()
-        check = subprocess.run(["nginx", "-t", "-q", "-p", str(self.run_dir), "-c", str(conf)],
-                               capture_output=True, text=True)
+        check = subprocess.run(
+            ["nginx", "-t", "-q", "-p", str(self.run_dir), "-c", str(conf)],
+            capture_output=True,
+            text=True,
+        )
         if check.returncode != 0:
             raise RuntimeError(f"peer {self.name}: nginx -t failed:\n{check.stderr}")
         log = (self.run_dir / "nginx.out").open("ab")
         self.popen = subprocess.Popen(
             ["nginx", "-p", str(self.run_dir), "-c", str(conf), "-g", "daemon off;"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         try:
-            wait_for(f"peer {self.name}", lambda: http_status(f"{self.base_url}/healthz") == 200,
-                     proc=self.popen)
+            wait_for(
+                f"peer {self.name}",
+                lambda: http_status(f"{self.base_url}/healthz") == 200,
+                proc=self.popen,
+            )
         except BaseException:
             self.stop()
             raise
@@ -120,14 +133,32 @@ class AppPeer:
         python = HERE.parent / ".venv" / "bin" / "python"
         log = (self.run_dir / "app.log").open("ab")
         self.popen = subprocess.Popen(
-            [str(python), "-m", "fastpoll_app", "--config", str(conf), "--host", "127.0.0.1",
-             "--port", str(self.port), "--workers", str(self.workers)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            [
+                str(python),
+                "-m",
+                "fastpoll_app",
+                "--config",
+                str(conf),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(self.workers),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         try:
-            wait_for("app peer", lambda: http_status(f"{self.base_url}/healthz") == 200,
-                     timeout=60, proc=self.popen)
+            wait_for(
+                "app peer",
+                lambda: http_status(f"{self.base_url}/healthz") == 200,
+                timeout=60,
+                proc=self.popen,
+            )
         except BaseException:
             self.stop()
             raise

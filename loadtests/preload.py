@@ -67,8 +67,7 @@ def seed_app(app_port: int, count: int, base: int = APP_USER_BASE, workers: int 
         try:
             for u in users:
                 body = json.dumps({"user_id": u, "text": f"bench message for {u}"})
-                conn.request("POST", "/api/messages", body,
-                             {"Content-Type": "application/json"})
+                conn.request("POST", "/api/messages", body, {"Content-Type": "application/json"})
                 r = conn.getresponse()
                 r.read()
                 if r.status != 201:
@@ -78,8 +77,9 @@ def seed_app(app_port: int, count: int, base: int = APP_USER_BASE, workers: int 
 
     t0 = time.monotonic()
     step = -(-count // workers)
-    chunks = [range(base + 1 + i, min(base + count, base + i + step) + 1)
-              for i in range(0, count, step)]
+    chunks = [
+        range(base + 1 + i, min(base + count, base + i + step) + 1) for i in range(0, count, step)
+    ]
     with ThreadPoolExecutor(workers) as pool:
         for f in [pool.submit(post_range, c) for c in chunks]:
             f.result()

@@ -54,9 +54,22 @@ def user_sys(pids: list[int]) -> tuple[float, float]:
 
 def perf_breakdown(data: Path) -> tuple[str, dict[str, float]]:
     """Samples per comm and per kernel/user, as percent of all samples."""
-    out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--sort", "comm,dso",
-                          "--percent-limit", "0.5"], capture_output=True, text=True,
-                         timeout=120).stdout
+    out = subprocess.run(
+        [
+            "perf",
+            "report",
+            "-i",
+            str(data),
+            "--stdio",
+            "--sort",
+            "comm,dso",
+            "--percent-limit",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     share: dict[str, float] = {}
     for line in out.splitlines():
         m = re.match(r"\s*([0-9.]+)%\s+(\S+)\s+(\S+)", line)
@@ -68,10 +81,26 @@ def perf_breakdown(data: Path) -> tuple[str, dict[str, float]]:
 
 
 def top_symbols(data: Path, comm: str, limit: int = 30) -> str:
-    out = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--comms", comm,
-                          "--sort", "dso,sym", "--percentage", "relative",
-                          "--percent-limit", "1.2"],
-                         capture_output=True, text=True, timeout=120).stdout
+    out = subprocess.run(
+        [
+            "perf",
+            "report",
+            "-i",
+            str(data),
+            "--stdio",
+            "--comms",
+            comm,
+            "--sort",
+            "dso,sym",
+            "--percentage",
+            "relative",
+            "--percent-limit",
+            "1.2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     lines = [ln for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
     return "\n".join(lines[:limit])
 
@@ -93,15 +122,18 @@ def strace_hits(out: Path) -> None:
         s = socket.create_connection(("127.0.0.1", t.poller_ports[0]))
 
         def hit(u: int) -> None:
-            s.sendall(f"GET /getMessages?{signer.query(str(u))} HTTP/1.1\r\nHost: x\r\n\r\n"
-                      .encode())
+            s.sendall(
+                f"GET /getMessages?{signer.query(str(u))} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+            )
             s.recv(4096)
 
         hit(1)
         with out.open("w") as f:
-            f.write(f"# strace -f -p <poll_server>: three signed keep-alive GETs (users 2-4),\n"
-                    f"# one at a time, 0.2 s apart; {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}.\n"
-                    f"# One hit = the lines between two long (idle) epoll_waits.\n")
+            f.write(
+                f"# strace -f -p <poll_server>: three signed keep-alive GETs (users 2-4),\n"
+                f"# one at a time, 0.2 s apart; {datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}.\n"
+                f"# One hit = the lines between two long (idle) epoll_waits.\n"
+            )
             f.flush()
             st = subprocess.Popen(["strace", "-f", "-p", str(t.poller_pids[0])], stderr=f)
             time.sleep(1)
@@ -120,8 +152,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--attach", type=Path)
     ap.add_argument("--users", type=int, default=bench.USERS)
-    ap.add_argument("--strace", action="store_true",
-                    help="only strace one poll server serving single hits (needs strace)")
+    ap.add_argument(
+        "--strace",
+        action="store_true",
+        help="only strace one poll server serving single hits (needs strace)",
+    )
     args = ap.parse_args()
     if args.strace:
         out = bench.RESULTS / "strace-poll_server-hit.txt"
@@ -137,56 +172,112 @@ def main() -> int:
         shutil.rmtree(work)
     work.mkdir(parents=True)
     out_txt = bench.RESULTS / f"profile-{stamp}.txt"
-    report: list[str] = [f"# profile {stamp}: wrk -t2 -c50 keep-alive, {args.seconds:g}s per case",
-                         f"# machine: {sysinfo.cpu_model()}, {os.cpu_count()} cores"]
+    report: list[str] = [
+        f"# profile {stamp}: wrk -t2 -c50 keep-alive, {args.seconds:g}s per case",
+        f"# machine: {sysinfo.cpu_model()}, {os.cpu_count()} cores",
+    ]
 
     if args.attach:
         target = stackctl.attach(args.attach.resolve())
     else:
         target = stackctl.start(work / "stack", bench.TUNING, {"log": {"level": "warn"}})
     mc_servers = [f"127.0.0.1:{p}" for p in target.memcached_ports]
-    peer = peers.Peer("memcached_pass", work / "peer", {
-        k: v for k, v in bench.TUNING.items() if not k.startswith("fastpoll_")},
-        {"memcached": mc_servers[0],
-         "upstream_keepalive": bench.TUNING["fastpoll_upstream_keepalive"]})
+    peer = peers.Peer(
+        "memcached_pass",
+        work / "peer",
+        {k: v for k, v in bench.TUNING.items() if not k.startswith("fastpoll_")},
+        {
+            "memcached": mc_servers[0],
+            "upstream_keepalive": bench.TUNING["fastpoll_upstream_keepalive"],
+        },
+    )
     try:
         preload.preload(mc_servers, args.users)
-        hits = Signer(target.stack).write(work / "hits.txt",
-                                          (str(u) for u in range(1, args.users + 1)))
+        hits = Signer(target.stack).write(
+            work / "hits.txt", (str(u) for u in range(1, args.users + 1))
+        )
         peer.start()
         cases = [
-            ("fastpoll, one hot key", target.base_url, 1, {
-                "nginx": [target.nginx_pid, *sysinfo.children(target.nginx_pid)],
-                "poll_server": target.poller_pids, "memcached": target.memcached_pids}),
-            ("fastpoll, 100,000 keys", target.base_url, args.users, {
-                "nginx": [target.nginx_pid, *sysinfo.children(target.nginx_pid)],
-                "poll_server": target.poller_pids, "memcached": target.memcached_pids}),
-            ("nginx memcached_pass, 100,000 keys", peer.base_url, args.users, {
-                "nginx": [peer.pid, *sysinfo.children(peer.pid)],
-                "memcached": target.memcached_pids}),
+            (
+                "fastpoll, one hot key",
+                target.base_url,
+                1,
+                {
+                    "nginx": [target.nginx_pid, *sysinfo.children(target.nginx_pid)],
+                    "poll_server": target.poller_pids,
+                    "memcached": target.memcached_pids,
+                },
+            ),
+            (
+                "fastpoll, 100,000 keys",
+                target.base_url,
+                args.users,
+                {
+                    "nginx": [target.nginx_pid, *sysinfo.children(target.nginx_pid)],
+                    "poll_server": target.poller_pids,
+                    "memcached": target.memcached_pids,
+                },
+            ),
+            (
+                "nginx memcached_pass, 100,000 keys",
+                peer.base_url,
+                args.users,
+                {
+                    "nginx": [peer.pid, *sysinfo.children(peer.pid)],
+                    "memcached": target.memcached_pids,
+                },
+            ),
         ]
         for title, base, users, groups in cases:
             data = work / f"perf-{len(report)}.data"
             before = {g: user_sys(p) for g, p in groups.items()}
-            perf = subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", "1999", "-a",
-                                     "-o", str(data), "--", "sleep", f"{args.seconds + 0.5:g}"],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            perf = subprocess.Popen(
+                [
+                    "perf",
+                    "record",
+                    "-e",
+                    "cpu-clock",
+                    "-F",
+                    "1999",
+                    "-a",
+                    "-o",
+                    str(data),
+                    "--",
+                    "sleep",
+                    f"{args.seconds + 0.5:g}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             time.sleep(0.3)
-            r = clients.run_wrk(f"{base}/Poll/getMessages", 50, args.seconds, env={
-                "FP_PATH": "/Poll/getMessages", "FP_TARGETS": str(hits),
-                "FP_USERS": str(users)})
+            r = clients.run_wrk(
+                f"{base}/Poll/getMessages",
+                50,
+                args.seconds,
+                env={
+                    "FP_PATH": "/Poll/getMessages",
+                    "FP_TARGETS": str(hits),
+                    "FP_USERS": str(users),
+                },
+            )
             perf.wait(timeout=60)
             after = {g: user_sys(p) for g, p in groups.items()}
-            report.append(f"\n## {title}: {r.rps:,.0f} req/s, {r.requests:,} requests, "
-                          f"p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms, failed {r.failed}")
-            report.append(f"{'process':12} {'user s':>8} {'sys s':>8} {'µs/req':>8} "
-                          f"{'user µs':>8} {'sys µs':>8}")
+            report.append(
+                f"\n## {title}: {r.rps:,.0f} req/s, {r.requests:,} requests, "
+                f"p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms, failed {r.failed}"
+            )
+            report.append(
+                f"{'process':12} {'user s':>8} {'sys s':>8} {'µs/req':>8} "
+                f"{'user µs':>8} {'sys µs':>8}"
+            )
             cu, cs = r.client_cpu_s, 0.0
             rows = [("wrk (u+s)", cu, cs)]
             rows += [(g, after[g][0] - before[g][0], after[g][1] - before[g][1]) for g in groups]
             for name, u, s in rows:
-                report.append(f"{name:12} {u:8.2f} {s:8.2f} {(u + s) / r.requests * 1e6:8.1f} "
-                              f"{u / r.requests * 1e6:8.1f} {s / r.requests * 1e6:8.1f}")
+                report.append(
+                    f"{name:12} {u:8.2f} {s:8.2f} {(u + s) / r.requests * 1e6:8.1f} "
+                    f"{u / r.requests * 1e6:8.1f} {s / r.requests * 1e6:8.1f}"
+                )
             text, share = perf_breakdown(data)
             report.append("perf samples by process (percent of all CPUs' samples):")
             for k in sorted(share, key=lambda k: -share[k]):

@@ -29,8 +29,7 @@ LABELS = {
     "return200": "nginx return 200",
     "app": "fallback app alone",
 }
-COLORS = {"fastpoll": "C0", "memcached_pass": "C1", "return200": "C2", "app": "C3",
-          "direct": "C4"}
+COLORS = {"fastpoll": "C0", "memcached_pass": "C1", "return200": "C2", "app": "C3", "direct": "C4"}
 
 
 def _sweep(doc: dict) -> dict[str, dict[int, dict]]:
@@ -47,28 +46,46 @@ def plots(doc: dict, out_dir: Path) -> list[Path]:
     run_id = doc["run_id"]
     sweep = _sweep(doc)
     machine = doc["machine"]
-    subtitle = (f"{run_id}: {machine['nproc']} cores ({machine['cpu_model']}), "
-                f"wrk -t2 keep-alive, 100,000 keys, all hits")
+    subtitle = (
+        f"{run_id}: {machine['nproc']} cores ({machine['cpu_model']}), "
+        f"wrk -t2 keep-alive, 100,000 keys, all hits"
+    )
     paths = []
 
     levels = sorted({c for pts in sweep.values() for c in pts})
 
     def conc_axis(ax: object) -> None:
         ax.set_xscale("log")  # type: ignore[attr-defined]
-        ax.set_xticks(levels, [f"{c:,}" for c in levels], rotation=45,  # type: ignore
-                      fontsize=8)
+        ax.set_xticks(
+            levels,
+            [f"{c:,}" for c in levels],
+            rotation=45,  # type: ignore
+            fontsize=8,
+        )
         ax.minorticks_off()  # type: ignore[attr-defined]
         ax.set_xlabel("concurrent connections")  # type: ignore[attr-defined]
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for system, points in sweep.items():
         cs = sorted(points)
-        ax.plot(cs, [points[c]["rps"] for c in cs], marker="o",
-                label=LABELS.get(system, system), color=COLORS.get(system))
+        ax.plot(
+            cs,
+            [points[c]["rps"] for c in cs],
+            marker="o",
+            label=LABELS.get(system, system),
+            color=COLORS.get(system),
+        )
         bad = [c for c in cs if points[c]["failed"]]
         if bad:
-            ax.plot(bad, [points[c]["rps"] for c in bad], "x", color="red", markersize=10,
-                    mew=2, label=f"{LABELS.get(system, system).split(' (')[0]}: failed requests")
+            ax.plot(
+                bad,
+                [points[c]["rps"] for c in bad],
+                "x",
+                color="red",
+                markersize=10,
+                mew=2,
+                label=f"{LABELS.get(system, system).split(' (')[0]}: failed requests",
+            )
     conc_axis(ax)
     ax.set_ylabel("requests / second")
     ax.set_ylim(bottom=0)
@@ -85,8 +102,13 @@ def plots(doc: dict, out_dir: Path) -> list[Path]:
     for ax, key, title in ((axes[0], "p50_ms", "p50"), (axes[1], "p99_ms", "p99")):
         for system, points in sweep.items():
             cs = sorted(points)
-            ax.plot(cs, [points[c][key] for c in cs], marker="o",
-                    label=LABELS.get(system, system), color=COLORS.get(system))
+            ax.plot(
+                cs,
+                [points[c][key] for c in cs],
+                marker="o",
+                label=LABELS.get(system, system),
+                color=COLORS.get(system),
+            )
         conc_axis(ax)
         ax.set_yscale("log")
         ax.set_title(f"{title} latency")
@@ -141,26 +163,43 @@ def c50_rows(doc: dict) -> list[dict]:
     out = []
     scen_order = list(SCENARIOS)
     for (system, scen, method), rs in sorted(
-            groups.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][2],
-                                            scen_order.index(kv[0][1]))):
+        groups.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][2], scen_order.index(kv[0][1]))
+    ):
+
         def med(k: str, rs: list[dict] = rs) -> float | None:
             vals = [r[k] for r in rs if r.get(k) is not None]
             return statistics.median(vals) if vals else None
+
         cpu = [r["cpu_s"] for r in rs]
-        out.append({
-            "system": system, "scenario": scen, "method": method, "runs": len(rs),
-            "label": f"{LABELS[system].split(' (')[0]}: {SCENARIOS.get(scen, scen)} {method}",
-            "rps": med("rps"), "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
-            "failed": sum(r["failed"] for r in rs),
-            "fallbacks": sum(r.get("fallbacks_seen", 0) for r in rs),
-            "mc_gets": sum(r["memcached"]["cmd_get"] for r in rs),
-            "requests": sum(r["requests"] for r in rs),
-            "cpu": {k: round(sum(c[k] for c in cpu) / max(1, sum(r["requests"] for r in rs))
-                             * 1e8, 1) for k in cpu[0]},  # ms per 100,000 requests
-            "client_cpu": round(sum(r["client_cpu_s"] for r in rs)
-                                / max(1, sum(r["requests"] for r in rs)) * 1e8, 1),
-            "other": med("other_cpu_share"),
-        })
+        out.append(
+            {
+                "system": system,
+                "scenario": scen,
+                "method": method,
+                "runs": len(rs),
+                "label": f"{LABELS[system].split(' (')[0]}: {SCENARIOS.get(scen, scen)} {method}",
+                "rps": med("rps"),
+                "p50_ms": med("p50_ms"),
+                "p99_ms": med("p99_ms"),
+                "failed": sum(r["failed"] for r in rs),
+                "fallbacks": sum(r.get("fallbacks_seen", 0) for r in rs),
+                "mc_gets": sum(r["memcached"]["cmd_get"] for r in rs),
+                "requests": sum(r["requests"] for r in rs),
+                "cpu": {
+                    k: round(
+                        sum(c[k] for c in cpu) / max(1, sum(r["requests"] for r in rs)) * 1e8, 1
+                    )
+                    for k in cpu[0]
+                },  # ms per 100,000 requests
+                "client_cpu": round(
+                    sum(r["client_cpu_s"] for r in rs)
+                    / max(1, sum(r["requests"] for r in rs))
+                    * 1e8,
+                    1,
+                ),
+                "other": med("other_cpu_share"),
+            }
+        )
     return out
 
 
@@ -173,52 +212,88 @@ def ab_rows(doc: dict) -> list[dict]:
             groups.setdefault((r["system"], r["keepalive"]), []).append(r)
     out = []
     order = ["fastpoll", "memcached_pass", "return200", "app"]
-    for (system, ka), rs in sorted(groups.items(),
-                                   key=lambda kv: (kv[0][1], order.index(kv[0][0]))):
+    for (system, ka), rs in sorted(
+        groups.items(), key=lambda kv: (kv[0][1], order.index(kv[0][0]))
+    ):
         n = max(1, sum(r["requests"] for r in rs))
         server = sum(sum(r["cpu_s"].values()) for r in rs) / n * 1e6
-        out.append({"system": system, "label": LABELS[system], "keepalive": ka, "runs": len(rs),
-                    "server_us": round(server, 1),
-                    "client_us": round(sum(r["client_cpu_s"] for r in rs) / n * 1e6, 1),
-                    "n": rs[0]["requests"], "rps": statistics.median(r["rps"] for r in rs),
-                    "rps_all": [round(r["rps"]) for r in rs],
-                    "p50_ms": statistics.median(r["p50_ms"] for r in rs),
-                    "p99_ms": statistics.median(r["p99_ms"] for r in rs),
-                    "failed": sum(r["failed"] for r in rs)})
+        out.append(
+            {
+                "system": system,
+                "label": LABELS[system],
+                "keepalive": ka,
+                "runs": len(rs),
+                "server_us": round(server, 1),
+                "client_us": round(sum(r["client_cpu_s"] for r in rs) / n * 1e6, 1),
+                "n": rs[0]["requests"],
+                "rps": statistics.median(r["rps"] for r in rs),
+                "rps_all": [round(r["rps"]) for r in rs],
+                "p50_ms": statistics.median(r["p50_ms"] for r in rs),
+                "p99_ms": statistics.median(r["p99_ms"] for r in rs),
+                "failed": sum(r["failed"] for r in rs),
+            }
+        )
     return out
 
 
 def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC) -> Path:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["n"] = lambda v, d=0: "–" if v is None else f"{v:,.{d}f}"
     # Truncated, not rounded: 0.897 must not read as the 0.90 it misses.
     env.filters["x"] = lambda v: "–" if v is None else f"{math.floor(v * 100) / 100:.2f}×"
-    env.filters["ms"] = lambda v: ("–" if v is None else
-                                   (f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else
-                                    f"{v:,.0f}"))
+    env.filters["ms"] = lambda v: (
+        "–" if v is None else (f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:,.0f}")
+    )
     sweep = _sweep(doc)
     levels = sorted({c for pts in sweep.values() for c in pts})
     rel = os.path.relpath
     c50 = c50_rows(doc)
     ab = ab_rows(doc)
     for c in c50:  # per-request CPU in µs, by role, for the analysis
-        c["us"] = {"client": c["client_cpu"] / 100,
-                   "nginx": (c["cpu"]["nginx"] + c["cpu"].get("peer_memcached_pass", 0)
-                             + c["cpu"].get("peer_return200", 0)) / 100,
-                   "poll": c["cpu"]["poll_servers"] / 100, "mc": c["cpu"]["memcached"] / 100,
-                   "app": (c["cpu"]["app"] + c["cpu"].get("peer_app", 0)) / 100}
+        c["us"] = {
+            "client": c["client_cpu"] / 100,
+            "nginx": (
+                c["cpu"]["nginx"]
+                + c["cpu"].get("peer_memcached_pass", 0)
+                + c["cpu"].get("peer_return200", 0)
+            )
+            / 100,
+            "poll": c["cpu"]["poll_servers"] / 100,
+            "mc": c["cpu"]["memcached"] / 100,
+            "app": (c["cpu"]["app"] + c["cpu"].get("peer_app", 0)) / 100,
+        }
         c["us"]["total"] = sum(c["us"].values())
     row = {(c["system"], c["scenario"], c["method"]): c for c in c50}
     abrow = {(a["system"], a["keepalive"]): a for a in ab}
     text = env.get_template("benchmarks.md.j2").render(
-        d=doc, m=doc["machine"], dv=doc["derived"], r=doc["derived"]["ratios"],
-        c50=c50, ab=ab, row=row, abrow=abrow, sweep=sweep, levels=levels, labels=LABELS,
-        cpu_names={"poll_servers": "poll", "nginx": "nginx", "memcached": "mc",
-                   "app": "fallback app", "peer_app": "app", "peer_memcached_pass": "nginx",
-                   "peer_return200": "nginx"},
-        json_rel=rel(json_path, out.parent), raw_rel=rel(
-            json_path.with_name(json_path.name.replace(".json", "-raw.log")), out.parent),
+        d=doc,
+        m=doc["machine"],
+        dv=doc["derived"],
+        r=doc["derived"]["ratios"],
+        c50=c50,
+        ab=ab,
+        row=row,
+        abrow=abrow,
+        sweep=sweep,
+        levels=levels,
+        labels=LABELS,
+        cpu_names={
+            "poll_servers": "poll",
+            "nginx": "nginx",
+            "memcached": "mc",
+            "app": "fallback app",
+            "peer_app": "app",
+            "peer_memcached_pass": "nginx",
+            "peer_return200": "nginx",
+        },
+        json_rel=rel(json_path, out.parent),
+        raw_rel=rel(json_path.with_name(json_path.name.replace(".json", "-raw.log")), out.parent),
         png={p.stem.rsplit("-", 1)[1]: rel(p, out.parent) for p in pngs},
     )
     out.write_text(text)

@@ -80,8 +80,21 @@ def machine(poll_server: Path | None = None) -> dict[str, object]:
     if poll_server is not None and poll_server.exists():
         versions["poll_server"] = _first_line([str(poll_server), "-V"])
     commit = _out(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])
-    dirty = _out(["git", "-C", str(ROOT), "status", "--porcelain", "--", "poll_server", "nginx",
-                  "fallback_app", "tests/stack.py", "loadtests"])
+    dirty = _out(
+        [
+            "git",
+            "-C",
+            str(ROOT),
+            "status",
+            "--porcelain",
+            "--",
+            "poll_server",
+            "nginx",
+            "fallback_app",
+            "tests/stack.py",
+            "loadtests",
+        ]
+    )
     return {
         "hostname": socket.gethostname(),
         "nproc": os.cpu_count(),
@@ -118,8 +131,16 @@ def machine_cpu() -> tuple[float, float, float]:
     return (total - idle) / CLK_TCK, irq / CLK_TCK, total / CLK_TCK
 
 
-TCP_COUNTERS = ("ListenOverflows", "ListenDrops", "TCPTimeouts", "TCPSynRetrans",
-                "TCPAbortOnOverflow", "TCPReqQFullDrop", "SyncookiesSent", "TCPBacklogDrop")
+TCP_COUNTERS = (
+    "ListenOverflows",
+    "ListenDrops",
+    "TCPTimeouts",
+    "TCPSynRetrans",
+    "TCPAbortOnOverflow",
+    "TCPReqQFullDrop",
+    "SyncookiesSent",
+    "TCPBacklogDrop",
+)
 
 
 def tcp_counters() -> dict[str, int]:
@@ -135,6 +156,7 @@ def tcp_counters() -> dict[str, int]:
 
 
 # ---- per-process costs --------------------------------------------------------------------
+
 
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process (its own threads, not its children), in seconds."""
@@ -185,5 +207,7 @@ class CpuMeter:
 
     def stop(self) -> dict[str, float]:
         after = self._sample()
-        return {g: round(sum(after.get(p, 0.0) - self._before.get(p, 0.0) for p in pids), 3)
-                for g, pids in self.groups.items()}
+        return {
+            g: round(sum(after.get(p, 0.0) - self._before.get(p, 0.0) for p in pids), 3)
+            for g, pids in self.groups.items()
+        }

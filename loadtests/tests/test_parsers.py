@@ -44,8 +44,14 @@ def test_wrk_fpbench_line_wins() -> None:
     assert r.rps == pytest.approx(67240 / 1.078832)
     assert r.p50_ms == pytest.approx(0.452)
     assert r.p999_ms == pytest.approx(19.258)
-    assert r.check == {"n_hit": 67273, "n_miss": 0, "miss_reused": 0, "bad_status": 0,
-                       "bad_body": 0, "bad_source": 0}
+    assert r.check == {
+        "n_hit": 67273,
+        "n_miss": 0,
+        "miss_reused": 0,
+        "bad_status": 0,
+        "bad_body": 0,
+        "bad_source": 0,
+    }
     assert r.failed == 0
 
 
@@ -75,7 +81,13 @@ def test_ab() -> None:
 def test_ab_failures() -> None:
     r = parse_ab((DATA / "ab_failed.txt").read_text(), keepalive=True)
     assert r.keepalive
-    assert r.errors == {"failed": 12, "write": 1, "connect": 0, "receive": 0, "length": 12,
-                        "exceptions": 0}
+    assert r.errors == {
+        "failed": 12,
+        "write": 1,
+        "connect": 0,
+        "receive": 0,
+        "length": 12,
+        "exceptions": 0,
+    }
     assert r.non2xx == 3
     assert r.failed == 12 + 1 + 3

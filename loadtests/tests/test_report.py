@@ -14,49 +14,110 @@ sys.path.insert(0, str(HERE.parent))
 import bench  # noqa: E402
 import report  # noqa: E402
 
-CPU = {"poll_servers": 0.0, "nginx": 0.0, "memcached": 0.0, "app": 0.0,
-       "peer_return200": 0.0, "peer_memcached_pass": 0.0}
-MC = {"cmd_get": 0, "get_hits": 0, "get_misses": 0, "cmd_set": 0, "total_connections": 0,
-      "curr_connections": 0}
+CPU = {
+    "poll_servers": 0.0,
+    "nginx": 0.0,
+    "memcached": 0.0,
+    "app": 0.0,
+    "peer_return200": 0.0,
+    "peer_memcached_pass": 0.0,
+}
+MC = {
+    "cmd_get": 0,
+    "get_hits": 0,
+    "get_misses": 0,
+    "cmd_set": 0,
+    "total_connections": 0,
+    "curr_connections": 0,
+}
 
 
-def row(group: str, system: str, scenario: str, conns: int, rps: float, tool: str = "wrk",
-        keepalive: bool = True, method: str = "GET", failed: int = 0, rep: int = 0,
-        poll_cpu: float = 0.0) -> dict:
-    return {"name": f"{group} {system} {scenario} {conns}", "group": group, "system": system,
-            "scenario": scenario, "method": method, "rep": rep, "users": 100000, "hit_ratio": 1.0,
-            "tool": tool, "url": "http://x", "conns": conns, "keepalive": keepalive,
-            "requests": int(rps * 5), "duration_s": 5.0, "rps": rps, "p50_ms": 1.0,
-            "p75_ms": 1.5, "p90_ms": 2.0, "p99_ms": 5.0, "p999_ms": 9.0, "mean_ms": 1.2,
-            "max_ms": 20.0, "errors": {"connect": 0, "read": 0, "write": 0, "timeout": failed},
-            "non2xx": 0, "failed": failed, "check": None, "client_cpu_s": 1.0, "command": [],
-            "cpu_s": {**CPU, "poll_servers": poll_cpu, "nginx": 1.0}, "memcached": MC,
-            "machine_busy_share": 0.9, "other_cpu_share": 0.01}
+def row(
+    group: str,
+    system: str,
+    scenario: str,
+    conns: int,
+    rps: float,
+    tool: str = "wrk",
+    keepalive: bool = True,
+    method: str = "GET",
+    failed: int = 0,
+    rep: int = 0,
+    poll_cpu: float = 0.0,
+) -> dict:
+    return {
+        "name": f"{group} {system} {scenario} {conns}",
+        "group": group,
+        "system": system,
+        "scenario": scenario,
+        "method": method,
+        "rep": rep,
+        "users": 100000,
+        "hit_ratio": 1.0,
+        "tool": tool,
+        "url": "http://x",
+        "conns": conns,
+        "keepalive": keepalive,
+        "requests": int(rps * 5),
+        "duration_s": 5.0,
+        "rps": rps,
+        "p50_ms": 1.0,
+        "p75_ms": 1.5,
+        "p90_ms": 2.0,
+        "p99_ms": 5.0,
+        "p999_ms": 9.0,
+        "mean_ms": 1.2,
+        "max_ms": 20.0,
+        "errors": {"connect": 0, "read": 0, "write": 0, "timeout": failed},
+        "non2xx": 0,
+        "failed": failed,
+        "check": None,
+        "client_cpu_s": 1.0,
+        "command": [],
+        "cpu_s": {**CPU, "poll_servers": poll_cpu, "nginx": 1.0},
+        "memcached": MC,
+        "machine_busy_share": 0.9,
+        "other_cpu_share": 0.01,
+    }
 
 
 @pytest.fixture
 def results() -> list[dict]:
     rows = []
     for ka in (False, True):
-        rows += [row("ab", "fastpoll", "hit-hot", 50, 9500, "ab", ka),
-                 row("ab", "return200", "hit-hot", 50, 10000, "ab", ka),
-                 row("ab", "memcached_pass", "hit-hot", 50, 9000, "ab", ka)]
+        rows += [
+            row("ab", "fastpoll", "hit-hot", 50, 9500, "ab", ka),
+            row("ab", "return200", "hit-hot", 50, 10000, "ab", ka),
+            row("ab", "memcached_pass", "hit-hot", 50, 9000, "ab", ka),
+        ]
     rows.append(row("ab", "app", "nocache-msg", 50, 900, "ab", False))
     for rep in range(2):
-        rows += [row("c50", "fastpoll", "hit-hot", 50, 20000 + rep, rep=rep, poll_cpu=2.0),
-                 row("c50", "memcached_pass", "hit-hot", 50, 18000, rep=rep),
-                 row("c50", "return200", "hit-hot", 50, 50000, rep=rep),
-                 row("c50", "fastpoll", "hit-many", 50, 17000, rep=rep, poll_cpu=2.0),
-                 row("c50", "memcached_pass", "hit-many", 50, 19000, rep=rep),
-                 row("c50", "app", "nocache-msg", 50, 1000, rep=rep)]
-    rows += [row("c50", "fastpoll", "miss", 50, 1500),
-             row("c50", "fastpoll", "hit-many", 50, 15000, method="POST"),
-             row("c50", "app", "nocache-empty", 50, 3000)]
+        rows += [
+            row("c50", "fastpoll", "hit-hot", 50, 20000 + rep, rep=rep, poll_cpu=2.0),
+            row("c50", "memcached_pass", "hit-hot", 50, 18000, rep=rep),
+            row("c50", "return200", "hit-hot", 50, 50000, rep=rep),
+            row("c50", "fastpoll", "hit-many", 50, 17000, rep=rep, poll_cpu=2.0),
+            row("c50", "memcached_pass", "hit-many", 50, 19000, rep=rep),
+            row("c50", "app", "nocache-msg", 50, 1000, rep=rep),
+        ]
+    rows += [
+        row("c50", "fastpoll", "miss", 50, 1500),
+        row("c50", "fastpoll", "hit-many", 50, 15000, method="POST"),
+        row("c50", "app", "nocache-empty", 50, 3000),
+    ]
     for c, f in ((50, 17000), (10000, 16000), (15000, 15000)):
-        rows += [row("sweep", "fastpoll", "hit-many", c, f),
-                 row("sweep", "memcached_pass", "hit-many", c, 19000 if c == 50 else 9000,
-                     failed=0 if c == 50 else 100),
-                 row("sweep", "return200", "hit-many", c, 50000)]
+        rows += [
+            row("sweep", "fastpoll", "hit-many", c, f),
+            row(
+                "sweep",
+                "memcached_pass",
+                "hit-many",
+                c,
+                19000 if c == 50 else 9000,
+                failed=0 if c == 50 else 100,
+            ),
+            row("sweep", "return200", "hit-many", c, 50000),
+        ]
     return rows
 
 
@@ -79,32 +140,75 @@ def test_derive(results: list[dict]) -> None:
 
 
 def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
-    doc = {"run_id": "bench-test", "mode": "full", "started_utc": "x", "seconds": 1.0,
-           "machine": {"nproc": 2, "cpu_model": "CPU", "kernel": "k", "os": "os",
-                       "mem_total_mb": 1, "nofile_limit": {"soft": 1, "hard": 1},
-                       "loadavg_at_start": [0, 0, 0], "sysctl": {"a.b": "1"},
-                       "versions": {"nginx": "n", "memcached": "m", "wrk": "w", "ab": "a",
-                                    "libevent": "e", "libmemcached": "l"},
-                       "git": {"commit": "abc", "dirty": False}},
-           "tuning": {"nginx": bench.TUNING, "nginx_applied_via": "test", "sysctl_changed": {}},
-           "stack": {"poller_ports": [1, 2]}, "users": 100000,
-           "derived": bench.derive(results, {"answered": 10000, "rss_kb_before": 7000,
-                                             "rss_kb_with_connections": 30000,
-                                             "bytes_per_connection": 2355,
-                                             "still_open": 10000}),
-           "results": results}
+    doc = {
+        "run_id": "bench-test",
+        "mode": "full",
+        "started_utc": "x",
+        "seconds": 1.0,
+        "machine": {
+            "nproc": 2,
+            "cpu_model": "CPU",
+            "kernel": "k",
+            "os": "os",
+            "mem_total_mb": 1,
+            "nofile_limit": {"soft": 1, "hard": 1},
+            "loadavg_at_start": [0, 0, 0],
+            "sysctl": {"a.b": "1"},
+            "versions": {
+                "nginx": "n",
+                "memcached": "m",
+                "wrk": "w",
+                "ab": "a",
+                "libevent": "e",
+                "libmemcached": "l",
+            },
+            "git": {"commit": "abc", "dirty": False},
+        },
+        "tuning": {"nginx": bench.TUNING, "nginx_applied_via": "test", "sysctl_changed": {}},
+        "stack": {"poller_ports": [1, 2]},
+        "users": 100000,
+        "derived": bench.derive(
+            results,
+            {
+                "answered": 10000,
+                "rss_kb_before": 7000,
+                "rss_kb_with_connections": 30000,
+                "bytes_per_connection": 2355,
+                "still_open": 10000,
+            },
+        ),
+        "results": results,
+    }
     doc["derived"]["poll_server_peak_rss_kb"] = {"poller-0": 15000}
     doc["derived"]["hop"] = [
-        {"hop": "tcp", "round": 0, "rps": 1, "failed": 0, "front_us": 20.0, "back_us": 10.0,
-         "client_us": 12.0},
-        {"hop": "unix", "round": 0, "rps": 1, "failed": 0, "front_us": 18.0, "back_us": 7.0,
-         "client_us": 12.0}]
+        {
+            "hop": "tcp",
+            "round": 0,
+            "rps": 1,
+            "failed": 0,
+            "front_us": 20.0,
+            "back_us": 10.0,
+            "client_us": 12.0,
+        },
+        {
+            "hop": "unix",
+            "round": 0,
+            "rps": 1,
+            "failed": 0,
+            "front_us": 18.0,
+            "back_us": 7.0,
+            "client_us": 12.0,
+        },
+    ]
     doc = json.loads(json.dumps(doc))  # as stored: integer keys become strings
     json_path = tmp_path / "bench-test.json"
     json_path.write_text(json.dumps(doc))
     pngs = report.plots(doc, tmp_path)
-    assert [p.name for p in pngs] == ["bench-test-rps.png", "bench-test-latency.png",
-                                      "bench-test-c50.png"]
+    assert [p.name for p in pngs] == [
+        "bench-test-rps.png",
+        "bench-test-latency.png",
+        "bench-test-c50.png",
+    ]
     assert all(p.stat().st_size > 10_000 for p in pngs)
     md = report.write_markdown(doc, json_path, pngs, out=tmp_path / "benchmarks.md").read_text()
     assert "![requests per second against concurrency](bench-test-rps.png)" in md
