@@ -71,7 +71,7 @@ TUNING: dict[str, object] = {
     "fastpoll_upstream_keepalive": 8192,
 }
 
-# The processes each system's requests go through (the CPU per request of the sweep table).
+# The processes each system's requests go through (CPU per request; report.py has a copy).
 PATH_GROUPS = {
     "fastpoll": ("nginx", "poll_servers", "memcached", "app"),
     "direct": ("poll_servers", "memcached"),
@@ -371,27 +371,24 @@ def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str
         return _median(pick(results, **kw))
 
     def cost(**kw: object) -> float | None:
+        """CPU µs per request over the matching runs (their CPU over their requests)."""
         rows = pick(results, **kw)
-        return statistics.median(cost_us(r) for r in rows) if rows else None
+        n = sum(int(r["requests"]) for r in rows)  # type: ignore[call-overload]
+        return sum(cost_us(r) * int(r["requests"]) for r in rows) / n if n else None  # type: ignore
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a and b else None
 
     def ab_bound(system: str) -> float | None:
         """ab's two-core model: ab on one core, the servers on the other; the slower side
         sets the pace (µs per request)."""
         rows = pick(results, group="ab", system=system, keepalive=False)
-        if not rows:
+        n = sum(int(r["requests"]) for r in rows)  # type: ignore[call-overload]
+        if not n:
             return None
-        return statistics.median(
-            max(
-                cost_us(r, client=False),
-                float(r["client_cpu_s"])
-                / max(1, int(r["requests"]))  # type: ignore
-                * 1e6,
-            )
-            for r in rows
-        )
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return round(a / b, 3) if a and b else None
+        server = sum(cost_us(r, client=False) * int(r["requests"]) for r in rows) / n  # type: ignore
+        client = sum(float(r["client_cpu_s"]) for r in rows) / n * 1e6  # type: ignore[arg-type]
+        return max(server, client)
 
     ab = {
         f"{s}{'_k' if ka else ''}": med(group="ab", system=s, keepalive=ka)

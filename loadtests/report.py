@@ -22,6 +22,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 
+# The processes each system's requests go through (bench.PATH_GROUPS, repeated so this module
+# imports nothing from the bench).
+PATH_GROUPS = {
+    "fastpoll": ("nginx", "poll_servers", "memcached", "app"),
+    "direct": ("poll_servers", "memcached"),
+    "memcached_pass": ("peer_memcached_pass", "memcached"),
+    "return200": ("peer_return200",),
+    "app": ("peer_app",),
+}
+
 LABELS = {
     "fastpoll": "fastpoll (nginx → poll_server → memcached)",
     "direct": "poll_server directly",
@@ -170,7 +180,10 @@ def c50_rows(doc: dict) -> list[dict]:
             vals = [r[k] for r in rs if r.get(k) is not None]
             return statistics.median(vals) if vals else None
 
-        cpu = [r["cpu_s"] for r in rs]
+        # Only the processes on this system's path: the others idle through its runs.
+        cpu = [
+            {k: (v if k in PATH_GROUPS[system] else 0.0) for k, v in r["cpu_s"].items()} for r in rs
+        ]
         out.append(
             {
                 "system": system,
@@ -216,7 +229,11 @@ def ab_rows(doc: dict) -> list[dict]:
         groups.items(), key=lambda kv: (kv[0][1], order.index(kv[0][0]))
     ):
         n = max(1, sum(r["requests"] for r in rs))
-        server = sum(sum(r["cpu_s"].values()) for r in rs) / n * 1e6
+        server = (
+            sum(sum(v for k, v in r["cpu_s"].items() if k in PATH_GROUPS[system]) for r in rs)
+            / n
+            * 1e6
+        )
         out.append(
             {
                 "system": system,
