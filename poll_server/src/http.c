@@ -387,6 +387,14 @@ static void on_complete(struct evhttp_request *req, void *arg)
     struct evhttp_connection *evcon = evhttp_request_get_connection(req);
 
     if (evcon != NULL) {
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(evcon);
+
+        /* keep_reading's watermark bounds the wait only: evhttp moves a
+         * body once all of it is in, so a body larger than that mark on
+         * the next request would stall (test_bad_input.py,
+         * test_keepalive_request_then_large_post). */
+        if (bev != NULL)
+            bufferevent_setwatermark(bev, EV_READ, 0, 0);
         /* The next request's clock starts; the close callback is its. */
         fp_deadline_next(r->h->dl, evcon);
         /* Idle until the next request: the keep-alive limit applies. */
