@@ -22,11 +22,14 @@
  *   connection is dropped and retried: at once if it had been answering,
  *   then after a backoff (100 ms doubling to 2 s); requests arriving while
  *   it is down fail fast with ERROR.
- * - a request not answered within cache_timeout_ms gets TIMEOUT and the
- *   server is considered hung: the others pending on it get ERROR, the
- *   connection is dropped and retried after the backoff. A stopped server's
- *   kernel still accepts connections, so only an answer (not a connect)
- *   resets the backoff.
+ * - a request not answered within cache_timeout_ms gets TIMEOUT. If nothing
+ *   at all came from the server meanwhile, it is considered hung: the
+ *   others pending on it get ERROR, the connection is dropped and retried
+ *   after the backoff. If it is answering, only slower than that (a deep
+ *   pipeline on a starved CPU), the late request alone gets TIMEOUT; its
+ *   answer, when it comes, is read and dropped. A stopped server's kernel
+ *   still accepts connections, so only an answer (not a connect) resets
+ *   the backoff.
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* getaddrinfo under -std=c11 */
@@ -41,6 +44,7 @@
 #include <string.h>
 #include <sys/queue.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -84,6 +88,7 @@ struct mc_req {
     void *arg;
     size_t srv_index;         /* for the stats; SIZE_MAX: no server chosen */
     uint64_t sent;            /* fp_stat_now() when queued, 0 if never */
+    int late;                 /* got TIMEOUT already; its answer is dropped */
     size_t keylen;
     char key[FP_MAX_KEY_LEN];
 };
@@ -119,6 +124,7 @@ struct mc_server {
     size_t npending;
     enum mc_parse_state parse;
     size_t want;                    /* MC_PARSE_DATA: value length */
+    uint64_t last_rx_ms;            /* when bytes last came, 0: none yet */
 };
 
 struct fp_mc {
@@ -135,6 +141,15 @@ struct fp_mc {
 };
 
 static void server_connect(struct mc_server *s);
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
 
 static void req_release(struct fp_mc *mc, struct mc_req *r)
 {
@@ -155,11 +170,14 @@ static void req_finish(struct mc_req *r, enum fp_cache_status st,
 {
     fp_cache_cb *cb = r->cb;
     void *arg = r->arg;
+    int late = r->late;
 
-    fp_stat_backend_done(r->srv_index, st, r->sent);
+    if (!late) /* a late one was counted, and called back, at its TIMEOUT */
+        fp_stat_backend_done(r->srv_index, st, r->sent);
     (void)event_del(r->timer);
     req_release(r->mc, r);
-    cb(st, val, len, arg);
+    if (!late)
+        cb(st, val, len, arg);
 }
 
 /* Room for n more bytes after data[len], moving pending bytes to the front
@@ -270,6 +288,7 @@ static void server_reset(struct mc_server *s, const char *why,
     s->wev_added = s->flush_active = 0;
     buf_reset(&s->in, MC_IN_MIN);
     buf_reset(&s->out, MC_OUT_KEEP);
+    s->last_rx_ms = 0;
     s->gen++;
     s->state = MC_DOWN;
     s->parse = MC_PARSE_LINE;
@@ -492,6 +511,7 @@ static void server_read_cb(evutil_socket_t fd, short what, void *arg)
             return;
         }
         s->in.len += (size_t)n;
+        s->last_rx_ms = mono_ms();
         if (server_parse(s) < 0)
             return;
         if (s->in.off == s->in.len)
@@ -653,6 +673,7 @@ static void req_timer_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct mc_req *r = arg;
     struct mc_server *s = r->srv;
+    uint64_t timeout_ms;
     char why[96];
 
     (void)fd;
@@ -662,10 +683,19 @@ static void req_timer_cb(evutil_socket_t fd, short what, void *arg)
         req_finish(r, FP_CACHE_ERROR, NULL, 0);
         return;
     }
+    timeout_ms = (uint64_t)r->mc->timeout_tv.tv_sec * 1000u +
+                 (uint64_t)r->mc->timeout_tv.tv_usec / 1000u;
+    if (s->last_rx_ms != 0 && mono_ms() - s->last_rx_ms < timeout_ms) {
+        /* Answering, just not this one in time: it alone gets TIMEOUT and
+         * keeps its place in the FIFO until its answer is read. */
+        r->late = 1;
+        fp_stat_backend_done(r->srv_index, FP_CACHE_TIMEOUT, r->sent);
+        r->cb(FP_CACHE_TIMEOUT, NULL, 0, r->arg);
+        return;
+    }
     s->hung = 1;
     (void)snprintf(why, sizeof(why), "no answer within %ld ms, closing",
-             (long)(r->mc->timeout_tv.tv_sec * 1000 +
-                    r->mc->timeout_tv.tv_usec / 1000));
+                   (long)timeout_ms);
     server_reset(s, why, r, FP_CACHE_TIMEOUT);
 }
 
@@ -712,6 +742,7 @@ int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
     r->arg = arg;
     r->srv_index = SIZE_MAX;
     r->sent = 0;
+    r->late = 0;
     r->keylen = 0;
 
     if (!key_is_safe(key, keylen)) {

@@ -514,7 +514,10 @@ FAKE_ANSWERS: dict[bytes, list[bytes]] = {
     b"longline": [b"X" * 600],
     b"garbage": [b"HELLO\r\n"],
     b"twice": [b"END\r\nEND\r\n"],  # the request gets MISS, then a reset
+    # 45 bytes, one every 10 ms: a server that answers, only slowly
+    b"drip": [bytes([c]) for c in b"VALUE drip 0 18\r\ndripping, slowly..\r\nEND\r\n"],
 }
+FAKE_PAUSE = {b"drip": 0.01}  # seconds between chunks (default 1 ms)
 
 
 def fake_memcached(sock: socket.socket, stop: list[bool]) -> None:
@@ -540,7 +543,7 @@ def fake_memcached(sock: socket.socket, stop: list[bool]) -> None:
                         except OSError:
                             return
                         if len(FAKE_ANSWERS.get(key, [])) > 1:
-                            time.sleep(0.001)
+                            time.sleep(FAKE_PAUSE.get(key, 0.001))
 
     sock.settimeout(0.2)
     while not stop[0]:
@@ -589,6 +592,26 @@ def scenario_protocol(drv: list[str], tmp: str) -> None:
             f"protocol: pipelined {r}",
         )
         check(d.quit() == 0, "protocol: driver exits clean")
+
+        # A server that answers, only slower than the timeout: the late request alone gets
+        # TIMEOUT, the connection stays, and a get queued behind it is answered.
+        d = Driver(drv, ["-T", "300", "-s", f"127.0.0.1:{lsock.getsockname()[1]}"])
+        r = d.gets(["cas"])  # connected and answering
+        d.send("get drip")
+        time.sleep(0.2)
+        d.send("get cas")
+        got: dict[str, tuple[str, float]] = {}
+        while len(got) < 2:
+            parts = d.line().split(" ", 5)
+            if parts[0] == "get":
+                got[parts[1]] = (parts[2], float(parts[4]))
+        check(
+            got["drip"][0] == "TIMEOUT" and got["drip"][1] < 400 and got["cas"][0] == "HIT",
+            f"protocol: a slow but answering server: the late get alone gets TIMEOUT ({got})",
+        )
+        r = d.gets(["split"])
+        check(r["split"][0::2] == ("HIT", "hello"), f"protocol: and it stays in use ({r})")
+        check(d.quit() == 0, "protocol: driver exits clean (slow server)")
     finally:
         stop[0] = True
         t.join(2)
