@@ -44,6 +44,7 @@ import peers  # noqa: E402
 import preload  # noqa: E402
 import stackctl  # noqa: E402
 import sysinfo  # noqa: E402
+from report import PATH_GROUPS  # noqa: E402  (the processes on each system's path)
 from signing import Signer  # noqa: E402
 
 RESULTS = HERE / "results"
@@ -69,15 +70,6 @@ TUNING: dict[str, object] = {
     # accept queues overflow, connects time out (proxy_connect_timeout 1s) and nginx marks the
     # pollers down and sends everything to the app (measured at 15,000 with 1024).
     "fastpoll_upstream_keepalive": 8192,
-}
-
-# The processes each system's requests go through (CPU per request; report.py has a copy).
-PATH_GROUPS = {
-    "fastpoll": ("nginx", "poll_servers", "memcached", "app"),
-    "direct": ("poll_servers", "memcached"),
-    "memcached_pass": ("peer_memcached_pass", "memcached"),
-    "return200": ("peer_return200",),
-    "app": ("peer_app",),
 }
 
 SYSTEMS = {

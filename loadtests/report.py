@@ -22,8 +22,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 
-# The processes each system's requests go through (bench.PATH_GROUPS, repeated so this module
-# imports nothing from the bench).
+# The processes each system's requests go through, for CPU per request (bench.py uses it too).
 PATH_GROUPS = {
     "fastpoll": ("nginx", "poll_servers", "memcached", "app"),
     "direct": ("poll_servers", "memcached"),
