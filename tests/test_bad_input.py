@@ -536,6 +536,7 @@ class RedisMonitor:
 # Connection set-up (hiredis, redis-py, pylibmc) and the tests' own statistics.
 CONNECTION_COMMANDS = {"auth", "hello", "select", "client", "ping", "info", "monitor"}
 CONNECTION_COMMANDS |= {"version", "stats", "command"}
+CONNECTION_COMMANDS |= {"mn"}  # the poll server asks memcached whether it speaks meta commands
 SAFE_KEY = re.compile(
     r"/Poll/[!-~]{0,245}"
 )  # prefix, then printable ASCII without spaces
@@ -584,7 +585,7 @@ def test_protocol_injection_leaves_every_cached_value_in_place(
 
     if stack.backend == "memcached":
         commands = memcached_commands(stack)
-        reads = [c for c in commands if c.startswith("get ")]
+        reads = [c for c in commands if c.startswith(("get ", "mg "))]
     else:
         assert monitor is not None
         commands = monitor.commands
@@ -596,6 +597,10 @@ def test_protocol_injection_leaves_every_cached_value_in_place(
             verb.lower() == "get"
         ):  # the poll server's (and the tests') reads: one safe key each
             assert SAFE_KEY.fullmatch(rest) or rest in canaries, f"unsafe read {c!r}"
+        elif verb == "mg":  # the poll server's meta reads: "mg <safe key> v k"
+            key, _, flags = rest.partition(" ")
+            assert flags == "v k", f"unexpected meta read {c!r}"
+            assert SAFE_KEY.fullmatch(key) or key in canaries, f"unsafe read {c!r}"
         elif verb.lower() in ("set", "add"):  # this test's canaries, the app's fills
             key = rest.split(" ", 1)[0]
             assert SAFE_KEY.fullmatch(key) or key in canaries, f"unexpected write {c!r}"

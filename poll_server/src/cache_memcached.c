@@ -2,9 +2,13 @@
  *
  * libmemcached is used only to pick the server for a key (ketama, exactly as
  * pylibmc does with behaviors={"ketama": True}), because its own I/O blocks.
- * The I/O is ours and never blocks: one TCP connection per server,
- * `get <key>\r\n` pipelined, answers matched to a FIFO of outstanding
- * requests by a streaming parser.
+ * The I/O is ours and never blocks: one TCP connection per server, gets
+ * pipelined, answers matched to a FIFO of outstanding requests by a
+ * streaming parser. Each connection first sends "mn": memcached >= 1.6
+ * answers "MN", and gets then go out as meta commands ("mg <key> v k",
+ * answered "VA <len> k<key>" + data, or "EN"), whose pipelined answers
+ * memcached sends in one write; an older server answers "ERROR", and gets
+ * go out as classic "get <key>" ("VALUE ..." + data + "END", or "END").
  *
  * Syscalls per request are the cost that matters here, so the socket is
  * driven by hand rather than through a bufferevent (which waits a loop turn
@@ -60,7 +64,7 @@
 #define MC_MAX_PENDING    10000         /* per server, beyond: fail fast */
 #define MC_BACKOFF_MIN_MS 100
 #define MC_BACKOFF_MAX_MS 2000
-#define MC_CMD_MAX        (4 + FP_MAX_KEY_LEN + 2) /* "get <key>\r\n" */
+#define MC_CMD_MAX        (3 + FP_MAX_KEY_LEN + 6) /* "mg <key> v k\r\n" */
 #define MC_IN_MIN         ((size_t)64 * 1024) /* read buffer kept per connection */
 #define MC_IN_MAX         (MC_MAX_VALUE + 7 + MC_IN_MIN) /* a whole answer */
 #define MC_READ_MIN       4096          /* room asked for before each recv */
@@ -73,6 +77,9 @@
 enum mc_conn_state { MC_DOWN, MC_CONNECTING, MC_UP };
 enum mc_log_state { MC_LOG_NONE, MC_LOG_UP, MC_LOG_DOWN };
 enum mc_parse_state { MC_PARSE_LINE, MC_PARSE_DATA };
+/* What a connection speaks, learnt from its answer to "mn" (meta no-op):
+ * "MN" from memcached >= 1.6 (meta commands), "ERROR" from older ones. */
+enum mc_proto { MC_PROTO_PROBING, MC_PROTO_CLASSIC, MC_PROTO_META };
 
 struct fp_mc;
 struct mc_server;
@@ -89,6 +96,7 @@ struct mc_req {
     size_t srv_index;         /* for the stats; SIZE_MAX: no server chosen */
     uint64_t sent;            /* fp_stat_now() when queued, 0 if never */
     int late;                 /* got TIMEOUT already; its answer is dropped */
+    int meta;                 /* sent as "mg" (else as classic "get") */
     size_t keylen;
     char key[FP_MAX_KEY_LEN];
 };
@@ -125,6 +133,8 @@ struct mc_server {
     enum mc_parse_state parse;
     size_t want;                    /* MC_PARSE_DATA: value length */
     uint64_t last_rx_ms;            /* when bytes last came, 0: none yet */
+    enum mc_proto proto;            /* of this connection */
+    enum mc_proto logged_proto;
 };
 
 struct fp_mc {
@@ -373,6 +383,40 @@ static long parse_value_line(const char *line, size_t n, const struct mc_req *r)
     return (long)len;
 }
 
+/* Parses "VA <bytes> <flags>*" (a hit) or "EN <flags>*" (a miss), the
+ * answers to "mg <key> v k", for the head request: the k flag must give
+ * its key back (1.6.18 returns it on a miss too; older 1.6 do not). Returns
+ * the value length (0 for a miss), or -1 on any mismatch. */
+static long parse_meta_line(const char *line, size_t n, const struct mc_req *r,
+                            int hit)
+{
+    const char *tok;
+    size_t toklen, ntok = 0, i = 0, start;
+    unsigned long long len = 0;
+    int key_ok = !hit;
+
+    while (i < n) {
+        if (ntok == 8)
+            return -1;
+        start = i;
+        while (i < n && line[i] != ' ')
+            i++;
+        if (i == start)
+            return -1;                  /* empty token: double space */
+        tok = line + start;
+        toklen = i - start;
+        if (hit && ntok == 1 && parse_num(tok, toklen, MC_MAX_VALUE, &len) != 0)
+            return -1;
+        if (ntok >= (hit ? 2U : 1U) && tok[0] == 'k')
+            key_ok = toklen - 1 == r->keylen &&
+                     memcmp(tok + 1, r->key, r->keylen) == 0;
+        ntok++;
+        if (i < n && ++i == n)
+            return -1;                  /* trailing space */
+    }
+    return key_ok && (!hit || ntok >= 3) ? (long)len : -1;
+}
+
 /* Consumes every complete answer in the input buffer, in place. Returns 0,
  * or -1 after the server was reset (the buffers are then gone). Callbacks
  * run from here may queue gets (output only): the input stays put. */
@@ -388,15 +432,16 @@ static int server_parse(struct mc_server *s)
         p = s->in.data + s->in.off;
         avail = s->in.len - s->in.off;
         if (s->parse == MC_PARSE_DATA) {
-            need = s->want + 7;         /* data \r\n END\r\n */
+            r = TAILQ_FIRST(&s->pending);
+            /* classic: data \r\n END\r\n; meta: data \r\n */
+            need = s->want + (r->meta ? 2 : 7);
             if (avail < need)
                 return 0;
-            if (memcmp(p + s->want, "\r\nEND\r\n", 7) != 0) {
+            if (memcmp(p + s->want, "\r\nEND\r\n", need - s->want) != 0) {
                 server_reset(s, "protocol error after value", NULL,
                              FP_CACHE_ERROR);
                 return -1;
             }
-            r = TAILQ_FIRST(&s->pending);
             TAILQ_REMOVE(&s->pending, r, link);
             s->npending--;
             s->parse = MC_PARSE_LINE;
@@ -422,6 +467,28 @@ static int server_parse(struct mc_server *s)
         n = (size_t)(eol - p);
         s->in.off += n + 2;
 
+        if (s->proto == MC_PROTO_PROBING) {
+            /* The first answer on a connection is to "mn". */
+            if (n == 2 && memcmp(p, "MN", 2) == 0) {
+                s->proto = MC_PROTO_META;
+            } else if (n == 5 && memcmp(p, "ERROR", 5) == 0) {
+                s->proto = MC_PROTO_CLASSIC;
+            } else {
+                server_reset(s, "protocol error: unexpected answer to mn",
+                             NULL, FP_CACHE_ERROR);
+                return -1;
+            }
+            if (s->proto != s->logged_proto)
+                fp_log(FP_LOG_INFO, "memcached %s: %s", s->name,
+                       s->proto == MC_PROTO_META ? "meta commands (mg)"
+                                                 : "classic get (no meta commands)");
+            s->logged_proto = s->proto;
+            s->hung = 0;
+            s->backoff_ms = 0;
+            server_log_up(s);
+            continue;
+        }
+
         r = TAILQ_FIRST(&s->pending);
         if (r == NULL) {
             server_reset(s, "protocol error: unsolicited answer", NULL,
@@ -433,11 +500,21 @@ static int server_parse(struct mc_server *s)
         s->backoff_ms = 0;
         server_log_up(s);
 
-        if (n == 3 && memcmp(p, "END", 3) == 0) {
+        if (r->meta ? starts_with(p, n, "EN") && parse_meta_line(p, n, r, 0) == 0
+                    : n == 3 && memcmp(p, "END", 3) == 0) {
             TAILQ_REMOVE(&s->pending, r, link);
             s->npending--;
             req_finish(r, FP_CACHE_MISS, NULL, 0);
-        } else if (starts_with(p, n, "VALUE")) {
+        } else if (r->meta && starts_with(p, n, "VA")) {
+            vlen = parse_meta_line(p, n, r, 1); /* NOLINT(clang-analyzer-unix.Malloc) */
+            if (vlen < 0) {
+                server_reset(s, "protocol error: bad VA line", NULL,
+                             FP_CACHE_ERROR);
+                return -1;
+            }
+            s->want = (size_t)vlen;
+            s->parse = MC_PARSE_DATA;
+        } else if (!r->meta && starts_with(p, n, "VALUE")) {
             /* r is this loop turn's TAILQ_FIRST; clang-analyzer does not see
              * TAILQ_REMOVE update the head through tqe_prev and takes it for
              * the request finished last turn. */
@@ -631,6 +708,18 @@ static void server_connect(struct mc_server *s)
         goto fail_fd;
     }
     s->parse = MC_PARSE_LINE;
+    /* Ask first whether it speaks meta commands: pipelined "mg" answers go
+     * out in one write, pipelined classic "get"s in one write each (about
+     * 3 instead of 8 us of memcached's CPU per get in batches of 5). Gets
+     * queued before the answer go out as classic ones. The buffer is empty
+     * (the server was down) and MC_OUT_MIN holds it. */
+    s->proto = MC_PROTO_PROBING;
+    if (buf_reserve(&s->out, 4, MC_OUT_MIN, MC_OUT_MAX) != 0) {
+        server_log_down(s, "out of memory");
+        goto fail_fd;
+    }
+    memcpy(s->out.data + s->out.len, "mn\r\n", 4); /* NOLINT(bugprone-not-null-terminated-result) */
+    s->out.len += 4;
     if (connect(fd, (struct sockaddr *)&s->addr, s->addrlen) == 0) {
         server_connected(s);
         return;
@@ -761,15 +850,22 @@ int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
 
     /* Room first, then the deadline, then the command in one piece, so a
      * failure leaves nothing half-written on the stream. */
-    cmdlen = 4 + keylen + 2;
+    r->meta = s->proto == MC_PROTO_META;
+    cmdlen = r->meta ? 3 + keylen + 6 : 4 + keylen + 2;
     if (buf_reserve(&s->out, cmdlen, MC_OUT_MIN, MC_OUT_MAX) != 0 ||
         evtimer_add(r->timer, mc->timeout) != 0)
         goto fail_fast;
     cmd = s->out.data + s->out.len;
-    /* Bytes for the wire, not a C string: */
-    memcpy(cmd, "get ", 4); /* NOLINT(bugprone-not-null-terminated-result) */
-    memcpy(cmd + 4, key, keylen);
-    memcpy(cmd + 4 + keylen, "\r\n", 2); /* NOLINT(bugprone-not-null-terminated-result) */
+    /* Bytes for the wire, not C strings: */
+    if (r->meta) {
+        memcpy(cmd, "mg ", 3); /* NOLINT(bugprone-not-null-terminated-result) */
+        memcpy(cmd + 3, key, keylen);
+        memcpy(cmd + 3 + keylen, " v k\r\n", 6); /* NOLINT(bugprone-not-null-terminated-result) */
+    } else {
+        memcpy(cmd, "get ", 4); /* NOLINT(bugprone-not-null-terminated-result) */
+        memcpy(cmd + 4, key, keylen);
+        memcpy(cmd + 4 + keylen, "\r\n", 2); /* NOLINT(bugprone-not-null-terminated-result) */
+    }
     s->out.len += cmdlen;
     r->srv = s;
     r->sent = fp_stat_now();

@@ -554,6 +554,115 @@ def fake_memcached(sock: socket.socket, stop: list[bool]) -> None:
         threading.Thread(target=serve, args=(c,), daemon=True).start()
 
 
+FAKE_META_ANSWERS: dict[bytes, list[bytes]] = {
+    # key -> chunks a fake memcached >= 1.6 writes back to "mg <key> v k"
+    b"m-split": [bytes([c]) for c in b"VA 5 km-split\r\nhello\r\n"],
+    b"m-empty": [b"VA 0 km-empty\r\n\r\n"],
+    b"m-flags": [b"VA 2 t-1 km-flags f0\r\nok\r\n"],
+    b"m-miss": [b"EN\r\n"],
+    b"m-misskey": [b"EN km-misskey\r\n"],
+    b"m-srverr": [b"SERVER_ERROR out of memory\r\n"],
+    b"m-wrongkey": [b"VA 1 kother\r\nx\r\n"],
+    b"m-nokey": [b"VA 1\r\nx\r\n"],
+    b"m-enwrongkey": [b"EN kother\r\n"],
+    b"m-badterm": [b"VA 1 km-badterm\r\nxYZ"],
+    b"m-big": [b"VA 2000000 km-big\r\n"],
+    b"m-classic": [b"VALUE m-classic 0 1\r\nx\r\nEND\r\n"],
+}
+
+
+def fake_meta_memcached(sock: socket.socket, stop: list[bool]) -> None:
+    """Answers "mn" with "MN" (so the client uses meta commands) and each "mg <key> v k"
+    with FAKE_META_ANSWERS[key]; a classic get gets ERROR."""
+    import threading
+
+    def serve(c: socket.socket) -> None:
+        buf = b""
+        with c:
+            while not stop[0]:
+                try:
+                    chunk = c.recv(4096)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                buf += chunk
+                while b"\r\n" in buf:
+                    line, buf = buf.split(b"\r\n", 1)
+                    words = line.split(b" ")
+                    if words == [b"mn"]:
+                        parts = [b"MN\r\n"]
+                    elif len(words) == 4 and words[0] == b"mg" and words[2:] == [b"v", b"k"]:
+                        parts = FAKE_META_ANSWERS.get(words[1], [b"EN\r\n"])
+                    else:
+                        parts = [b"ERROR\r\n"]
+                    for part in parts:
+                        try:
+                            c.sendall(part)
+                        except OSError:
+                            return
+                        if len(parts) > 1:
+                            time.sleep(0.001)
+
+    sock.settimeout(0.2)
+    while not stop[0]:
+        try:
+            c, _ = sock.accept()
+        except OSError:
+            continue
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+
+def scenario_protocol_meta(drv: list[str], tmp: str) -> None:
+    """The parser of meta answers, against a fake memcached that says it speaks them."""
+    import threading
+
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(16)
+    stop = [False]
+    t = threading.Thread(target=fake_meta_memcached, args=(lsock, stop), daemon=True)
+    t.start()
+    try:
+        d = Driver(drv, ["-T", "500", "-s", f"127.0.0.1:{lsock.getsockname()[1]}"])
+        time.sleep(0.1)  # connected and past the "mn" probe: gets go out as "mg"
+        want = {
+            "m-split": ("HIT", "hello"),
+            "m-empty": ("HIT", ""),
+            "m-flags": ("HIT", "ok"),
+            "m-miss": ("MISS", ""),
+            "m-misskey": ("MISS", ""),
+            "m-srverr": ("ERROR", ""),
+        }
+        for k, v in want.items():
+            r = d.gets([k])
+            check(r[k][0::2] == v, f"protocol meta: {k} -> {v[0]} ({r[k]})")
+        for k in (
+            "m-wrongkey", "m-nokey", "m-enwrongkey", "m-badterm", "m-big", "m-classic"
+        ):
+            time.sleep(0.15)  # past the reconnect backoff (and the new probe)
+            r = d.gets([k])
+            check(
+                r[k][0] == "ERROR" and r[k][1] < 400,
+                f"protocol meta: {k} -> ERROR ({r[k]})",
+            )
+        time.sleep(2.2)
+        r = d.gets(["m-flags", "m-split", "m-miss", "m-srverr", "m-empty"])
+        check(
+            r["m-flags"][0::2] == ("HIT", "ok")
+            and r["m-split"][0::2] == ("HIT", "hello")
+            and r["m-miss"][0] == "MISS"
+            and r["m-srverr"][0] == "ERROR"
+            and r["m-empty"][0::2] == ("HIT", ""),
+            f"protocol meta: pipelined {r}",
+        )
+        check(d.quit() == 0, "protocol meta: driver exits clean")
+    finally:
+        stop[0] = True
+        t.join(2)
+        lsock.close()
+
+
 def scenario_protocol(drv: list[str], tmp: str) -> None:
     import threading
 
@@ -624,7 +733,7 @@ def main() -> int:
     ap.add_argument("--driver", default=os.path.join(here, "..", "build", "cache_driver"))
     ap.add_argument("--wrap", default="", help="e.g. valgrind command prefix")
     ap.add_argument("--pylibmc-python", default=None)
-    ap.add_argument("--only", default="memcached,ketama,redis,protocol")
+    ap.add_argument("--only", default="memcached,ketama,redis,protocol,protocol_meta")
     a = ap.parse_args()
     drv = shlex.split(a.wrap) + [a.driver, "-q"]
     only = a.only.split(",")
@@ -636,7 +745,9 @@ def main() -> int:
         if "redis" in only:
             scenario_redis(drv, tmp)
         if "protocol" in only:
-            scenario_protocol(drv, tmp)
+            scenario_protocol(drv, tmp)  # a server without meta commands: classic gets
+        if "protocol_meta" in only:
+            scenario_protocol_meta(drv, tmp)
     print(f"{failures} failure(s)")
     return min(failures, 100)
 
