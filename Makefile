@@ -52,7 +52,7 @@ status:
 	@$(PY) tools/fastpoll_status.py $(if $(HOSTS),--hosts $(HOSTS))
 
 test-unit: venv build
-	$(MAKE) -C poll_server test
+	$(MAKE) -C poll_server test check
 	$(VENV)/bin/ruff check fallback_app tests loadtests tools
 	$(VENV)/bin/pytest -q fallback_app/tests
 
