@@ -176,3 +176,24 @@ def test_oversized_publish_is_rejected(client: httpx.Client) -> None:
     )
     assert r.status_code == 413
     assert poll(client, uid).content == b""
+
+
+def test_app_answers_are_not_held_back_by_nagle(stack, client: httpx.Client) -> None:
+    """The app sends a response's head and body in two writes: without TCP_NODELAY on its
+    accepted sockets, the body of every keep-alive answer waited ~40 ms for the peer's delayed
+    ACK of the head (nginx's fallback connections are keep-alive). That wait is deterministic,
+    so a median far below it shows it is gone; the app's own work here takes about 1 ms."""
+    import statistics
+    import time
+
+    uid = new_uid()
+    assert client.post("/api/messages", json={"user_id": uid, "text": "hi"}).status_code == 201
+    target = stack.sign(f"/Poll/getMessages?user_id={uid}")
+    took = []
+    with httpx.Client(base_url=f"http://127.0.0.1:{stack.app_port}") as app:
+        for _ in range(15):
+            start = time.perf_counter()
+            r = app.get(target)
+            took.append(time.perf_counter() - start)
+            assert r.status_code == 200 and r.json()["unread"] == 1
+    assert statistics.median(took[1:]) < 0.030, [round(t * 1000, 1) for t in took]

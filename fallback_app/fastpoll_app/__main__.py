@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, settings: config.Settings) -> int:
+    from .protocol import NoDelayH11Protocol
     from .store import Store  # imports the metrics: only once their directory is set
 
     try:
@@ -113,6 +114,10 @@ def _run(args: argparse.Namespace, settings: config.Settings) -> int:
         access_log=args.access_log,
         proxy_headers=False,
         server_header=False,
+        http=NoDelayH11Protocol,
+        # Above nginx's keepalive_timeout to the app (55 s, nginx/fastpoll.conf.j2): nginx, not
+        # the app, closes an idle connection, so it never sends on one the app just closed.
+        timeout_keep_alive=65,
     )
     return 0
 
