@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import secrets
 import shlex
@@ -48,15 +49,49 @@ VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 DEFAULT_RUN_DIR = ROOT / "run"
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on right now (the kernel picks it)."""
+    """A TCP port nobody uses right now, below the kernel's ephemeral range: a port from that
+    range can be taken between now and the server's bind() by any outgoing connection (the
+    pollers' to memcached, say), and the server then fails with EADDRINUSE."""
+    low = _ephemeral_low()
+    for _ in range(200 if low > 11000 else 0):
+        port = random.randrange(10000, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
+def _log_tail(logs: list[Path], lines: int = 5) -> str:
+    """The last lines of the first of these logs with anything in it."""
+    for log in logs:
+        try:
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            continue
+        if tail:
+            return f"; {log}:\n" + "\n".join(tail)
+    return ""
+
+
 def wait_for(
-    what: str, check, timeout: float = 30.0, proc: subprocess.Popen | None = None
+    what: str,
+    check,
+    timeout: float = 30.0,
+    proc: subprocess.Popen | None = None,
+    logs: list[Path] | None = None,
 ) -> None:
     deadline = time.monotonic() + timeout
     last: Exception | None = None
@@ -64,6 +99,7 @@ def wait_for(
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(
                 f"{what} exited with status {proc.returncode} while starting"
+                + _log_tail(logs or [])
             )
         try:
             if check():
@@ -337,6 +373,7 @@ class Stack:
             name,
             lambda: tcp_ask(port, b"version\r\n", b"VERSION"),
             proc=self._popen[name],
+            logs=[self.run_dir / f"{name}.log"],
         )
 
     def start_redis(self) -> None:
@@ -354,6 +391,7 @@ class Stack:
             "redis",
             lambda: tcp_ask(self.redis_port, auth, b"+PONG"),
             proc=self._popen["redis"],
+            logs=[self.run_dir / "redis.log"],
         )
 
     def start_app(self) -> None:
@@ -373,7 +411,11 @@ class Stack:
         self._spawn("app", argv, self.app_port)
         url = f"http://127.0.0.1:{self.app_port}/healthz"
         wait_for(
-            "app", lambda: http_status(url) == 200, timeout=60, proc=self._popen["app"]
+            "app",
+            lambda: http_status(url) == 200,
+            timeout=60,
+            proc=self._popen["app"],
+            logs=[self.run_dir / "app.log"],
         )
 
     def poller_socket(self, i: int) -> Path:
@@ -409,6 +451,7 @@ class Stack:
             name,
             lambda: http_status(url) in (200, 403, 404, 503),
             proc=self._popen[name],
+            logs=[self.run_dir / f"{name}.log"],
         )
 
     def start_nginx(self) -> None:
@@ -424,7 +467,12 @@ class Stack:
         argv = ["nginx", "-p", str(conf.parent), "-c", str(conf), "-g", "daemon off;"]
         self._spawn("nginx", argv, self.http_port)
         url = f"{self.base_url}/healthz"
-        wait_for("nginx", lambda: http_status(url) == 200, proc=self._popen["nginx"])
+        wait_for(
+            "nginx",
+            lambda: http_status(url) == 200,
+            proc=self._popen["nginx"],
+            logs=[conf.parent / "error.log", self.run_dir / "nginx.log"],
+        )
 
     def start(self) -> None:
         self._allocate_ports()
