@@ -70,10 +70,15 @@ TUNING: dict[str, object] = {
     # accept queues overflow, connects time out (proxy_connect_timeout 1s) and nginx marks the
     # pollers down and sends everything to the app (measured at 15,000 with 1024).
     "fastpoll_upstream_keepalive": 8192,
+    # nginx sends to one poll server; the other is its standby (`backup`). Here the client,
+    # nginx's 2 workers, memcached and the pollers share 2 cores: one busy poller batches more
+    # per loop turn than two half-busy ones (the "every poll server active" rows measure that).
+    "fastpoll_active_pollers": 1,
 }
 
 SYSTEMS = {
     "fastpoll": "fastpoll: nginx -> poll_server -> memcached",
+    "fastpoll_all": "fastpoll with every poll server active (no standby)",
     "direct": "poll_server directly (one instance, no nginx)",
     "memcached_pass": "nginx memcached_pass (keepalive upstream)",
     "return200": "nginx return 200 (ceiling)",
@@ -179,9 +184,9 @@ def full_plan(reps: int, sweep: tuple[int, ...] = SWEEP, ab_reps: int = 5) -> li
     plans.append(Plan("ab", "app", "nocache-msg", 50, tool="ab", n=2000, keepalive=False, users=1))
     # 2. wrk -c50 keep-alive. The ratio runs are interleaved and repeated.
     for rep in range(reps):
-        for system in ("fastpoll", "memcached_pass", "return200"):
+        for system in ("fastpoll", "memcached_pass", "return200", "fastpoll_all"):
             plans.append(Plan("c50", system, "hit-hot", 50, users=1, rep=rep))
-        for system in ("fastpoll", "memcached_pass"):
+        for system in ("fastpoll", "memcached_pass", "fastpoll_all"):
             plans.append(Plan("c50", system, "hit-many", 50, rep=rep))
         plans.append(Plan("c50", "app", "nocache-msg", 50, rep=rep))
     plans += [
@@ -233,11 +238,33 @@ def quick_plan() -> list[Plan]:
 def system_url(ctx: Ctx, system: str) -> tuple[str, str]:
     """(base URL, poll path) of a system."""
     t = ctx.target
-    if system == "fastpoll":
+    if system in ("fastpoll", "fastpoll_all"):
         return t.base_url, "/Poll/getMessages"
     if system == "direct":
         return f"http://127.0.0.1:{t.poller_ports[0]}", "/getMessages"
     return ctx.peers[system].base_url, "/Poll/getMessages"
+
+
+def set_active_pollers(ctx: Ctx, system: str) -> None:
+    """Before a fastpoll run: nginx sends to the configured number of poll servers
+    ("fastpoll"), or to all of them ("fastpoll_all"). A change reloads the stack's nginx and
+    waits until the old workers are gone, so no run measures two generations."""
+    stack = ctx.target.stack
+    want = 0 if system == "fastpoll_all" else TUNING.get("fastpoll_active_pollers", 0)
+    if system not in ("fastpoll", "fastpoll_all") or stack.nginx_vars.get(
+        "fastpoll_active_pollers", 0
+    ) == want:
+        return
+    old = set(sysinfo.children(ctx.target.nginx_pid))
+    stack.nginx_vars["fastpoll_active_pollers"] = want
+    stack.reload_nginx()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        now = set(sysinfo.children(ctx.target.nginx_pid))
+        if now and not now & old:
+            break
+        time.sleep(0.05)
+    time.sleep(0.5)
 
 
 def cpu_groups(ctx: Ctx) -> dict[str, list[int]]:
@@ -666,6 +693,12 @@ def main() -> int:
         f"(default {TUNING['fastpoll_upstream_keepalive']})",
     )
     ap.add_argument(
+        "--pollers",
+        type=int,
+        default=None,
+        help="poll servers in the stack (default: one per core)",
+    )
+    ap.add_argument(
         "--sweep",
         default=",".join(map(str, SWEEP)),
         help="concurrency levels of the sweep (default: %(default)s)",
@@ -720,6 +753,7 @@ def main() -> int:
             ini,
             cache_timeout_ms=1000 if quick else None,
             poller_unix=not args.poller_tcp,
+            n_pollers=args.pollers,
         )
         print(
             f"  stack up at {target.base_url}: {len(target.poller_ports)} poll servers "
@@ -783,6 +817,8 @@ def main() -> int:
             plans = [p for p in plans if p.group in only]
         if args.systems:
             plans = [p for p in plans if p.system in args.systems.split(",")]
+        if args.attach or len(target.poller_ports) < 2:  # not our nginx to reload / same thing
+            plans = [p for p in plans if p.system != "fastpoll_all"]
         ctx.app_users = 0
         if any(p.system == "app" for p in plans):
             ctx.app_users = 200 if quick else APP_USERS
@@ -802,6 +838,8 @@ def main() -> int:
                 failures.append(f"{len(plans) - i + 1} runs skipped (time limit)")
                 break
             try:
+                if not args.attach:
+                    set_active_pollers(ctx, p.system)
                 row = run_plan(ctx, p, users)
             except clients.ToolError as e:
                 failures.append(f"{p.name}: {e}")

@@ -25,6 +25,7 @@ DOC = ROOT / "docs" / "benchmarks.md"
 # The processes each system's requests go through, for CPU per request (bench.py uses it too).
 PATH_GROUPS = {
     "fastpoll": ("nginx", "poll_servers", "memcached", "app"),
+    "fastpoll_all": ("nginx", "poll_servers", "memcached", "app"),
     "direct": ("poll_servers", "memcached"),
     "memcached_pass": ("peer_memcached_pass", "memcached"),
     "return200": ("peer_return200",),
@@ -33,12 +34,20 @@ PATH_GROUPS = {
 
 LABELS = {
     "fastpoll": "fastpoll (nginx → poll_server → memcached)",
+    "fastpoll_all": "fastpoll, every poll server active",
     "direct": "poll_server directly",
     "memcached_pass": "nginx memcached_pass",
     "return200": "nginx return 200",
     "app": "fallback app alone",
 }
-COLORS = {"fastpoll": "C0", "memcached_pass": "C1", "return200": "C2", "app": "C3", "direct": "C4"}
+COLORS = {
+    "fastpoll": "C0",
+    "memcached_pass": "C1",
+    "return200": "C2",
+    "app": "C3",
+    "direct": "C4",
+    "fastpoll_all": "C5",
+}
 
 
 def _sweep(doc: dict) -> dict[str, dict[int, dict]]:
@@ -168,7 +177,7 @@ def c50_rows(doc: dict) -> list[dict]:
     for r in doc["results"]:
         if r["group"] == "c50":
             groups.setdefault((r["system"], r["scenario"], r["method"]), []).append(r)
-    order = ["fastpoll", "direct", "memcached_pass", "return200", "app"]
+    order = ["fastpoll", "fastpoll_all", "direct", "memcached_pass", "return200", "app"]
     out = []
     scen_order = list(SCENARIOS)
     for (system, scen, method), rs in sorted(
