@@ -74,12 +74,6 @@ def _target(stack: Stack, started_here: bool) -> Target:
 
 def attach(run_dir: Path) -> Target:
     stack = Stack.load(run_dir)
-    # The loaded state names processes only; signing needs the ports in the ini sections.
-    stack.poller_ports = [p.port for n, p in sorted(stack.procs.items()) if n.startswith("poller-")]
-    stack.memcached_ports = [
-        p.port for n, p in sorted(stack.procs.items()) if n.startswith("memcached-")
-    ]
-    stack.app_port = stack.procs["app"].port if "app" in stack.procs else 0
     if stack.backend != "memcached":
         raise RuntimeError(
             "the running stack uses Redis; the bench compares against "

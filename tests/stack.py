@@ -51,7 +51,9 @@ DEFAULT_RUN_DIR = ROOT / "run"
 
 def _ephemeral_low() -> int:
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        return int(
+            Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]
+        )
     except (OSError, ValueError, IndexError):
         return 32768
 
@@ -603,6 +605,7 @@ class Stack:
     @classmethod
     def load(cls, run_dir: Path) -> Stack:
         state = json.loads((run_dir / "stack.json").read_text())
+        run_dir = run_dir.resolve()
         stack = cls(
             run_dir=run_dir, backend=state["backend"], http_port=state["http_port"]
         )
@@ -616,6 +619,21 @@ class Stack:
                 port=p["port"],
                 started=p["started"],
             )
+
+        def ports(prefix: str) -> list[int]:
+            named = [
+                (int(n.split("-")[1]), p.port)
+                for n, p in stack.procs.items()
+                if n.startswith(prefix + "-")
+            ]
+            return [port for _, port in sorted(named)]
+
+        # What ini_sections() and sign() read, as start() would have set it.
+        stack.poller_ports = ports("poller")
+        stack.memcached_ports = ports("memcached")
+        stack.app_port = state.get("app_port") or 0
+        if "redis" in stack.procs:
+            stack.redis_port = stack.procs["redis"].port
         return stack
 
 
@@ -672,6 +690,8 @@ def main() -> int:
         help="poll URLs unsigned (peers-only benchmarks); the product signs them",
     )
     args = ap.parse_args()
+    # Absolute: nginx gets -p and -c, and a relative -c would be read relative to -p.
+    args.run_dir = args.run_dir.resolve()
     state = args.run_dir / "stack.json"
 
     if args.command == "down":
