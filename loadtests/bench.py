@@ -251,9 +251,10 @@ def set_active_pollers(ctx: Ctx, system: str) -> None:
     waits until the old workers are gone, so no run measures two generations."""
     stack = ctx.target.stack
     want = 0 if system == "fastpoll_all" else TUNING.get("fastpoll_active_pollers", 0)
-    if system not in ("fastpoll", "fastpoll_all") or stack.nginx_vars.get(
-        "fastpoll_active_pollers", 0
-    ) == want:
+    if (
+        system not in ("fastpoll", "fastpoll_all")
+        or stack.nginx_vars.get("fastpoll_active_pollers", 0) == want
+    ):
         return
     old = set(sysinfo.children(ctx.target.nginx_pid))
     stack.nginx_vars["fastpoll_active_pollers"] = want
