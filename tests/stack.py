@@ -183,10 +183,10 @@ class Stack:
     # Extra memcached flags, e.g. ["-vv"]: it then logs every command it receives.
     memcached_args: list[str] = field(default_factory=list)
     # Pollers also listen on a unix socket (poller_socket()) and nginx reaches them through
-    # it (no TCP loopback stack on that hop); their TCP ports stay for direct use.
-    # FP_POLLER_UNIX=1 turns it on for every stack (e.g. the whole test suite).
+    # it (no TCP loopback stack on that hop), as the Ansible deploy does; their TCP ports stay
+    # for direct use. FP_POLLER_UNIX=0 makes every stack use TCP on that hop instead.
     poller_unix: bool = field(
-        default_factory=lambda: os.environ.get("FP_POLLER_UNIX", "0") == "1"
+        default_factory=lambda: os.environ.get("FP_POLLER_UNIX", "1") == "1"
     )
     socket_dir: Path | None = None  # made by poller_socket(), removed by stop()
     extra_ini: dict[str, dict[str, str]] = field(default_factory=dict)

@@ -471,7 +471,11 @@ for port in $(seq 8101 $((8100 + want))); do
     real=$(awk '/^Cpus_allowed_list/{print $2}' "/proc/$pid/status")
     expect=$((i % cpus))
     [ "$aff" = "$expect" ] && [ "$real" = "$expect" ] || { echo "$u: CPUAffinity=$aff, process on $real, want $expect"; exit 1; }
-    grep -q "server 127.0.0.1:$port " /etc/nginx/sites-enabled/fastpoll.conf || { echo "$port not in nginx upstream"; exit 1; }
+    # nginx reaches it through its unix socket: 0660, group www-data (nginx's workers) only.
+    sock=/run/fastpoll-poller/$port.sock
+    grep -q "server unix:$sock " /etc/nginx/sites-enabled/fastpoll.conf || { echo "$sock not in nginx upstream"; exit 1; }
+    [ -S "$sock" ] && [ "$(stat -c '%a %U %G' "$sock")" = "660 fastpoll-poller www-data" ] \
+        || { echo "$sock: $(stat -c '%F %a %U %G' "$sock" 2>&1)"; exit 1; }
     echo "  $u active, enabled, CPUAffinity=$aff (pid $pid on cpu $real)"
     i=$((i + 1))
 done
