@@ -500,6 +500,10 @@ static int server_parse(struct mc_server *s)
         s->backoff_ms = 0;
         server_log_up(s);
 
+        /* r is this loop turn's TAILQ_FIRST; clang-analyzer does not see
+         * TAILQ_REMOVE update the head through tqe_prev and takes it for the
+         * request finished last turn (hence the NOLINTs on r below).
+         * NOLINTNEXTLINE(clang-analyzer-unix.Malloc) */
         if (r->meta ? starts_with(p, n, "EN") && parse_meta_line(p, n, r, 0) == 0
                     : n == 3 && memcmp(p, "END", 3) == 0) {
             TAILQ_REMOVE(&s->pending, r, link);
@@ -515,9 +519,6 @@ static int server_parse(struct mc_server *s)
             s->want = (size_t)vlen;
             s->parse = MC_PARSE_DATA;
         } else if (!r->meta && starts_with(p, n, "VALUE")) {
-            /* r is this loop turn's TAILQ_FIRST; clang-analyzer does not see
-             * TAILQ_REMOVE update the head through tqe_prev and takes it for
-             * the request finished last turn. */
             vlen = parse_value_line(p, n, r); /* NOLINT(clang-analyzer-unix.Malloc) */
             if (vlen < 0) {
                 server_reset(s, "protocol error: bad VALUE line", NULL,
