@@ -142,6 +142,43 @@ def test_kill9_poller_nginx_skips_it_then_it_takes_traffic_again(
     )
 
 
+def test_standby_poller_takes_over_only_while_the_active_one_is_down(
+    make_stack: MakeStack,
+) -> None:
+    """fastpoll_active_pollers=1: poller-1 is nginx's `backup`. It serves nothing while poller-0
+    is up, everything (from the cache, nothing lost) while poller-0 is killed, and nothing again
+    once poller-0 is back and nginx's fail_timeout is over (bar a few retries)."""
+    stack = make_stack(nginx_vars={"fastpoll_active_pollers": 1})
+    urls = prime(stack)
+
+    before = requests_served(stack, 0), requests_served(stack, 1)
+    r = Load(stack.base_url, urls, seconds=2, connections=8).result()
+    assert_no_failures(r, "both up")
+    assert requests_served(stack, 1) == before[1], (
+        "the standby served while the active was up"
+    )
+    assert requests_served(stack, 0) - before[0] >= r.requests * 0.9, r.summary()
+
+    stack.stop_proc("poller-0", signal.SIGKILL)
+    before_standby = requests_served(stack, 1)
+    r = Load(stack.base_url, urls, seconds=2, connections=8).result()
+    assert_no_failures(r, "active poller killed")
+    assert r.sources.get("cache", 0) >= r.requests * 0.9, r.summary()
+    assert requests_served(stack, 1) - before_standby >= r.requests * 0.9, r.summary()
+
+    stack.start_poller(0)
+    time.sleep(2.5)  # nginx's fail_timeout (2 s): it tries poller-0 again
+    before = requests_served(stack, 0), requests_served(stack, 1)
+    r = Load(stack.base_url, urls, seconds=2, connections=8).result()
+    assert_no_failures(r, "active poller back")
+    assert requests_served(stack, 0) - before[0] >= r.requests * 0.9, r.summary()
+    # A few may still go to the standby: nginx's idle connections to the killed instance fail
+    # when reused, and nginx retries those requests on the next server.
+    assert requests_served(stack, 1) - before[1] <= r.requests * 0.1, (
+        "the standby kept serving"
+    )
+
+
 # ---- 2. the cache stops and starts --------------------------------------------------------
 
 

@@ -187,7 +187,10 @@ def test_app_answers_are_not_held_back_by_nagle(stack, client: httpx.Client) -> 
     import time
 
     uid = new_uid()
-    assert client.post("/api/messages", json={"user_id": uid, "text": "hi"}).status_code == 201
+    assert (
+        client.post("/api/messages", json={"user_id": uid, "text": "hi"}).status_code
+        == 201
+    )
     target = stack.sign(f"/Poll/getMessages?user_id={uid}")
     took = []
     with httpx.Client(base_url=f"http://127.0.0.1:{stack.app_port}") as app:
@@ -197,3 +200,22 @@ def test_app_answers_are_not_held_back_by_nagle(stack, client: httpx.Client) -> 
             took.append(time.perf_counter() - start)
             assert r.status_code == 200 and r.json()["unread"] == 1
     assert statistics.median(took[1:]) < 0.030, [round(t * 1000, 1) for t in took]
+
+
+def test_big_client_headers_do_not_reach_the_poller(
+    client: httpx.Client, cache: Cache
+) -> None:
+    """nginx sends the pollers the request line only: a client whose cookies and headers add up
+    to more than the poller's max_header_size (8 KiB) still gets its hit from the cache (the
+    poller would answer 431), and a miss still reaches the app with every header."""
+    uid = new_uid()
+    cache.set(poll_key(uid), b'{"n":1}')
+    big = {f"X-Pad-{i}": "v" * 2500 for i in range(3)} | {"Cookie": "s=" + "c" * 2000}
+    r = poll(client, uid, headers=big)
+    assert (r.status_code, r.content, r.headers["x-poll-source"]) == (
+        200,
+        b'{"n":1}',
+        "cache",
+    )
+    miss = poll(client, new_uid(), headers=big)
+    assert (miss.status_code, miss.headers["x-poll-source"]) == (200, "app")
