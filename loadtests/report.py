@@ -202,6 +202,7 @@ def c50_rows(doc: dict) -> list[dict]:
                 "rps": med("rps"),
                 "p50_ms": med("p50_ms"),
                 "p99_ms": med("p99_ms"),
+                "busy": med("machine_busy_share"),
                 "failed": sum(r["failed"] for r in rs),
                 "fallbacks": sum(r.get("fallbacks_seen", 0) for r in rs),
                 "mc_gets": sum(r["memcached"]["cmd_get"] for r in rs),
