@@ -52,24 +52,19 @@ def user_sys(pids: list[int]) -> tuple[float, float]:
     return u, s
 
 
-def perf_breakdown(data: Path) -> tuple[str, dict[str, float]]:
-    """Samples per comm and per kernel/user, as percent of all samples."""
-    out = subprocess.run(
-        [
-            "perf",
-            "report",
-            "-i",
-            str(data),
-            "--stdio",
-            "--sort",
-            "comm,dso",
-            "--percent-limit",
-            "0.5",
-        ],
+def perf_report(data: Path, *args: str) -> str:
+    """`perf report --stdio` of a recording, with these options."""
+    return subprocess.run(
+        ["perf", "report", "-i", str(data), "--stdio", *args],
         capture_output=True,
         text=True,
         timeout=120,
     ).stdout
+
+
+def perf_breakdown(data: Path) -> tuple[str, dict[str, float]]:
+    """Samples per comm and per kernel/user, as percent of all samples."""
+    out = perf_report(data, "--sort", "comm,dso", "--percent-limit", "0.5")
     share: dict[str, float] = {}
     for line in out.splitlines():
         m = re.match(r"\s*([0-9.]+)%\s+(\S+)\s+(\S+)", line)
@@ -81,26 +76,17 @@ def perf_breakdown(data: Path) -> tuple[str, dict[str, float]]:
 
 
 def top_symbols(data: Path, comm: str, limit: int = 30) -> str:
-    out = subprocess.run(
-        [
-            "perf",
-            "report",
-            "-i",
-            str(data),
-            "--stdio",
-            "--comms",
-            comm,
-            "--sort",
-            "dso,sym",
-            "--percentage",
-            "relative",
-            "--percent-limit",
-            "1.2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
+    out = perf_report(
+        data,
+        "--comms",
+        comm,
+        "--sort",
+        "dso,sym",
+        "--percentage",
+        "relative",
+        "--percent-limit",
+        "1.2",
+    )
     lines = [ln for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
     return "\n".join(lines[:limit])
 

@@ -118,18 +118,23 @@ def tcp_ask(port: int, request: bytes, expect: bytes) -> bool:
         return expect in s.recv(4096)
 
 
-def memcached_stats(port: int) -> dict[str, int]:
-    """One memcached node's numeric `stats` counters."""
+def memcached_ask(port: int, command: bytes) -> bytes:
+    """One memcached command (`stats`, `get <key>`) to a node, its whole answer (up to END)."""
     with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
-        s.sendall(b"stats\r\n")
+        s.sendall(command + b"\r\n")
         data = b""
         while not data.endswith(b"END\r\n"):
             chunk = s.recv(65536)
             if not chunk:
                 break
             data += chunk
+    return data
+
+
+def memcached_stats(port: int) -> dict[str, int]:
+    """One memcached node's numeric `stats` counters."""
     stats: dict[str, int] = {}
-    for line in data.decode().splitlines():
+    for line in memcached_ask(port, b"stats").decode().splitlines():
         parts = line.split()
         if len(parts) == 3 and parts[0] == "STAT" and parts[2].isdigit():
             stats[parts[1]] = int(parts[2])

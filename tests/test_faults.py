@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +17,7 @@ import httpx
 import pytest
 from conftest import Cache, http_client, new_uid, poll_key
 from loadgen import KeepAliveClients, Load, LoadResult
-from stack import Stack
+from stack import Stack, memcached_ask
 
 MakeStack = Callable[..., Stack]
 
@@ -227,15 +226,7 @@ def node_of(stack: Stack, key: str) -> int:
     """Which memcached node holds key (the app put it there with ketama)."""
     found = []
     for i, port in enumerate(stack.memcached_ports):
-        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
-            s.sendall(f"get {key}\r\n".encode())
-            data = b""
-            while not data.endswith(b"END\r\n"):
-                chunk = s.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-        if data.startswith(b"VALUE"):
+        if memcached_ask(port, f"get {key}".encode()).startswith(b"VALUE"):
             found.append(i)
     assert len(found) == 1, (key, found)
     return found[0]

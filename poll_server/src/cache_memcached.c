@@ -349,29 +349,40 @@ static int starts_with(const char *line, size_t n, const char *word)
            (n == w || line[w] == ' ');
 }
 
+/* Splits an answer line into at most max tokens separated by single
+ * spaces. Returns the count, or -1 for more tokens, an empty one (double
+ * space) or a trailing space: memcached never sends those. */
+static int split_line(const char *line, size_t n, const char **tok,
+                      size_t *toklen, size_t max)
+{
+    size_t ntok = 0, i = 0, start;
+
+    while (i < n) {
+        if (ntok == max)
+            return -1;
+        start = i;
+        while (i < n && line[i] != ' ')
+            i++;
+        if (i == start)
+            return -1;
+        tok[ntok] = line + start;
+        toklen[ntok] = i - start;
+        ntok++;
+        if (i < n && ++i == n)
+            return -1;
+    }
+    return (int)ntok;
+}
+
 /* Parses "VALUE <key> <flags> <bytes>[ <cas>]" for the head request.
  * Returns the value length, or -1 on any mismatch. */
 static long parse_value_line(const char *line, size_t n, const struct mc_req *r)
 {
     const char *tok[5];
     size_t toklen[5];
-    size_t ntok = 0, i = 0, start;
     unsigned long long flags, len, cas;
+    int ntok = split_line(line, n, tok, toklen, 5);
 
-    while (i < n) {
-        if (ntok == 5)
-            return -1;
-        start = i;
-        while (i < n && line[i] != ' ')
-            i++;
-        if (i == start)
-            return -1;                  /* empty token: double space */
-        tok[ntok] = line + start;
-        toklen[ntok] = i - start;
-        ntok++;
-        if (i < n && ++i == n)
-            return -1;                  /* trailing space */
-    }
     if (ntok != 4 && ntok != 5)
         return -1;
     if (toklen[1] != r->keylen || memcmp(tok[1], r->key, r->keylen) != 0)
@@ -390,31 +401,20 @@ static long parse_value_line(const char *line, size_t n, const struct mc_req *r)
 static long parse_meta_line(const char *line, size_t n, const struct mc_req *r,
                             int hit)
 {
-    const char *tok;
-    size_t toklen, ntok = 0, i = 0, start;
+    const char *tok[8];
+    size_t toklen[8];
     unsigned long long len = 0;
-    int key_ok = !hit;
+    int ntok = split_line(line, n, tok, toklen, 8);
+    int first_flag = hit ? 2 : 1, key_ok = !hit;
 
-    while (i < n) {
-        if (ntok == 8)
-            return -1;
-        start = i;
-        while (i < n && line[i] != ' ')
-            i++;
-        if (i == start)
-            return -1;                  /* empty token: double space */
-        tok = line + start;
-        toklen = i - start;
-        if (hit && ntok == 1 && parse_num(tok, toklen, MC_MAX_VALUE, &len) != 0)
-            return -1;
-        if (ntok >= (hit ? 2U : 1U) && tok[0] == 'k')
-            key_ok = toklen - 1 == r->keylen &&
-                     memcmp(tok + 1, r->key, r->keylen) == 0;
-        ntok++;
-        if (i < n && ++i == n)
-            return -1;                  /* trailing space */
-    }
-    return key_ok && (!hit || ntok >= 3) ? (long)len : -1;
+    if (ntok < 0 || (hit && (ntok < 3 ||
+                             parse_num(tok[1], toklen[1], MC_MAX_VALUE, &len) != 0)))
+        return -1;
+    for (int i = first_flag; i < ntok; i++)
+        if (tok[i][0] == 'k')
+            key_ok = toklen[i] - 1 == r->keylen &&
+                     memcmp(tok[i] + 1, r->key, r->keylen) == 0;
+    return key_ok ? (long)len : -1;
 }
 
 /* Consumes every complete answer in the input buffer, in place. Returns 0,

@@ -13,6 +13,7 @@ Each scenario prints PASS/FAIL; the exit status is the number of failures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import select
 import shlex
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 TIMEOUT_MS = 100
 SLACK_MS = 40  # timer slack + scheduling on a loaded 2-core box
@@ -520,38 +521,12 @@ FAKE_ANSWERS: dict[bytes, list[bytes]] = {
 FAKE_PAUSE = {b"drip": 0.01}  # seconds between chunks (default 1 ms)
 
 
-def fake_memcached(sock: socket.socket, stop: list[bool]) -> None:
-    import threading
-
-    def serve(c: socket.socket) -> None:
-        buf = b""
-        with c:
-            while not stop[0]:
-                try:
-                    chunk = c.recv(4096)
-                except OSError:
-                    return
-                if not chunk:
-                    return
-                buf += chunk
-                while b"\r\n" in buf:
-                    line, buf = buf.split(b"\r\n", 1)
-                    key = line[4:] if line.startswith(b"get ") else b"?"
-                    for part in FAKE_ANSWERS.get(key, [b"ERROR\r\n"]):
-                        try:
-                            c.sendall(part)
-                        except OSError:
-                            return
-                        if len(FAKE_ANSWERS.get(key, [])) > 1:
-                            time.sleep(FAKE_PAUSE.get(key, 0.001))
-
-    sock.settimeout(0.2)
-    while not stop[0]:
-        try:
-            c, _ = sock.accept()
-        except OSError:
-            continue
-        threading.Thread(target=serve, args=(c,), daemon=True).start()
+def classic_answer(line: bytes) -> tuple[list[bytes], float]:
+    """A memcached without meta commands: FAKE_ANSWERS for "get <key>", ERROR for anything
+    else ("mn" included, so the client sticks to classic gets)."""
+    key = line[4:] if line.startswith(b"get ") else b"?"
+    parts = FAKE_ANSWERS.get(key, [b"ERROR\r\n"])
+    return parts, FAKE_PAUSE.get(key, 0.001)
 
 
 FAKE_META_ANSWERS: dict[bytes, list[bytes]] = {
@@ -571,15 +546,29 @@ FAKE_META_ANSWERS: dict[bytes, list[bytes]] = {
 }
 
 
-def fake_meta_memcached(sock: socket.socket, stop: list[bool]) -> None:
-    """Answers "mn" with "MN" (so the client uses meta commands) and each "mg <key> v k"
-    with FAKE_META_ANSWERS[key]; a classic get gets ERROR."""
+def meta_answer(line: bytes) -> tuple[list[bytes], float]:
+    """A memcached >= 1.6: "MN" to "mn" (so the client uses meta commands), FAKE_META_ANSWERS
+    for "mg <key> v k", ERROR for a classic get."""
+    words = line.split(b" ")
+    if words == [b"mn"]:
+        return [b"MN\r\n"], 0.001
+    if len(words) == 4 and words[0] == b"mg" and words[2:] == [b"v", b"k"]:
+        return FAKE_META_ANSWERS.get(words[1], [b"EN\r\n"]), 0.001
+    return [b"ERROR\r\n"], 0.001
+
+
+@contextlib.contextmanager
+def fake_server(answer: Callable[[bytes], tuple[list[bytes], float]]) -> Iterator[int]:
+    """A scripted memcached on a free loopback port (yielded): every request line gets the
+    chunks answer(line) gives, a pause between chunks when there are several."""
     import threading
+
+    stop = False
 
     def serve(c: socket.socket) -> None:
         buf = b""
         with c:
-            while not stop[0]:
+            while not stop:
                 try:
                     chunk = c.recv(4096)
                 except OSError:
@@ -589,42 +578,40 @@ def fake_meta_memcached(sock: socket.socket, stop: list[bool]) -> None:
                 buf += chunk
                 while b"\r\n" in buf:
                     line, buf = buf.split(b"\r\n", 1)
-                    words = line.split(b" ")
-                    if words == [b"mn"]:
-                        parts = [b"MN\r\n"]
-                    elif len(words) == 4 and words[0] == b"mg" and words[2:] == [b"v", b"k"]:
-                        parts = FAKE_META_ANSWERS.get(words[1], [b"EN\r\n"])
-                    else:
-                        parts = [b"ERROR\r\n"]
+                    parts, pause = answer(line)
                     for part in parts:
                         try:
                             c.sendall(part)
                         except OSError:
                             return
                         if len(parts) > 1:
-                            time.sleep(0.001)
+                            time.sleep(pause)
 
-    sock.settimeout(0.2)
-    while not stop[0]:
+    def accept(lsock: socket.socket) -> None:
+        lsock.settimeout(0.2)
+        while not stop:
+            try:
+                c, _ = lsock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+    with socket.socket() as lsock:
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(16)
+        t = threading.Thread(target=accept, args=(lsock,), daemon=True)
+        t.start()
         try:
-            c, _ = sock.accept()
-        except OSError:
-            continue
-        threading.Thread(target=serve, args=(c,), daemon=True).start()
+            yield lsock.getsockname()[1]
+        finally:
+            stop = True
+            t.join(2)
 
 
 def scenario_protocol_meta(drv: list[str], tmp: str) -> None:
     """The parser of meta answers, against a fake memcached that says it speaks them."""
-    import threading
-
-    lsock = socket.socket()
-    lsock.bind(("127.0.0.1", 0))
-    lsock.listen(16)
-    stop = [False]
-    t = threading.Thread(target=fake_meta_memcached, args=(lsock, stop), daemon=True)
-    t.start()
-    try:
-        d = Driver(drv, ["-T", "500", "-s", f"127.0.0.1:{lsock.getsockname()[1]}"])
+    with fake_server(meta_answer) as port:
+        d = Driver(drv, ["-T", "500", "-s", f"127.0.0.1:{port}"])
         time.sleep(0.1)  # connected and past the "mn" probe: gets go out as "mg"
         want = {
             "m-split": ("HIT", "hello"),
@@ -657,23 +644,11 @@ def scenario_protocol_meta(drv: list[str], tmp: str) -> None:
             f"protocol meta: pipelined {r}",
         )
         check(d.quit() == 0, "protocol meta: driver exits clean")
-    finally:
-        stop[0] = True
-        t.join(2)
-        lsock.close()
 
 
 def scenario_protocol(drv: list[str], tmp: str) -> None:
-    import threading
-
-    lsock = socket.socket()
-    lsock.bind(("127.0.0.1", 0))
-    lsock.listen(16)
-    stop = [False]
-    t = threading.Thread(target=fake_memcached, args=(lsock, stop), daemon=True)
-    t.start()
-    try:
-        d = Driver(drv, ["-T", "500", "-s", f"127.0.0.1:{lsock.getsockname()[1]}"])
+    with fake_server(classic_answer) as port:
+        d = Driver(drv, ["-T", "500", "-s", f"127.0.0.1:{port}"])
         want = {
             "split": ("HIT", "hello"),
             "cas": ("HIT", "ok"),
@@ -704,7 +679,7 @@ def scenario_protocol(drv: list[str], tmp: str) -> None:
 
         # A server that answers, only slower than the timeout: the late request alone gets
         # TIMEOUT, the connection stays, and a get queued behind it is answered.
-        d = Driver(drv, ["-T", "300", "-s", f"127.0.0.1:{lsock.getsockname()[1]}"])
+        d = Driver(drv, ["-T", "300", "-s", f"127.0.0.1:{port}"])
         r = d.gets(["cas"])  # connected and answering
         d.send("get drip")
         time.sleep(0.2)
@@ -721,10 +696,6 @@ def scenario_protocol(drv: list[str], tmp: str) -> None:
         r = d.gets(["split"])
         check(r["split"][0::2] == ("HIT", "hello"), f"protocol: and it stays in use ({r})")
         check(d.quit() == 0, "protocol: driver exits clean (slow server)")
-    finally:
-        stop[0] = True
-        t.join(2)
-        lsock.close()
 
 
 def main() -> int:

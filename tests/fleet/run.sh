@@ -535,22 +535,22 @@ if [ -f "$REPO/tools/fastpoll_status.py" ]; then
     say "status command: $(tail -1 "$LOGS/status.txt") on 4 hosts"
 fi
 # A memcached node going down shows on every instance's metrics, and comes back.
+# expect_backend_up WANT TRIES WHAT: every poller's fastpoll_backend_up for fp-data1's memcached
+# reaches WANT within TRIES half-second polls.
+expect_backend_up() {
+    local n v
+    for n in "${POLLERS[@]}"; do
+        for _ in $(seq 1 "$2"); do
+            v=$(on "$n" curl -fsS http://127.0.0.1:9101/metrics | awk -v s="${IP[fp-data1]}:11211" 'index($0, "fastpoll_backend_up{") == 1 && index($0, s) {print $NF}')
+            [ "$v" = "$1" ] && break; sleep 0.5
+        done
+        expect "$v" "$1" "$n: fastpoll_backend_up $3"
+    done
+}
 on fp-data1 systemctl stop memcached
-for n in "${POLLERS[@]}"; do
-    for _ in $(seq 1 20); do
-        v=$(on "$n" curl -fsS http://127.0.0.1:9101/metrics | awk -v s="${IP[fp-data1]}:11211" 'index($0, "fastpoll_backend_up{") == 1 && index($0, s) {print $NF}')
-        [ "$v" = 0 ] && break; sleep 0.5
-    done
-    expect "$v" 0 "$n: fastpoll_backend_up of the stopped memcached"
-done
+expect_backend_up 0 20 "of the stopped memcached"
 on fp-data1 systemctl start memcached
-for n in "${POLLERS[@]}"; do
-    for _ in $(seq 1 40); do
-        v=$(on "$n" curl -fsS http://127.0.0.1:9101/metrics | awk -v s="${IP[fp-data1]}:11211" 'index($0, "fastpoll_backend_up{") == 1 && index($0, s) {print $NF}')
-        [ "$v" = 1 ] && break; sleep 0.5
-    done
-    expect "$v" 1 "$n: fastpoll_backend_up after memcached is back"
-done
+expect_backend_up 1 40 "after memcached is back"
 # The restart emptied that node: publish again so the seeded key is a hit wherever it lives.
 # The app's client may still hold the node as failed for a moment (its publish is then
 # "pending" and repaired later, and a miss fills it): poll until the answer comes from the cache.
