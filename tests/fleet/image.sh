@@ -21,6 +21,10 @@ PACKAGES=(
     iproute2 netbase procps curl apache2-utils ca-certificates
     nginx memcached redis-server
     libevent-2.1-7 libmemcached11 libhiredis0.14 libinih1
+    redis-sentinel nftables ssl-cert openssl libpq5
+    postgresql python3-psycopg2
+    prometheus prometheus-node-exporter prometheus-nginx-exporter prometheus-redis-exporter
+    prometheus-postgres-exporter prometheus-node-exporter-collectors mtail
 )
 
 here=$(cd "$(dirname "$0")" && pwd)
