@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 # Debian 12 packages the build, the stack and the tests need.
 APT_PACKAGES := build-essential pkg-config libevent-dev libmemcached-dev libhiredis-dev libinih-dev \
 	uthash-dev libcjson-dev nettle-dev libcmocka-dev memcached redis-server redis-tools nginx curl \
-	apache2-utils wrk python3-venv python3-dev zlib1g-dev
+	apache2-utils wrk python3-venv python3-dev zlib1g-dev postgresql libpq5
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all deps venv build up down status test test-unit test-integration bench bench-quick clean
@@ -54,6 +54,7 @@ status:
 test-unit: venv build
 	$(MAKE) -C poll_server test check
 	$(VENV)/bin/ruff check fallback_app tests loadtests tools
+	cd fallback_app && ../$(VENV)/bin/mypy fastpoll_app
 	$(VENV)/bin/pytest -q fallback_app/tests
 
 test-integration: venv build

@@ -4,8 +4,14 @@ One harness for everyone: `make up` / `make down` call its command line, and the
 tests/conftest.py use the Stack class. It starts memcached (one or more nodes), Redis (with a
 password), the fallback app, one poll server per core and nginx, each on its own port, waits until
 every part answers, and records their pids. Stopping kills exactly those pids, never by name.
+With db="postgresql" it also runs a throwaway PostgreSQL (initdb into its own directory, a free
+loopback port) and the app on it, `apps` app processes behind the same nginx.
+
+The app's write API is private (docs/api.md): nginx does not route it; callers use the app's own
+listener with the bearer token from run_dir/api.token (Stack.api()).
 
     python tests/stack.py up   [--backend memcached|redis] [--http-port 8080] [--pollers N]
+                               [--db sqlite|postgresql] [--apps N]
     python tests/stack.py down
     python tests/stack.py status
 """
@@ -47,6 +53,10 @@ SANITIZER_REPORT = re.compile(
 )
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 DEFAULT_RUN_DIR = ROOT / "run"
+# Debian 12's PostgreSQL server binaries (package postgresql-15); FP_PG_BIN for another one.
+PG_BIN = Path(os.environ.get("FP_PG_BIN", "/usr/lib/postgresql/15/bin"))
+PG_USER = "fastpoll"
+PG_DB = "fastpoll"
 
 
 def _ephemeral_low() -> int:
@@ -150,6 +160,88 @@ def http_status(url: str) -> int:
 
 
 @dataclass
+class Postgres:
+    """A throwaway PostgreSQL server for tests and the local stack: initdb into a directory of
+    its own under /tmp (reachable by the server's user; run_dir may sit in a 0700 directory),
+    password authentication for the role `fastpoll`, TCP on loopback only, no unix socket.
+    As root the server runs as the `postgres` user (it refuses root); otherwise as us.
+    init() and argv() prepare; the caller starts argv() and keeps its pid (Stack._spawn)."""
+
+    port: int
+    password: str
+    data_dir: Path | None = None
+
+    @property
+    def run_as(self) -> str | None:
+        return "postgres" if os.geteuid() == 0 else None
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{PG_USER}@127.0.0.1:{self.port}/{PG_DB}"
+
+    def init(self) -> None:
+        top = Path(tempfile.mkdtemp(prefix="fastpoll-pg-", dir="/tmp"))
+        if self.run_as:
+            shutil.chown(top, self.run_as, self.run_as)
+        pwfile = top / "pw"
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.password + "\n")
+        if self.run_as:
+            shutil.chown(pwfile, self.run_as, self.run_as)
+        self.data_dir = top / "data"
+        r = subprocess.run(
+            [
+                str(PG_BIN / "initdb"), "-D", str(self.data_dir), "-U", PG_USER,
+                "--pwfile", str(pwfile), "--auth", "scram-sha-256", "-E", "UTF8",
+                "--no-locale", "--no-sync",
+            ],
+            user=self.run_as, capture_output=True, text=True, check=False, cwd="/",
+        )  # fmt: skip
+        pwfile.unlink()
+        if r.returncode != 0:
+            raise RuntimeError(f"initdb failed: {r.stderr[-2000:]}")
+
+    def argv(self) -> list[str]:
+        if self.data_dir is None:
+            raise RuntimeError("Postgres.init() first")
+        return [
+            str(PG_BIN / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
+            "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
+            "-c", "max_connections=200", "-c", "shared_buffers=32MB",
+        ]  # fmt: skip
+
+    def ready(self) -> bool:
+        import psycopg
+
+        try:
+            with psycopg.connect(
+                f"host=127.0.0.1 port={self.port} user={PG_USER} dbname=postgres",
+                password=self.password,
+                connect_timeout=1,
+            ):
+                return True
+        except psycopg.OperationalError:
+            return False
+
+    def create_db(self) -> None:
+        import psycopg
+
+        with psycopg.connect(
+            f"host=127.0.0.1 port={self.port} user={PG_USER} dbname=postgres",
+            password=self.password,
+            autocommit=True,
+        ) as conn:
+            conn.execute(f"CREATE DATABASE {PG_DB}")
+
+    def remove(self) -> None:
+        """The data directory; only once the server has stopped."""
+        if self.data_dir is not None:
+            shutil.rmtree(self.data_dir.parent, ignore_errors=True)
+            self.data_dir = None
+
+
+@dataclass
 class Proc:
     name: str
     argv: list[str]
@@ -194,6 +286,13 @@ class Stack:
         default_factory=lambda: os.environ.get("FP_POLLER_UNIX", "1") == "1"
     )
     socket_dir: Path | None = None  # made by poller_socket(), removed by stop()
+    # The app's database: "sqlite" (a file in run_dir, as `make up` runs it) or "postgresql"
+    # (a throwaway server, see Postgres); `apps` app processes share it behind nginx.
+    db: str = "sqlite"
+    apps: int = 1
+    app_ports: list[int] = field(default_factory=list)
+    pg_port: int = 0
+    pg_dir: Path | None = None
     extra_ini: dict[str, dict[str, str]] = field(default_factory=dict)
     nginx_vars: dict[str, object] = field(
         default_factory=dict
@@ -230,7 +329,10 @@ class Stack:
             free_port() for _ in range(self.n_memcached)
         ]
         self.redis_port = self.redis_port or free_port()
-        self.app_port = self.app_port or free_port()
+        self.app_ports = self.app_ports or [free_port() for _ in range(self.apps)]
+        self.app_port = self.app_ports[0]
+        if self.db == "postgresql":
+            self.pg_port = self.pg_port or free_port()
         self.poller_ports = self.poller_ports or [
             free_port() for _ in range(self.n_pollers)
         ]
@@ -258,8 +360,16 @@ class Stack:
                 "password_file": str(self.run_dir / "redis.pass"),
             },
             "log": {"level": "info"},
-            "app": {"database": str(self.run_dir / "fastpoll.db")},
+            "app": {
+                "database": str(self.run_dir / "fastpoll.db"),
+                "api_token_file": str(self.api_token_path),
+            },
         }
+        if self.db == "postgresql":
+            sections["app"]["database"] = (
+                f"postgresql://{PG_USER}@127.0.0.1:{self.pg_port}/{PG_DB}"
+            )
+            sections["app"]["database_password_file"] = str(self.run_dir / "pg.pass")
         if self.signing:
             sections["signing"] = {"secret_file": str(self.secret_path), "ttl": "3600"}
         if self.poller_unix:
@@ -275,6 +385,11 @@ class Stack:
         if not pw.exists():
             pw.write_text(secrets.token_hex(16) + "\n")
         pw.chmod(0o600)
+        for path in (self.api_token_path, self.run_dir / "pg.pass"):
+            if not path.exists():  # created 0600, never wider; random per run_dir
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_hex(32) + "\n")
         if self.signing and not self.secret_path.exists():
             # Created 0600 (never wider, not even for a moment), random per run_dir.
             fd = os.open(self.secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -310,7 +425,7 @@ class Stack:
                     else f"127.0.0.1:{p}"
                     for i, p in enumerate(self.poller_ports)
                 ],
-                "fastpoll_apps": [f"127.0.0.1:{self.app_port}"],
+                "fastpoll_apps": [f"127.0.0.1:{p}" for p in self.app_ports],
                 **(
                     {"fastpoll_status_port": self.nginx_status_port}
                     if self.nginx_status_port
@@ -333,7 +448,12 @@ class Stack:
     # ---- processes -----------------------------------------------------------------------
 
     def _spawn(
-        self, name: str, argv: list[str], port: int = 0, env: dict | None = None
+        self,
+        name: str,
+        argv: list[str],
+        port: int = 0,
+        env: dict | None = None,
+        user: str | None = None,
     ) -> Proc:
         log = open(self.run_dir / f"{name}.log", "ab")  # noqa: SIM115 -- owned by the child
         popen = subprocess.Popen(
@@ -343,6 +463,8 @@ class Stack:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # survives `make up` returning; not hit by terminal ^C
             env={**os.environ, **(env or {})},
+            user=user,
+            cwd="/" if user else None,
         )
         log.close()
         proc = Proc(
@@ -401,7 +523,36 @@ class Stack:
             logs=[self.run_dir / "redis.log"],
         )
 
-    def start_app(self) -> None:
+    def start_postgres(self) -> None:
+        """A fresh server and database for this run, then the app's schema (migrate)."""
+        password = (self.run_dir / "pg.pass").read_text().strip()
+        pg = Postgres(self.pg_port, password)
+        pg.init()
+        self.pg_dir = pg.data_dir
+        self._spawn("postgres", pg.argv(), self.pg_port, user=pg.run_as)
+        wait_for(
+            "postgres",
+            pg.ready,
+            proc=self._popen["postgres"],
+            logs=[self.run_dir / "postgres.log"],
+        )
+        pg.create_db()
+        migrate = subprocess.run(
+            [str(VENV_PYTHON), "-m", "fastpoll_app", "migrate", "--config", str(self.ini_path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if migrate.returncode != 0:
+            raise RuntimeError(f"fastpoll_app migrate failed: {migrate.stderr}")
+
+    @staticmethod
+    def app_name(i: int) -> str:
+        return "app" if i == 0 else f"app-{i}"
+
+    def start_app(self, i: int = 0) -> None:
+        port = self.app_ports[i]
+        name = self.app_name(i)
         argv = [
             str(VENV_PYTHON),
             "-m",
@@ -411,18 +562,43 @@ class Stack:
             "--host",
             "127.0.0.1",
             "--port",
-            str(self.app_port),
+            str(port),
             "--workers",
             str(self.app_workers),
         ]
-        self._spawn("app", argv, self.app_port)
-        url = f"http://127.0.0.1:{self.app_port}/healthz"
+        self._spawn(name, argv, port)
+        url = f"http://127.0.0.1:{port}/healthz"
         wait_for(
-            "app",
+            name,
             lambda: http_status(url) == 200,
             timeout=60,
-            proc=self._popen["app"],
-            logs=[self.run_dir / "app.log"],
+            proc=self._popen[name],
+            logs=[self.run_dir / f"{name}.log"],
+        )
+
+    # ---- the app's private write API -------------------------------------------------------
+
+    @property
+    def api_token_path(self) -> Path:
+        return self.run_dir / "api.token"
+
+    @property
+    def api_token(self) -> str:
+        return self.api_token_path.read_text().strip()
+
+    def app_url(self, i: int = 0) -> str:
+        """App i's own listener: the site's backend calls the write API here, not via nginx."""
+        return f"http://127.0.0.1:{self.app_ports[i]}"
+
+    def api(self, i: int = 0, timeout: float = 10):  # -> httpx.Client
+        """A client of app i's own listener that sends the bearer token, as the site's backend
+        does: `with stack.api() as api: api.post("/api/messages", json={...})`."""
+        import httpx
+
+        return httpx.Client(
+            base_url=self.app_url(i),
+            timeout=timeout,
+            headers={"Authorization": f"Bearer {self.api_token}"},
         )
 
     def poller_socket(self, i: int) -> Path:
@@ -488,7 +664,10 @@ class Stack:
             for i in range(len(self.memcached_ports)):
                 self.start_memcached(i)
             self.start_redis()
-            self.start_app()
+            if self.db == "postgresql":
+                self.start_postgres()
+            for i in range(len(self.app_ports)):
+                self.start_app(i)
             for i in range(len(self.poller_ports)):
                 self.start_poller(i)
             self.start_nginx()
@@ -577,10 +756,16 @@ class Stack:
 
     def stop(self) -> None:
         # nginx first, so no client is sent to a part that is going away.
+        # PostgreSQL last (after the apps) and with SIGINT: its fast shutdown (SIGTERM waits
+        # for every client to leave).
         for name in sorted(
-            self.procs, key=lambda n: (n != "nginx", n.startswith("memcached"), n)
+            self.procs,
+            key=lambda n: (n != "nginx", n == "postgres", n.startswith("memcached"), n),
         ):
-            self.stop_proc(name)
+            self.stop_proc(name, signal.SIGINT if name == "postgres" else signal.SIGTERM)
+        if self.pg_dir is not None:
+            shutil.rmtree(self.pg_dir.parent, ignore_errors=True)
+            self.pg_dir = None
         if self.socket_dir is not None:
             # Empty by now: each poller unlinks its socket on exit.
             shutil.rmtree(self.socket_dir, ignore_errors=True)
@@ -599,6 +784,9 @@ class Stack:
             "admin_ports": {f"poller-{i}": p for i, p in enumerate(self.admin_ports)},
             "nginx_status_port": self.nginx_status_port,
             "app_port": self.app_port,
+            "app_ports": self.app_ports,
+            "db": self.db,
+            "pg_dir": str(self.pg_dir) if self.pg_dir else None,
             "socket_dir": str(self.socket_dir) if self.socket_dir else None,
             "procs": {
                 n: {"pid": p.pid, "port": p.port, "argv": p.argv, "started": p.started}
@@ -616,6 +804,9 @@ class Stack:
         )
         if state.get("socket_dir"):
             stack.socket_dir = Path(state["socket_dir"])
+        if state.get("pg_dir"):
+            stack.pg_dir = Path(state["pg_dir"])
+        stack.db = state.get("db", "sqlite")
         for name, p in state["procs"].items():
             stack.procs[name] = Proc(
                 name=name,
@@ -637,6 +828,10 @@ class Stack:
         stack.poller_ports = ports("poller")
         stack.memcached_ports = ports("memcached")
         stack.app_port = state.get("app_port") or 0
+        stack.app_ports = state.get("app_ports") or [stack.app_port]
+        stack.apps = len(stack.app_ports)
+        if "postgres" in stack.procs:
+            stack.pg_port = stack.procs["postgres"].port
         if "redis" in stack.procs:
             stack.redis_port = stack.procs["redis"].port
         return stack
@@ -694,6 +889,13 @@ def main() -> int:
         default=os.environ.get("FP_SIGNING", "1") == "0",
         help="poll URLs unsigned (peers-only benchmarks); the product signs them",
     )
+    ap.add_argument(
+        "--db",
+        choices=["sqlite", "postgresql"],
+        default=os.environ.get("FP_DB", "sqlite"),
+        help="the app's database (postgresql: a throwaway server in /tmp/fastpoll-pg-*/)",
+    )
+    ap.add_argument("--apps", type=int, default=int(os.environ.get("FP_APPS", "1")))
     args = ap.parse_args()
     # Absolute: nginx gets -p and -c, and a relative -c would be read relative to -p.
     args.run_dir = args.run_dir.resolve()
@@ -735,6 +937,8 @@ def main() -> int:
         signing=not args.no_signing,
         poller_unix=args.poller_unix,
         access_log=os.environ.get("FP_ACCESS_LOG", "0") == "1",
+        db=args.db,
+        apps=args.apps,
     )
     if args.pollers:
         stack.n_pollers = args.pollers
@@ -744,20 +948,22 @@ def main() -> int:
     )
     print(f"  entry point (nginx)  {stack.base_url}/")
     print(f"  poll                 {stack.base_url}{stack.poll_url(1)}")
+    auth = f"-H \"Authorization: Bearer $(cat {stack.api_token_path})\""
     if stack.signing:
         print(
-            f"  signed poll URL      curl -X POST -H 'Content-Type: application/json' "
-            f"-d '{{\"user_id\": 1}}' {stack.base_url}/api/poll-url  (valid 1 h)"
+            f"  signed poll URL      curl -X POST {auth} -H 'Content-Type: application/json' "
+            f"-d '{{\"user_id\": 1}}' {stack.app_url()}/api/poll-url  (valid 1 h)"
         )
     print(
-        f"  publish              curl -X POST -H 'Content-Type: application/json' "
-        f'-d \'{{"user_id": 1, "text": "hi"}}\' {stack.base_url}/api/messages'
+        f"  publish              curl -X POST {auth} -H 'Content-Type: application/json' "
+        f'-d \'{{"user_id": 1, "text": "hi"}}\' {stack.app_url()}/api/messages'
     )
     print(
         f"  poll servers         {', '.join(f'127.0.0.1:{p}' for p in stack.poller_ports)}"
     )
     print(
-        f"  fallback app         http://127.0.0.1:{stack.app_port}/  (metrics: /metrics)"
+        f"  fallback app         {', '.join(stack.app_url(i) for i in range(stack.apps))}  "
+        f"({stack.db}; metrics: /metrics; write API token in {stack.api_token_path})"
     )
     if stack.admin_ports:
         print(

@@ -1,11 +1,14 @@
-"""Command line: python -m fastpoll_app --config FILE [--host H] [--port N] [--workers N]."""
+"""Command line:
+
+    python -m fastpoll_app --config FILE [--host H] [--port N] [--workers N] [--check]
+    python -m fastpoll_app migrate [--config FILE]   (create or upgrade the database's schema)
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import shutil
-import sqlite3
 import sys
 import tempfile
 from pathlib import Path
@@ -56,7 +59,43 @@ def metrics_dir() -> tuple[Path, bool]:
     return path, not given
 
 
+def migrate(argv: list[str]) -> int:
+    """Bring the database named by [app] database to this app's schema; idempotent."""
+    p = argparse.ArgumentParser(prog="fastpoll_app migrate", description=migrate.__doc__)
+    p.add_argument(
+        "--config",
+        "-c",
+        default=os.environ.get(config.CONFIG_ENV),
+        help="INI file (default: $FASTPOLL_CONFIG)",
+    )
+    args = p.parse_args(argv)
+    try:
+        settings = config.load(args.config)
+    except config.ConfigError as exc:
+        print(f"fastpoll_app: {exc}", file=sys.stderr)
+        return 1
+    from .store import SCHEMA_VERSION, StoreError, open_store
+
+    try:
+        store = open_store(settings.app, check_schema=False)
+        try:
+            was = store.migrate()
+        finally:
+            store.close()
+    except StoreError as exc:
+        print(f"fastpoll_app: [app] database {settings.app.database}: {exc}", file=sys.stderr)
+        return 1
+    if was == SCHEMA_VERSION:
+        print(f"fastpoll_app: schema already at version {SCHEMA_VERSION}", file=sys.stderr)
+    else:
+        print(f"fastpoll_app: schema migrated {was} -> {SCHEMA_VERSION}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["migrate"]:
+        return migrate(argv[1:])
     p = argparse.ArgumentParser(prog="fastpoll_app", description=__doc__)
     p.add_argument(
         "--config",
@@ -90,11 +129,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, settings: config.Settings) -> int:
     from .protocol import NoDelayH11Protocol
-    from .store import Store  # imports the metrics: only once their directory is set
+    from .store import StoreError, open_store  # imports the metrics: once their dir is set
 
     try:
-        Store(settings.app.database).close()  # creates the schema; fails early on a bad path
-    except sqlite3.Error as exc:
+        # SQLite: creates or upgrades the schema. PostgreSQL: connects and checks that
+        # `migrate` was run. Either fails here, once, with the reason.
+        open_store(settings.app).close()
+    except StoreError as exc:
         print(f"fastpoll_app: [app] database {settings.app.database}: {exc}", file=sys.stderr)
         return 1
     if args.check:

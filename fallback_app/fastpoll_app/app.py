@@ -1,7 +1,9 @@
 """The ASGI application (Starlette): poll fallback and the messages API.
 
-Handlers are async only to read bodies; every SQLite/cache call goes through
-run_in_threadpool so the event loop never blocks on them.
+Handlers are async only to read bodies; every database/cache call goes through
+run_in_threadpool so the event loop never blocks on them. Request bodies are checked by
+pydantic models (strict: no coercion, no unknown fields); json's object_pairs_hook refuses
+duplicate keys, which json.loads would silently resolve to the last one.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Annotated, TypeVar
 from urllib.parse import parse_qsl
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -27,7 +31,7 @@ from . import __version__, config, metrics, signing
 from .cache import make_cache
 from .config import Settings
 from .service import POLL_PATH, FastPoll
-from .store import Store
+from .store import IdempotencyConflict, open_store
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,59 @@ MAX_USER_ID = 2**63 - 1
 MIN_PUBLISH_TIMEOUT_MS = 1000
 
 _DIGITS = re.compile(r"[0-9]{1,19}")
+# Printable ASCII, no spaces: what a client can put in a header without escaping.
+_IDEM_KEY = re.compile(r"[\x21-\x7e]{1,128}")
+_JSON_TYPE = re.compile(r"application/json\s*(;.*)?", re.IGNORECASE)
+
+UserId = Annotated[int, Field(ge=0, le=MAX_USER_ID)]
+
+
+class _Body(BaseModel):
+    # strict: true is not a user id, nor "42" or 42.0; forbid: an unknown field is an error.
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class PublishBody(_Body):
+    user_id: UserId
+    text: Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be only whitespace")
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("is not valid Unicode (lone surrogate)") from None
+        return v
+
+
+class ReadBody(_Body):
+    user_id: UserId
+    # Required: a message published after the client's last poll must not be marked read
+    # unseen, so the client names the newest id it has shown.
+    up_to_id: Annotated[int, Field(ge=0, le=MAX_USER_ID)]
+
+
+class PollUrlBody(_Body):
+    user_id: UserId
+
+
+B = TypeVar("B", bound=_Body)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    doc: dict[str, object] = {}
+    for k, v in pairs:
+        if k in doc:
+            raise _DuplicateKey(k)
+        doc[k] = v
+    return doc
 
 
 def _error(status: int, message: str) -> HTTPException:
@@ -77,53 +134,41 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return bytes(buf)
 
 
-def _json_object(body: bytes) -> dict[str, object]:
+def _parse(body: bytes, model: type[B]) -> B:
+    """The body as `model`, or a 400 that says what is wrong."""
     try:
-        doc = json.loads(body.decode("utf-8"))
+        doc = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as exc:
+        raise _error(400, f"duplicate key '{exc}' in the JSON object") from None
+    except RecursionError:
+        raise _error(400, "JSON nested too deeply") from None
     except (UnicodeDecodeError, ValueError):
         raise _error(400, "body must be a JSON object (UTF-8)") from None
     if not isinstance(doc, dict):
         raise _error(400, "body must be a JSON object")
-    return doc
-
-
-def _fields(doc: dict[str, object], required: tuple[str, ...]) -> None:
-    unknown = sorted(set(doc) - set(required))
-    if unknown:
-        raise _error(400, f"unknown field '{unknown[0]}'")
-    for name in required:
-        if name not in doc:
-            raise _error(400, f"missing field '{name}'")
-
-
-def _json_user_id(doc: dict[str, object]) -> int:
-    v = doc["user_id"]
-    # bool is an int subclass: true must not become user 1.
-    if type(v) is not int or not 0 <= v <= MAX_USER_ID:
-        raise _error(400, "user_id must be a non-negative integer")
-    return v
-
-
-def _json_text(doc: dict[str, object]) -> str:
-    v = doc["text"]
-    if not isinstance(v, str):
-        raise _error(400, "text must be a string")
-    if not v.strip():
-        raise _error(400, "text must not be empty")
-    if len(v) > MAX_TEXT_CHARS:
-        raise _error(400, f"text longer than {MAX_TEXT_CHARS} characters")
     try:
-        v.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _error(400, "text is not valid Unicode (lone surrogate)") from None
-    return v
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise _error(400, f"{where}: {first['msg']}") from None
+    except RecursionError:
+        raise _error(400, "JSON nested too deeply") from None
+
+
+def _check_json_type(request: Request) -> None:
+    ctype = request.headers.get("content-type", "")
+    if not _JSON_TYPE.fullmatch(ctype.strip()):
+        raise _error(415, "Content-Type must be application/json")
 
 
 def create_app(settings: Settings | None = None) -> Starlette:
     """Build the app; without settings, read the file named by $FASTPOLL_CONFIG."""
     if settings is None:
         settings = config.load()
-    store = Store(settings.app.database)
+    store = open_store(settings.app)
+    metrics.set_config_sha256(settings.sha256)
+    api_token = config.read_api_token(settings.app)
     timeout = settings.cache.timeout_ms
     fp = FastPoll(
         settings,
@@ -167,33 +212,45 @@ def create_app(settings: Settings | None = None) -> Starlette:
             return Response(b"", headers=headers)
         return Response(answer, headers=headers)
 
+    async def api_body(request: Request, model: type[B]) -> B:
+        """The write API's checks, in order: the bearer token (before the body is read),
+        the Content-Type, the size, the JSON, the fields."""
+        if api_token is not None:
+            scheme, _, given = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not config.token_matches(api_token, given.strip()):
+                raise HTTPException(
+                    401, "missing or invalid bearer token", {"WWW-Authenticate": "Bearer"}
+                )
+        _check_json_type(request)
+        return _parse(await _read_body(request, limit), model)
+
     async def post_message(request: Request) -> Response:
-        doc = _json_object(await _read_body(request, limit))
-        _fields(doc, ("user_id", "text"))
-        user_id, text = _json_user_id(doc), _json_text(doc)
-        msg, written = await run_in_threadpool(fp.publish, user_id, text)
-        return JSONResponse(
-            msg.as_json(),
-            status_code=201,
-            headers={"X-Cache-Publish": "ok" if written else "pending"},
-        )
+        body = await api_body(request, PublishBody)
+        idem_key = request.headers.get("idempotency-key")
+        if idem_key is not None and not _IDEM_KEY.fullmatch(idem_key):
+            raise _error(400, "Idempotency-Key must be 1-128 printable ASCII characters")
+        try:
+            msg, written = await run_in_threadpool(fp.publish, body.user_id, body.text, idem_key)
+        except IdempotencyConflict:
+            raise _error(409, "Idempotency-Key already used for another message") from None
+        if written is None:
+            headers = {"Idempotent-Replayed": "true"}
+        else:
+            headers = {"X-Cache-Publish": "ok" if written else "pending"}
+        return JSONResponse(msg.as_json(), status_code=201, headers=headers)
 
     async def mark_read(request: Request) -> Response:
-        doc = _json_object(await _read_body(request, limit))
-        _fields(doc, ("user_id",))
-        user_id = _json_user_id(doc)
-        count, written = await run_in_threadpool(fp.mark_read, user_id)
+        body = await api_body(request, ReadBody)
+        count, written = await run_in_threadpool(fp.mark_read, body.user_id, body.up_to_id)
         return JSONResponse(
-            {"user_id": user_id, "marked_read": count},
+            {"user_id": body.user_id, "marked_read": count},
             headers={"X-Cache-Publish": "ok" if written else "pending"},
         )
 
     async def poll_url(request: Request) -> Response:
-        # The seam where the application authenticates the user: the demo API has
-        # no user accounts and trusts its caller, as POST /api/messages does.
-        doc = _json_object(await _read_body(request, limit))
-        _fields(doc, ("user_id",))
-        user_id = _json_user_id(doc)
+        # The seam where the site's backend, which authenticated the user, asks for that
+        # user's URL; with [app] api_token_file only that backend can call it.
+        user_id = (await api_body(request, PollUrlBody)).user_id
         path = MOUNT + POLL_PATH + b"?user_id=%d" % user_id
         exp = int(time.time()) + settings.signing.ttl
         if secrets:
@@ -204,7 +261,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         )
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", "config_sha256": settings.sha256})
 
     async def metrics_page(request: Request) -> Response:
         # Not through nginx (its public server answers 404 for /metrics): scraped directly.
@@ -212,7 +269,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         return Response(body, headers={"Content-Type": content_type})
 
     async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
+        if not isinstance(exc, HTTPException):
+            return await server_error(request, exc)
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
     async def server_error(request: Request, exc: Exception) -> Response:
@@ -227,9 +285,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
             else settings.redis.server
         )
         log.info(
-            "fastpoll_app %s: database %s, cache %s %s, ttl %ss, config %s",
+            "fastpoll_app %s: database %s (%s), cache %s %s, ttl %ss, config %s",
             __version__,
             settings.app.database,
+            store.kind,
             settings.cache.backend,
             where,
             settings.cache.ttl,

@@ -1,13 +1,17 @@
 """Cache backends the app writes poll answers to.
 
-Two writes, two meanings (docs/api.md, "No stale answer"):
-- fill(key, value): store only if absent (memcached `add`, Redis `SET NX`).
-  A poll answer computed from a possibly older snapshot may never overwrite.
-- publish(key, value): store unconditionally (memcached `set`, Redis `SET`).
-  Only done by writers holding the database write lock.
+Two writes, two meanings (docs/api.md, "No stale answer"), both conditional, so a write that
+lands late (a timed-out request a hung node applies later) can never replace a newer answer:
+- fill(key, value, version): store only if absent (memcached `add`; Redis: a script that also
+  refuses a version older than the one kept beside the value).
+- put(key, value, version): replace the answer. memcached: `gets`, then `cas` with the unique
+  it returned (or `add` if absent); any write in between, late or not, changes the unique and
+  the `cas` fails, so put reads again and retries. Redis: a script compares `version` with the
+  one stored under `key#v` and writes both only if it is not older.
+Callers hold the user's order (store.user) around both.
 
-Values are raw bytes (memcached flags 0), so the poll server returns them as
-they are. Every failure is raised as CacheError; callers decide what it means.
+Values are raw bytes (memcached flags 0), exactly what the poll server serves: the version never
+enters the value. Every failure is raised as CacheError; callers decide what it means.
 """
 
 from __future__ import annotations
@@ -31,12 +35,20 @@ class CacheError(Exception):
     """The cache could not be read or written."""
 
 
+# Tries of put's gets/cas round before it gives up (each lost race means another write, late
+# or from a fill, changed the key in between; under the user's order that is rare).
+PUT_TRIES = 5
+VERSION_SUFFIX = b"#v"  # never in a poll key: '#' is escaped by the key scheme (docs/keys.md)
+
+
 class Cache(Protocol):
-    def fill(self, key: bytes, value: bytes) -> bool:
+    def fill(self, key: bytes, value: bytes, version: int) -> bool:
         """Store if absent; True if stored, False if the key already existed."""
         ...
 
-    def publish(self, key: bytes, value: bytes) -> None: ...
+    def put(self, key: bytes, value: bytes, version: int) -> None:
+        """Make `value` the cached answer unless a newer one is there; CacheError if unsure."""
+        ...
 
     def get(self, key: bytes) -> bytes | None: ...
 
@@ -62,26 +74,34 @@ class MemcachedCache:
             "_poll_timeout": timeout_ms,
             "send_timeout": timeout_ms * 1000,  # microseconds
             "receive_timeout": timeout_ms * 1000,
+            "cas": True,  # gets returns the CAS unique that put's cas needs
         }
         self._master = pylibmc.Client(list(servers), binary=False, behaviors=behaviors)
         # pylibmc clients are not thread-safe: one clone per threadpool thread.
         self._pool = pylibmc.ThreadMappedPool(self._master)
 
-    def fill(self, key: bytes, value: bytes) -> bool:
+    def fill(self, key: bytes, value: bytes, version: int) -> bool:
         try:
             with self._pool.reserve() as mc:
                 return bool(mc.add(key, value, time=self._ttl))
         except pylibmc.Error as exc:
             raise CacheError(f"memcached add: {exc}") from exc
 
-    def publish(self, key: bytes, value: bytes) -> None:
+    def put(self, key: bytes, value: bytes, version: int) -> None:
         try:
             with self._pool.reserve() as mc:
-                ok = mc.set(key, value, time=self._ttl)
+                for _ in range(PUT_TRIES):
+                    current, unique = mc.gets(key)
+                    if current is None:
+                        if mc.add(key, value, time=self._ttl):
+                            return
+                    elif bytes(current) == value:
+                        return  # already the answer; a late older write would fail its cas
+                    elif mc.cas(key, value, unique, time=self._ttl):
+                        return
         except pylibmc.Error as exc:
-            raise CacheError(f"memcached set: {exc}") from exc
-        if not ok:
-            raise CacheError("memcached set: not stored")
+            raise CacheError(f"memcached gets/cas: {exc}") from exc
+        raise CacheError(f"memcached cas: lost the race {PUT_TRIES} times")
 
     def get(self, key: bytes) -> bytes | None:
         try:
@@ -103,8 +123,29 @@ class MemcachedCache:
         self._master.disconnect_all()
 
 
+# KEYS: the answer's key, its version's key. ARGV: value, version, ttl (0: none).
+_REDIS_PUT = """
+local cur = tonumber(redis.call('GET', KEYS[2]) or '-1')
+if tonumber(ARGV[2]) < cur then return 0 end
+if ARGV[3] == '0' then
+  redis.call('SET', KEYS[1], ARGV[1]); redis.call('SET', KEYS[2], ARGV[2])
+else
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+  redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+end
+return 1
+"""
+_REDIS_FILL = (
+    """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+"""
+    + _REDIS_PUT
+)
+
+
 class RedisCache:
-    """Redis through redis-py (its connection pool is thread-safe)."""
+    """Redis through redis-py (its connection pool is thread-safe). The answer's version is kept
+    under `key#v`, beside the value, and compared by a server-side script (one atomic step)."""
 
     def __init__(self, settings: RedisSettings, ttl: int, timeout_ms: int) -> None:
         self._ttl = ttl or None  # 0 = no expiry
@@ -112,6 +153,7 @@ class RedisCache:
         common: dict[str, object] = {
             "db": settings.db,
             "password": read_password(settings),
+            "username": settings.username,
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
             # One immediate retry: a pooled connection to a restarted server
@@ -123,20 +165,25 @@ class RedisCache:
         else:
             host, port = settings.host_port
             self._r = redis.Redis(host=host, port=port, **common)  # type: ignore[arg-type]
+        self._put = self._r.register_script(_REDIS_PUT)
+        self._fill = self._r.register_script(_REDIS_FILL)
+        self._ttl_arg = str(ttl)
 
-    def fill(self, key: bytes, value: bytes) -> bool:
+    def fill(self, key: bytes, value: bytes, version: int) -> bool:
         try:
-            return bool(self._r.set(key, value, nx=True, ex=self._ttl))
+            done = self._fill(
+                keys=[key, key + VERSION_SUFFIX], args=[value, version, self._ttl_arg]
+            )
         except redis.RedisError as exc:
-            raise CacheError(f"redis SET NX: {exc}") from exc
+            raise CacheError(f"redis fill script: {exc}") from exc
+        return bool(done)
 
-    def publish(self, key: bytes, value: bytes) -> None:
+    def put(self, key: bytes, value: bytes, version: int) -> None:
+        # 0 (a newer version is cached) is success too: the cache is not older than ours.
         try:
-            ok = self._r.set(key, value, ex=self._ttl)
+            self._put(keys=[key, key + VERSION_SUFFIX], args=[value, version, self._ttl_arg])
         except redis.RedisError as exc:
-            raise CacheError(f"redis SET: {exc}") from exc
-        if not ok:
-            raise CacheError("redis SET: not stored")
+            raise CacheError(f"redis put script: {exc}") from exc
 
     def get(self, key: bytes) -> bytes | None:
         try:

@@ -10,10 +10,14 @@ may be repeated to append (configparser can do neither).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from . import signing
 
@@ -25,6 +29,10 @@ MAX_PREFIX = 64
 # Debian's libinih reads lines into a 200-byte buffer (newline and NUL
 # included): a longer line is an error for the poll server, so for us too.
 MAX_LINE = 198
+# The poll server's FP_MAX_PARAMS (poll_server/src/settings.h).
+MAX_PARAMS = 16
+API_TOKEN_MIN = 16
+API_TOKEN_MAX = 1024
 
 _IGNORED_SECTIONS = frozenset({"server", "admin", "log"})
 _PARAM_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -61,6 +69,7 @@ class RedisSettings:
     server: str = "127.0.0.1:6379"
     password_file: str | None = None
     db: int = 0
+    username: str | None = None  # a Redis ACL user (AUTH username password)
 
     @property
     def unix_path(self) -> str | None:
@@ -80,8 +89,16 @@ class SigningSettings:
 
 @dataclass(frozen=True)
 class AppSettings:
+    # A SQLite file path, or postgresql://user@host:port/dbname (docs/api.md, "Stores").
     database: str = "fastpoll.db"
     max_body_size: int = 65536
+    database_password_file: str | None = None
+    # None: the write API is open to whoever reaches the app's listener.
+    api_token_file: str | None = None
+
+    @property
+    def is_postgresql(self) -> bool:
+        return is_postgresql_url(self.database)
 
 
 @dataclass(frozen=True)
@@ -93,6 +110,9 @@ class Settings:
     app: AppSettings = field(default_factory=AppSettings)
     signing: SigningSettings = field(default_factory=SigningSettings)
     source: str = "(defaults)"
+    # Hex SHA-256 of the file's bytes as read (of b"" without a file): /healthz and /metrics
+    # report it so a deploy can tell a running app whose config differs from the file.
+    sha256: str = hashlib.sha256(b"").hexdigest()
 
 
 @dataclass
@@ -114,8 +134,13 @@ _KNOWN: dict[str, dict[str, bool]] = {
     "keys": {"prefix": False, "params": False},
     "cache": {"backend": False, "timeout_ms": False, "content_type": False, "ttl": False},
     "memcached": {"servers": True},
-    "redis": {"server": False, "password_file": False, "db": False},
-    "app": {"database": False, "max_body_size": False},
+    "redis": {"server": False, "password_file": False, "db": False, "username": False},
+    "app": {
+        "database": False,
+        "max_body_size": False,
+        "database_password_file": False,
+        "api_token_file": False,
+    },
     "signing": {"secret_file": False, "ttl": False},
 }
 
@@ -189,6 +214,8 @@ def _keys(sec: dict[str, list[_Entry]], rd: _Reader) -> KeySettings:
         prefix = raw
     if e := _one(sec, "params"):
         names = [n for n in _SPLIT_RE.split(e.value) if n]
+        if len(set(names)) > MAX_PARAMS:
+            raise rd.error(e.line, f"[keys] params: more than {MAX_PARAMS} parameters")
         for n in names:
             if not _PARAM_RE.fullmatch(n):
                 raise rd.error(e.line, f"[keys] params: bad parameter name {n!r}")
@@ -255,19 +282,99 @@ def _redis(sec: dict[str, list[_Entry]], rd: _Reader) -> RedisSettings:
         password_file = e.value
     if e := _one(sec, "db"):
         db = _int(e, rd, "[redis] db", 0, 65535)
-    return RedisSettings(server, password_file, db)
+    username = None
+    if (e := _one(sec, "username")) and e.value:
+        if any(not 0x21 <= ord(c) <= 0x7E for c in e.value):
+            raise rd.error(e.line, "[redis] username must be printable ASCII without spaces")
+        username = e.value
+    return RedisSettings(server, password_file, db, username)
+
+
+def is_postgresql_url(database: str) -> bool:
+    return database.startswith(("postgresql://", "postgres://"))
+
+
+def _check_postgresql_url(url: str) -> str | None:
+    """Why a postgresql:// URL is unusable, or None."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"malformed URL: {exc}"
+    if parts.password is not None:
+        return "no password in the URL (it would show in logs and ps): use database_password_file"
+    if not parts.hostname:
+        return "the URL needs a host: postgresql://user@host:port/dbname"
+    if not parts.username:
+        return "the URL needs a user: postgresql://user@host:port/dbname"
+    if parts.path.strip("/") == "" or "/" in parts.path.strip("/"):
+        return "the URL needs a database name: postgresql://user@host:port/dbname"
+    if port is not None and not 1 <= port <= 65535:
+        return "port out of range"
+    return None
+
+
+def read_secret_file(path: str, what: str, min_len: int = 1) -> str:
+    """The first line of a secret file that is a regular file, not readable by others and
+    not writable by the group (0600 or 0640, like the signing key). ValueError says why not;
+    it never shows the secret."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"{what} {path}: not a regular file")
+            if st.st_mode & (stat.S_IWGRP | stat.S_IRWXO):
+                raise ValueError(
+                    f"{what} {path}: mode {stat.S_IMODE(st.st_mode):04o}: must not be readable "
+                    "by others nor writable by the group (use 0600 or 0640)"
+                )
+            data = f.read(API_TOKEN_MAX + 2)
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: cannot read: {exc.strerror}") from None
+    line = data.split(b"\n", 1)[0].removesuffix(b"\r")
+    if not line:
+        raise ValueError(f"{what} {path}: empty (the secret is the first line)")
+    if not min_len <= len(line) <= API_TOKEN_MAX:
+        raise ValueError(f"{what} {path}: the secret must be {min_len}..{API_TOKEN_MAX} bytes")
+    if any(not 0x21 <= c <= 0x7E for c in line):
+        raise ValueError(
+            f"{what} {path}: only printable ASCII without spaces (e.g. openssl rand -hex 32)"
+        )
+    return line.decode("ascii")
+
+
+def token_matches(expected: str, given: str) -> bool:
+    """Constant-time comparison of a bearer token."""
+    return hmac.compare_digest(expected.encode(), given.encode("utf-8", "surrogateescape"))
 
 
 def _app(sec: dict[str, list[_Entry]], rd: _Reader) -> AppSettings:
     d = AppSettings()
     database, max_body_size = d.database, d.max_body_size
+    password_file, api_token_file = d.database_password_file, d.api_token_file
     if e := _one(sec, "database"):
         if not e.value:
             raise rd.error(e.line, "[app] database must not be empty")
+        if is_postgresql_url(e.value) and (why := _check_postgresql_url(e.value)):
+            raise rd.error(e.line, f"[app] database: {why}")
         database = e.value
     if e := _one(sec, "max_body_size"):
         max_body_size = _int(e, rd, "[app] max_body_size", 1, 64 * 1024 * 1024)
-    return AppSettings(database, max_body_size)
+    if (e := _one(sec, "database_password_file")) and e.value:
+        if not is_postgresql_url(database):
+            raise rd.error(e.line, "[app] database_password_file is for a postgresql:// database")
+        try:
+            read_secret_file(e.value, "[app] database_password_file")
+        except ValueError as exc:
+            raise rd.error(e.line, str(exc)) from None
+        password_file = e.value
+    if (e := _one(sec, "api_token_file")) and e.value:
+        try:
+            read_secret_file(e.value, "[app] api_token_file", API_TOKEN_MIN)
+        except ValueError as exc:
+            raise rd.error(e.line, str(exc)) from None
+        api_token_file = e.value
+    return AppSettings(database, max_body_size, password_file, api_token_file)
 
 
 def _signing(sec: dict[str, list[_Entry]], rd: _Reader) -> SigningSettings:
@@ -289,7 +396,7 @@ def _one(sec: dict[str, list[_Entry]], key: str) -> _Entry | None:
     return entries[-1] if entries else None
 
 
-def parse(text: str, source: str = "<string>") -> Settings:
+def parse(text: str, source: str = "<string>", sha256: str | None = None) -> Settings:
     """Parse config text; raise ConfigError naming line and key on any problem."""
     rd = _Reader(source)
     secs = _parse_lines(text, rd)
@@ -301,6 +408,7 @@ def parse(text: str, source: str = "<string>") -> Settings:
         app=_app(secs.get("app", {}), rd),
         signing=_signing(secs.get("signing", {}), rd),
         source=source,
+        sha256=sha256 or hashlib.sha256(text.encode("utf-8")).hexdigest(),
     )
 
 
@@ -311,10 +419,11 @@ def load(path: str | os.PathLike[str] | None = None) -> Settings:
     if path is None:
         return Settings()
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}") from None
-    return parse(text, str(path))
+    return parse(text, str(path), hashlib.sha256(data).hexdigest())
 
 
 def read_password(settings: RedisSettings) -> str | None:
@@ -323,3 +432,17 @@ def read_password(settings: RedisSettings) -> str | None:
         return None
     lines = Path(settings.password_file).read_text(encoding="utf-8").splitlines()
     return lines[0] if lines else ""
+
+
+def read_database_password(settings: AppSettings) -> str | None:
+    """First line of [app] database_password_file, or None."""
+    if not settings.database_password_file:
+        return None
+    return read_secret_file(settings.database_password_file, "[app] database_password_file")
+
+
+def read_api_token(settings: AppSettings) -> str | None:
+    """The bearer token of the write API, or None when [app] api_token_file is not set."""
+    if not settings.api_token_file:
+        return None
+    return read_secret_file(settings.api_token_file, "[app] api_token_file", API_TOKEN_MIN)

@@ -73,8 +73,9 @@ REPAIRS = Counter(
 )
 REPAIR_PENDING = Gauge(
     "fastpoll_app_repair_pending",
-    "Users whose cached answer may be stale and awaits repair (summed over live workers).",
-    multiprocess_mode="livesum",
+    "Outbox backlog: users whose cached answer awaits a (repeated) write, every app host's "
+    "(rows in the database's outbox, as counted by the last repair round). Alert if it grows.",
+    multiprocess_mode="livemax",
 )
 CACHE_SECONDS = Histogram(
     "fastpoll_app_cache_seconds",
@@ -84,8 +85,8 @@ CACHE_SECONDS = Histogram(
 )
 DB_SECONDS = Histogram(
     "fastpoll_app_db_seconds",
-    "SQLite time: read (a poll answer), begin (BEGIN IMMEDIATE, i.e. waiting for the write "
-    "lock), commit.",
+    "Database time: read (a poll answer); SQLite also begin (BEGIN IMMEDIATE, i.e. waiting "
+    "for the write lock) and commit.",
     ["op"],
     buckets=_FAST_BUCKETS,
 )
@@ -126,15 +127,35 @@ def _drop_dead_workers(path: str) -> None:
             pass  # alive, another user's: not ours to judge
 
 
+_config_sha256 = ""
+
+
+def set_config_sha256(sha256: str) -> None:
+    global _config_sha256
+    _config_sha256 = sha256
+
+
+def _config_info() -> bytes:
+    """fastpoll_config_info{sha256="<hex>"} 1: the config this worker read at start (a deploy
+    compares it with the file's to know the app must restart)."""
+    if not _config_sha256:
+        return b""
+    return (
+        b"# HELP fastpoll_config_info SHA-256 of the config file the app read at start.\n"
+        b"# TYPE fastpoll_config_info gauge\n"
+        b'fastpoll_config_info{sha256="' + _config_sha256.encode() + b'"} 1\n'
+    )
+
+
 def render() -> tuple[bytes, str]:
     """The exposition for GET /metrics, and its content type."""
     path = os.environ.get(MULTIPROC_ENV)
     if not path:
-        return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+        return generate_latest(REGISTRY) + _config_info(), CONTENT_TYPE_LATEST
     _drop_dead_workers(path)
     registry = CollectorRegistry()
     _mp.MultiProcessCollector(registry, path)
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(registry) + _config_info(), CONTENT_TYPE_LATEST
 
 
 def started() -> None:

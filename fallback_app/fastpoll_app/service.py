@@ -1,27 +1,31 @@
 """Poll, publish and mark-read, with the cache kept free of stale answers.
 
-All methods block (SQLite, pylibmc, redis-py): call them from a threadpool.
+All methods block (database, pylibmc, redis-py): call them from a threadpool.
 The ordering rules are explained in docs/api.md ("No stale answer").
 """
 
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from .cache import Cache, CacheError, RateLimitedLog
 from .config import Settings
 from .keys import InvalidKey, derive_key
 from .metrics import CACHE_FILLS, CACHE_SECONDS, PUBLISHES, REPAIR_PENDING, REPAIRS, Timer
-from .store import Message, Store, Tx
+from .store import Message, Snapshot, Store, StoreError, Tx, UserSession
 
 log = logging.getLogger(__name__)
 
 POLL_PATH = b"/getMessages"
 REPAIR_INTERVAL = 1.0
+# Outbox rows one repair round takes, and how many it repairs at once: a hung node's keys each
+# wait for the cache timeout, in parallel, so they do not hold up the keys of healthy nodes.
+REPAIR_BATCH = 64
+REPAIR_THREADS = 4
 
 T = TypeVar("T")
 
@@ -35,12 +39,9 @@ class FastPoll:
         self._fill = fill_cache
         self._publish = publish_cache
         self._warn = RateLimitedLog(log)
-        # Users whose cached answer may be stale because a publish could not
-        # reach the cache; rewritten by the repair thread until it succeeds.
-        self._pending: set[int] = set()
-        self._pending_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._repairers: ThreadPoolExecutor | None = None
 
     # -- keys -------------------------------------------------------------
 
@@ -55,13 +56,14 @@ class FastPoll:
     def user_key(self, user_id: int) -> bytes:
         """The one key of user_id's answer: the only key the app ever writes."""
         key = self.derive(POLL_PATH + b"?user_id=%d" % user_id)
-        assert key is not None  # digits only, far below 250 bytes
+        if key is None:  # digits only, far below 250 bytes: cannot happen
+            raise ValueError(f"no cache key for user {user_id}")
         return key
 
     # -- poll -------------------------------------------------------------
 
     def poll(self, user_id: int, key: bytes | None) -> bytes:
-        """Answer a poll from SQLite and fill the cache with `add`.
+        """Answer a poll from the database and fill the cache with `add`.
 
         Only the user's canonical key is filled. Another key (an extra keyed
         parameter, `user_id=007`) is answered but not cached: publish could
@@ -70,113 +72,110 @@ class FastPoll:
         if key is None or key != self.user_key(user_id):
             CACHE_FILLS.labels("skipped").inc()
             return self.store.poll_answer(user_id)
-        # Under the user's lock, so no write can commit and `set` between our read and our `add`
-        # (the key may have been evicted, and the `add` would then store the older answer).
-        with self.store.user_lock(user_id):
-            answer = self.store.poll_answer(user_id)
+        # In the user's order, so no write can commit and write the cache between our read and
+        # our `add` (the key may have been evicted, and the `add` would store the older answer).
+        with self.store.user(user_id) as session:
+            snap: Snapshot = session.snapshot()
             try:
                 with Timer(CACHE_SECONDS, "fill"):
-                    stored = self._fill.fill(key, answer)
+                    stored = self._fill.fill(key, snap.answer, snap.version)
                 CACHE_FILLS.labels("stored" if stored else "exists").inc()
             except CacheError as exc:
                 CACHE_FILLS.labels("error").inc()
                 self._warn.warning("fill", f"cache fill failed, answered without caching: {exc}")
-        return answer
+        return snap.answer
 
     # -- writers ------------------------------------------------------------
 
-    def publish(self, user_id: int, text: str) -> tuple[Message, bool]:
+    def publish(
+        self, user_id: int, text: str, idem_key: str | None = None
+    ) -> tuple[Message, bool | None]:
         """Store a message and rewrite the user's cached answer.
 
-        Returns (message, cache_written).
+        Returns (message, cache_written); cache_written is None for an idempotent replay (the
+        message was stored before; nothing changed now).
         """
-        return self._write(user_id, lambda tx: tx.add_message(user_id, text))
+        replay: list[bool] = []
 
-    def mark_read(self, user_id: int) -> tuple[int, bool]:
-        """Mark the user's messages read; returns (count, cache_written)."""
-        return self._write(user_id, lambda tx: tx.mark_read(user_id))
+        def change(tx: Tx) -> Message:
+            msg, again = tx.add_message(text, idem_key)
+            replay.append(again)
+            return msg
 
-    def _write(self, user_id: int, change: Callable[[Tx], T]) -> tuple[T, bool]:
-        """BEGIN IMMEDIATE; change; compute the answer and `set` it; COMMIT."""
-        try:
-            with self.store.user_lock(user_id), self.store.write() as tx:
+        return self._write(user_id, change, lambda: bool(replay and replay[0]))
+
+    def mark_read(self, user_id: int, up_to_id: int) -> tuple[int, bool]:
+        """Mark the user's unread messages with id <= up_to_id read; (count, cache_written)."""
+        count, written = self._write(user_id, lambda tx: tx.mark_read(up_to_id), lambda: False)
+        return count, bool(written)
+
+    def _write(
+        self, user_id: int, change: Callable[[Tx], T], unchanged: Callable[[], bool]
+    ) -> tuple[T, bool | None]:
+        """In the user's order: one transaction (change, version + 1, outbox row, new answer),
+        COMMIT, then the conditional cache write, then the outbox row is dropped. No cache I/O
+        inside the transaction: SQLite's write lock is database-wide."""
+        with self.store.user(user_id) as session:
+            with session.write() as tx:
                 result = change(tx)
-                written = self._rewrite(tx, user_id)
-        except sqlite3.Error:
-            # If COMMIT failed after the set, the cache shows a state that was
-            # never committed: rewrite it from the database.
-            self._mark_pending(user_id)
-            self.repair(user_id)
-            raise
-        return result, written
+                if unchanged():
+                    return result, None
+                snap = tx.bump()
+            return result, self._put(session, user_id, snap)
 
-    def _rewrite(self, tx: Tx, user_id: int) -> bool:
-        """Inside the write transaction: compute the new answer and `set` it.
-
-        The write lock is still held, so no other writer can interleave, and
-        the key exists before COMMIT, so a fill computed from the old snapshot
-        fails its `add`.
-        """
-        answer = tx.poll_answer(user_id)
+    def _put(self, session: UserSession, user_id: int, snap: Snapshot) -> bool:
         try:
             with Timer(CACHE_SECONDS, "publish"):
-                self._publish.publish(self.user_key(user_id), answer)
+                self._publish.put(self.user_key(user_id), snap.answer, snap.version)
         except CacheError as exc:
             PUBLISHES.labels("pending").inc()
-            self._warn.warning("publish", f"cache publish failed, will retry: {exc}")
-            self._mark_pending(user_id)
+            self._warn.warning("publish", f"cache write failed, the outbox has it: {exc}")
             return False
         PUBLISHES.labels("written").inc()
+        try:
+            session.settled(snap.version)
+        except StoreError as exc:  # the row stays; a repair will verify the key once more
+            self._warn.warning("settle", f"outbox row not dropped: {exc}")
         return True
 
-    def _mark_pending(self, user_id: int) -> None:
-        with self._pending_lock:
-            self._pending.add(user_id)
-            REPAIR_PENDING.set(len(self._pending))
+    # -- repairs ------------------------------------------------------------
 
     def repair(self, user_id: int) -> str:
-        """One repair round for user_id under the write lock (no data change).
-
-        A `set` that failed by timeout may still sit in a hung server's socket
-        buffer and land later, after a newer write. So a user stays pending
-        until a round finds the cache already equal to the database; a round
-        that finds it different rewrites it and checks again next round.
-        Returns "verified", "rewritten" or "failed".
-        """
-        key = self.user_key(user_id)
+        """Write the user's current answer (conditionally) and drop the outbox row up to its
+        version. Returns "rewritten" or "failed" (the row stays, claimed again after back-off).
+        One successful conditional write is enough: an older write landing later fails its
+        `cas` (memcached) or its version compare (Redis)."""
         try:
-            with self.store.user_lock(user_id), self.store.write() as tx:
-                answer = tx.poll_answer(user_id)
-                verified = self._publish.get(key) == answer
-                if not verified:
-                    self._publish.publish(key, answer)
-        except (CacheError, sqlite3.Error) as exc:
+            with self.store.user(user_id) as session:
+                snap = session.snapshot()
+                self._publish.put(self.user_key(user_id), snap.answer, snap.version)
+                session.settled(snap.version)
+        except (CacheError, StoreError) as exc:
             REPAIRS.labels("failed").inc()
             self._warn.warning("repair", f"cache repair failed, will retry: {exc}")
             return "failed"
-        if not verified:
-            REPAIRS.labels("rewritten").inc()
-            return "rewritten"
-        REPAIRS.labels("verified").inc()
-        with self._pending_lock:
-            self._pending.discard(user_id)
-            REPAIR_PENDING.set(len(self._pending))
-        return "verified"
+        REPAIRS.labels("rewritten").inc()
+        return "rewritten"
 
     def repair_pending(self) -> int:
-        """One repair round for every pending user; return how many remain pending."""
-        with self._pending_lock:
-            todo = sorted(self._pending)
-        for uid in todo:
-            if self.repair(uid) == "failed":
-                break  # the cache is still failing; try again next round
-        with self._pending_lock:
-            return len(self._pending)
-
-    @property
-    def pending(self) -> frozenset[int]:
-        with self._pending_lock:
-            return frozenset(self._pending)
+        """One round: claim the due outbox rows, repair them side by side, and return the
+        backlog (rows still pending, every host's)."""
+        try:
+            todo = self.store.claim_outbox(REPAIR_BATCH)
+        except StoreError as exc:
+            self._warn.warning("claim", f"outbox claim failed: {exc}")
+            todo = []
+        if todo:
+            if self._repairers is None:
+                self._repairers = ThreadPoolExecutor(REPAIR_THREADS, "cache-repair")
+            list(self._repairers.map(self.repair, todo))
+        try:
+            backlog = self.store.outbox_backlog()
+        except StoreError as exc:
+            self._warn.warning("claim", f"outbox count failed: {exc}")
+            return -1
+        REPAIR_PENDING.set(backlog)
+        return backlog
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -186,13 +185,17 @@ class FastPoll:
 
     def _repair_loop(self) -> None:
         while not self._stop.wait(REPAIR_INTERVAL):
-            if self.pending:
+            try:
                 self.repair_pending()
+            except Exception as exc:  # the loop must outlive any one round
+                self._warn.warning("repair-loop", f"repair round failed: {exc!r}")
 
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._repairers is not None:
+            self._repairers.shutdown(wait=True)
         self._fill.close()
         if self._publish is not self._fill:
             self._publish.close()

@@ -1,9 +1,20 @@
-"""Messages in SQLite: the authority every poll answer is computed from.
+"""The messages, the authority every poll answer is computed from: one Store interface, two
+implementations, SQLite (embedded, one host) and PostgreSQL (shared by every app host).
 
-One connection per thread (sqlite3 connections must not be shared while in
-use). WAL lets polls read while a publisher writes. Writers take the database
-write lock with BEGIN IMMEDIATE, which serialises them across threads and
-across uvicorn worker processes alike; see docs/api.md ("No stale answer").
+What the rest of the app relies on (docs/api.md, "No stale answer"; docs/architecture.md):
+
+- ``store.user(uid)`` holds the user's **order**: writes, fills and repairs of one user never
+  overlap, across threads, worker processes and (PostgreSQL) hosts. SQLite: a striped fcntl lock
+  next to the database file (locks.py). PostgreSQL: a session advisory lock on the user id.
+  Cache I/O happens under this per-user lock only, never inside a database transaction.
+- Every write increments the user's ``version`` (table ``users``) and records an **outbox** row
+  (user, version) in the same transaction; the row is deleted once the cache holds that version.
+  A row left behind (cache down, app killed) is drained by the repair worker of any app host.
+- ``idempotency keys``: a publish with a key stores one message per (user, key).
+
+The schema is versioned (table ``schema_version``) and created by ``migrate()``
+(``python -m fastpoll_app migrate``). SQLite migrates itself when opened; PostgreSQL refuses
+to serve an unmigrated database.
 """
 
 from __future__ import annotations
@@ -15,28 +26,35 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, Protocol
 
+from .config import AppSettings, read_database_password
 from .locks import UserLocks
 from .metrics import DB_SECONDS, Timer
 
 BUSY_TIMEOUT_MS = 10000
+# Connections per worker process to PostgreSQL. A fill or a write holds one for its cache write
+# (up to the publish timeout when a cache node hangs), so this bounds how many users' writes
+# one worker keeps in flight; 2 hosts x 2 workers x 20 stay under PostgreSQL's default 100.
+PG_POOL_MAX = 20
+# A new outbox row is left to its own publisher for this long before a repair worker takes it.
+OUTBOX_GRACE = 2.0
+# Repair back-off per failed attempt, capped: a dead node's keys are retried every 30 s at most,
+# and do not crowd out keys on healthy nodes (claimed by attempts first).
+OUTBOX_BACKOFF_MAX = 30.0
+SCHEMA_VERSION = 2
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS messages (
-    id      INTEGER PRIMARY KEY,
-    user_id INTEGER NOT NULL,
-    text    TEXT    NOT NULL,
-    created REAL    NOT NULL,
-    read    INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS messages_unread ON messages (user_id, read, id);
-"""
 
-# One statement, so the count and the newest message come from one snapshot.
-_ANSWER_SQL = """
-SELECT (SELECT COUNT(*) FROM messages WHERE user_id = ?1 AND read = 0), id, text
-FROM messages WHERE user_id = ?1 AND read = 0 ORDER BY id DESC LIMIT 1
-"""
+class StoreError(Exception):
+    """The database failed (connection, constraint, timeout); callers answer 500 or retry."""
+
+
+class NotMigrated(StoreError):
+    """The database's schema is older than this app's: run `python -m fastpoll_app migrate`."""
+
+
+class IdempotencyConflict(StoreError):
+    """The idempotency key was used before for another message."""
 
 
 @dataclass(frozen=True)
@@ -57,63 +75,218 @@ class Message:
         }
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """A user's answer and the version it belongs to, read in one statement."""
+
+    version: int
+    answer: bytes
+
+
 def encode_answer(unread: int, newest_id: int, newest_text: str) -> bytes:
     """The poll answer for a user with unread messages (format: docs/api.md)."""
     doc = {"unread": unread, "newest": {"id": newest_id, "text": newest_text}}
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-class Tx:
-    """Operations inside one write transaction (see Store.write)."""
+def _snapshot(row: tuple[Any, ...] | None) -> Snapshot:
+    if row is None:
+        return Snapshot(0, b"")
+    version, unread, newest_id, newest_text = row
+    if not unread:
+        return Snapshot(int(version or 0), b"")
+    return Snapshot(int(version or 0), encode_answer(int(unread), int(newest_id), newest_text))
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+
+class Tx(Protocol):
+    """Operations inside one write transaction of one user (UserSession.write)."""
+
+    def add_message(self, text: str, idem_key: str | None) -> tuple[Message, bool]:
+        """Store a message; (message, True) if idem_key was seen before (nothing stored)."""
+        ...
+
+    def mark_read(self, up_to_id: int) -> int: ...
+
+    def bump(self) -> Snapshot:
+        """Increment the user's version, record the outbox row, return the new answer."""
+        ...
+
+
+class UserSession(Protocol):
+    """What may be done while holding a user's order (Store.user)."""
+
+    def write(self) -> Any:  # a context manager yielding a Tx; COMMIT at its end
+        ...
+
+    def snapshot(self) -> Snapshot: ...
+
+    def settled(self, version: int) -> None:
+        """The cache holds `version` (or newer): drop the user's outbox row up to it."""
+        ...
+
+
+class Store(Protocol):
+    kind: str
+
+    def user(self, user_id: int) -> Any:  # a context manager yielding a UserSession
+        ...
+
+    def poll_answer(self, user_id: int) -> bytes: ...
+
+    def get_message(self, message_id: int) -> Message | None: ...
+
+    def claim_outbox(self, limit: int) -> list[int]:
+        """Users whose outbox row is due, leased to this caller (with back-off)."""
+        ...
+
+    def outbox_backlog(self) -> int: ...
+
+    def schema_version(self) -> int: ...
+
+    def migrate(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# SQLite
+
+
+_SQLITE_MIGRATIONS: dict[int, str] = {
+    # 1: the schema of the app before versioning (CREATE ... IF NOT EXISTS: old files upgrade).
+    1: """
+CREATE TABLE IF NOT EXISTS messages (
+    id      INTEGER PRIMARY KEY,
+    user_id INTEGER NOT NULL,
+    text    TEXT    NOT NULL,
+    created REAL    NOT NULL,
+    read    INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS messages_unread ON messages (user_id, read, id);
+""",
+    2: """
+ALTER TABLE messages ADD COLUMN idem_key TEXT;
+CREATE UNIQUE INDEX messages_idem ON messages (user_id, idem_key);
+CREATE TABLE users (
+    user_id INTEGER PRIMARY KEY,
+    version INTEGER NOT NULL
+);
+CREATE TABLE outbox (
+    user_id  INTEGER PRIMARY KEY,
+    version  INTEGER NOT NULL,
+    due      REAL    NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX outbox_due ON outbox (attempts, due);
+""",
+}
+
+# One statement, so the version, the count and the newest message come from one snapshot.
+_SQLITE_SNAPSHOT = """
+SELECT (SELECT version FROM users WHERE user_id = ?1),
+       (SELECT COUNT(*) FROM messages WHERE user_id = ?1 AND read = 0),
+       (SELECT id FROM messages WHERE user_id = ?1 AND read = 0 ORDER BY id DESC LIMIT 1),
+       (SELECT text FROM messages WHERE user_id = ?1 AND read = 0 ORDER BY id DESC LIMIT 1)
+"""
+
+
+class _SqliteTx:
+    def __init__(self, conn: sqlite3.Connection, user_id: int) -> None:
         self._conn = conn
+        self._uid = user_id
 
-    def add_message(self, user_id: int, text: str) -> Message:
+    def add_message(self, text: str, idem_key: str | None) -> tuple[Message, bool]:
+        if idem_key is not None:
+            row = self._conn.execute(
+                "SELECT id, user_id, text, created, read FROM messages "
+                "WHERE user_id = ? AND idem_key = ?",
+                (self._uid, idem_key),
+            ).fetchone()
+            if row is not None:
+                if row[2] != text:
+                    raise IdempotencyConflict("idempotency key already used for another message")
+                return Message(row[0], row[1], row[2], row[3], bool(row[4])), True
         now = time.time()
         cur = self._conn.execute(
-            "INSERT INTO messages (user_id, text, created) VALUES (?, ?, ?)",
-            (user_id, text, now),
+            "INSERT INTO messages (user_id, text, created, idem_key) VALUES (?, ?, ?, ?)",
+            (self._uid, text, now, idem_key),
         )
-        assert cur.lastrowid is not None
-        return Message(cur.lastrowid, user_id, text, now, False)
+        if cur.lastrowid is None:
+            raise StoreError("INSERT returned no row id")
+        return Message(cur.lastrowid, self._uid, text, now, False), False
 
-    def mark_read(self, user_id: int) -> int:
+    def mark_read(self, up_to_id: int) -> int:
         cur = self._conn.execute(
-            "UPDATE messages SET read = 1 WHERE user_id = ? AND read = 0", (user_id,)
+            "UPDATE messages SET read = 1 WHERE user_id = ? AND read = 0 AND id <= ?",
+            (self._uid, up_to_id),
         )
         return cur.rowcount
 
-    def poll_answer(self, user_id: int) -> bytes:
-        return _answer(self._conn, user_id)
+    def bump(self) -> Snapshot:
+        (version,) = self._conn.execute(
+            "INSERT INTO users (user_id, version) VALUES (?, 1) "
+            "ON CONFLICT (user_id) DO UPDATE SET version = version + 1 RETURNING version",
+            (self._uid,),
+        ).fetchone()
+        self._conn.execute(
+            "INSERT INTO outbox (user_id, version, due, attempts) VALUES (?, ?, ?, 0) "
+            "ON CONFLICT (user_id) DO UPDATE SET version = excluded.version, "
+            "due = excluded.due, attempts = 0",
+            (self._uid, version, time.time() + OUTBOX_GRACE),
+        )
+        return _snapshot(self._conn.execute(_SQLITE_SNAPSHOT, (self._uid,)).fetchone())
 
 
-def _answer(conn: sqlite3.Connection, user_id: int) -> bytes:
-    with Timer(DB_SECONDS, "read"):
-        row = conn.execute(_ANSWER_SQL, (user_id,)).fetchone()
-    if row is None:
-        return b""
-    return encode_answer(row[0], row[1], row[2])
+class _SqliteSession:
+    def __init__(self, store: SqliteStore, user_id: int) -> None:
+        self._store = store
+        self._uid = user_id
+
+    @contextmanager
+    def write(self) -> Iterator[_SqliteTx]:
+        with self._store.transaction() as conn:
+            yield _SqliteTx(conn, self._uid)
+
+    def snapshot(self) -> Snapshot:
+        return self._store.snapshot(self._uid)
+
+    def settled(self, version: int) -> None:
+        conn = self._store.conn()
+        # The deletion need not be durable (a lost one costs one more verification): no fsync.
+        conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            with self._store.transaction() as c:
+                c.execute(
+                    "DELETE FROM outbox WHERE user_id = ? AND version <= ?", (self._uid, version)
+                )
+        finally:
+            conn.execute("PRAGMA synchronous = FULL")
 
 
-class Store:
+class SqliteStore:
+    """One file on one host. WAL lets polls read while a writer writes; writers serialise on
+    BEGIN IMMEDIATE (the database-wide write lock, held only for the transaction itself)."""
+
+    kind = "sqlite"
+
     def __init__(self, path: str) -> None:
         self.path = path
         self._local = threading.local()
         self._lock = threading.Lock()
         self._all: list[sqlite3.Connection] = []
         self._user_locks = UserLocks(path + ".locks")
-        self.user_lock = self._user_locks.hold
-        conn = self._conn()
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.executescript(_SCHEMA)
+        try:
+            self.conn().execute("PRAGMA journal_mode = WAL")
+            self.migrate()
+        except sqlite3.Error as exc:
+            self.close()
+            raise StoreError(str(exc)) from exc
 
-    def _conn(self) -> sqlite3.Connection:
+    def conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            # isolation_level=None: we issue BEGIN/COMMIT ourselves.
-            # check_same_thread=False only so close() may run on another thread;
-            # each connection is still used by its own thread only.
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves. check_same_thread=False
+            # only so close() may run on another thread; each connection stays on its thread.
             conn = sqlite3.connect(
                 self.path,
                 isolation_level=None,
@@ -121,19 +294,58 @@ class Store:
                 timeout=BUSY_TIMEOUT_MS / 1000,
             )
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA synchronous = NORMAL")
+            # 201 means durable: every commit is fsynced (WAL's NORMAL may lose the last ones
+            # on power loss).
+            conn.execute("PRAGMA synchronous = FULL")
             self._local.conn = conn
             with self._lock:
                 self._all.append(conn)
         return conn
 
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT; ROLLBACK if the block raises."""
+        conn = self.conn()
+        try:
+            with Timer(DB_SECONDS, "begin"):
+                conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(str(exc)) from exc
+        try:
+            yield conn
+        except sqlite3.Error as exc:
+            conn.execute("ROLLBACK")
+            raise StoreError(str(exc)) from exc
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        try:
+            with Timer(DB_SECONDS, "commit"):
+                conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise StoreError(str(exc)) from exc
+
+    @contextmanager
+    def user(self, user_id: int) -> Iterator[_SqliteSession]:
+        with self._user_locks.hold(user_id):
+            yield _SqliteSession(self, user_id)
+
+    def snapshot(self, user_id: int) -> Snapshot:
+        try:
+            with Timer(DB_SECONDS, "read"):
+                row = self.conn().execute(_SQLITE_SNAPSHOT, (user_id,)).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(str(exc)) from exc
+        return _snapshot(row)
+
     def poll_answer(self, user_id: int) -> bytes:
-        """Current answer for user_id: JSON bytes, or b"" when nothing is unread."""
-        return _answer(self._conn(), user_id)
+        return self.snapshot(user_id).answer
 
     def get_message(self, message_id: int) -> Message | None:
         row = (
-            self._conn()
+            self.conn()
             .execute(
                 "SELECT id, user_id, text, created, read FROM messages WHERE id = ?", (message_id,)
             )
@@ -141,37 +353,49 @@ class Store:
         )
         return Message(row[0], row[1], row[2], row[3], bool(row[4])) if row else None
 
-    @contextmanager
-    def write(self) -> Iterator[Tx]:
-        """BEGIN IMMEDIATE ... COMMIT; ROLLBACK if the block raises.
+    def claim_outbox(self, limit: int) -> list[int]:
+        now = time.time()
+        conn = self.conn()
+        # A read first: the write lock is taken only when something is due.
+        if conn.execute("SELECT 1 FROM outbox WHERE due <= ? LIMIT 1", (now,)).fetchone() is None:
+            return []
+        with self.transaction() as c:
+            rows = c.execute(
+                "SELECT user_id, attempts FROM outbox WHERE due <= ? "
+                "ORDER BY attempts, due LIMIT ?",
+                (now, limit),
+            ).fetchall()
+            for uid, attempts in rows:
+                c.execute(
+                    "UPDATE outbox SET due = ?, attempts = attempts + 1 WHERE user_id = ?",
+                    (now + min(2.0**attempts, OUTBOX_BACKOFF_MAX), uid),
+                )
+        return [int(r[0]) for r in rows]
 
-        The COMMIT happens after the block: the caller publishes to the cache
-        inside the block, while it still holds the write lock.
-        """
-        conn = self._conn()
-        with Timer(DB_SECONDS, "begin"):
-            conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield Tx(conn)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        try:
-            with Timer(DB_SECONDS, "commit"):
-                conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+    def outbox_backlog(self) -> int:
+        return int(self.conn().execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
 
-    # Convenience wrappers (tests, tools): each is its own transaction.
-    def add_message(self, user_id: int, text: str) -> Message:
-        with self.write() as tx:
-            return tx.add_message(user_id, text)
+    def schema_version(self) -> int:
+        conn = self.conn()
+        if not conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+        ).fetchone():
+            return 0
+        row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        return int(row[0] or 0)
 
-    def mark_read(self, user_id: int) -> int:
-        with self.write() as tx:
-            return tx.mark_read(user_id)
+    def migrate(self) -> int:
+        """Bring the schema to SCHEMA_VERSION; return the version it was at."""
+        with self.transaction() as c:
+            c.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = c.execute("SELECT MAX(version) FROM schema_version").fetchone()
+            was = int(row[0] or 0)
+            for v in range(was + 1, SCHEMA_VERSION + 1):
+                for stmt in _SQLITE_MIGRATIONS[v].split(";"):
+                    if stmt.strip():
+                        c.execute(stmt)
+                c.execute("INSERT INTO schema_version (version) VALUES (?)", (v,))
+        return was
 
     def close(self) -> None:
         with self._lock:
@@ -180,3 +404,258 @@ class Store:
             c.close()
         self._local = threading.local()
         self._user_locks.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# PostgreSQL
+
+_PG_MIGRATIONS: dict[int, str] = {
+    1: """
+CREATE TABLE messages (
+    id       BIGSERIAL PRIMARY KEY,
+    user_id  BIGINT  NOT NULL,
+    text     TEXT    NOT NULL,
+    created  DOUBLE PRECISION NOT NULL,
+    read     BOOLEAN NOT NULL DEFAULT false
+);
+CREATE INDEX messages_unread ON messages (user_id, id) WHERE NOT read;
+""",
+    2: """
+ALTER TABLE messages ADD COLUMN idem_key TEXT;
+CREATE UNIQUE INDEX messages_idem ON messages (user_id, idem_key);
+CREATE TABLE users (
+    user_id BIGINT PRIMARY KEY,
+    version BIGINT NOT NULL
+);
+CREATE TABLE outbox (
+    user_id  BIGINT PRIMARY KEY,
+    version  BIGINT NOT NULL,
+    due      DOUBLE PRECISION NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX outbox_due ON outbox (attempts, due);
+""",
+}
+# Serialises concurrent `migrate` runs (two-int advisory keys never meet the users' bigint ones).
+_PG_MIGRATE_LOCK = (0x66707031, 1)
+
+_PG_SNAPSHOT = """
+SELECT (SELECT version FROM users WHERE user_id = %(u)s),
+       (SELECT COUNT(*) FROM messages WHERE user_id = %(u)s AND NOT read),
+       (SELECT id FROM messages WHERE user_id = %(u)s AND NOT read ORDER BY id DESC LIMIT 1),
+       (SELECT text FROM messages WHERE user_id = %(u)s AND NOT read ORDER BY id DESC LIMIT 1)
+"""
+
+
+def _pg_errors() -> tuple[type[Exception], ...]:
+    import psycopg
+    import psycopg_pool
+
+    return (psycopg.Error, psycopg_pool.PoolTimeout)
+
+
+class _PgTx:
+    def __init__(self, conn: Any, user_id: int) -> None:
+        self._conn = conn
+        self._uid = user_id
+
+    def add_message(self, text: str, idem_key: str | None) -> tuple[Message, bool]:
+        if idem_key is not None:
+            row = self._conn.execute(
+                "SELECT id, user_id, text, created, read FROM messages "
+                "WHERE user_id = %s AND idem_key = %s",
+                (self._uid, idem_key),
+            ).fetchone()
+            if row is not None:
+                if row[2] != text:
+                    raise IdempotencyConflict("idempotency key already used for another message")
+                return Message(row[0], row[1], row[2], row[3], bool(row[4])), True
+        now = time.time()
+        (mid,) = self._conn.execute(
+            "INSERT INTO messages (user_id, text, created, idem_key) VALUES (%s, %s, %s, %s) "
+            "RETURNING id",
+            (self._uid, text, now, idem_key),
+        ).fetchone()
+        return Message(int(mid), self._uid, text, now, False), False
+
+    def mark_read(self, up_to_id: int) -> int:
+        cur = self._conn.execute(
+            "UPDATE messages SET read = true WHERE user_id = %s AND NOT read AND id <= %s",
+            (self._uid, up_to_id),
+        )
+        return int(cur.rowcount)
+
+    def bump(self) -> Snapshot:
+        (version,) = self._conn.execute(
+            "INSERT INTO users (user_id, version) VALUES (%s, 1) ON CONFLICT (user_id) "
+            "DO UPDATE SET version = users.version + 1 RETURNING version",
+            (self._uid,),
+        ).fetchone()
+        self._conn.execute(
+            "INSERT INTO outbox (user_id, version, due, attempts) VALUES (%s, %s, %s, 0) "
+            "ON CONFLICT (user_id) DO UPDATE SET version = excluded.version, "
+            "due = excluded.due, attempts = 0",
+            (self._uid, version, time.time() + OUTBOX_GRACE),
+        )
+        return _snapshot(self._conn.execute(_PG_SNAPSHOT, {"u": self._uid}).fetchone())
+
+
+class _PgSession:
+    def __init__(self, conn: Any, user_id: int) -> None:
+        self._conn = conn
+        self._uid = user_id
+
+    @contextmanager
+    def write(self) -> Iterator[_PgTx]:
+        errors = _pg_errors()
+        try:
+            with Timer(DB_SECONDS, "begin"):
+                self._conn.execute("BEGIN")
+            try:
+                yield _PgTx(self._conn, self._uid)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            with Timer(DB_SECONDS, "commit"):
+                self._conn.execute("COMMIT")
+        except errors as exc:
+            raise StoreError(str(exc)) from exc
+
+    def snapshot(self) -> Snapshot:
+        try:
+            with Timer(DB_SECONDS, "read"):
+                row = self._conn.execute(_PG_SNAPSHOT, {"u": self._uid}).fetchone()
+        except _pg_errors() as exc:
+            raise StoreError(str(exc)) from exc
+        return _snapshot(row)
+
+    def settled(self, version: int) -> None:
+        try:
+            with self._conn.transaction():
+                # Need not be durable: a lost deletion costs one more verification.
+                self._conn.execute("SET LOCAL synchronous_commit TO off")
+                self._conn.execute(
+                    "DELETE FROM outbox WHERE user_id = %s AND version <= %s", (self._uid, version)
+                )
+        except _pg_errors() as exc:
+            raise StoreError(str(exc)) from exc
+
+
+class PgStore:
+    """PostgreSQL through a psycopg 3 connection pool (per worker process). Autocommit
+    connections: transactions are explicit (conn.transaction()), the per-user order is a
+    session advisory lock held on the connection for the whole operation."""
+
+    kind = "postgresql"
+
+    def __init__(self, settings: AppSettings, check_schema: bool = True) -> None:
+        import psycopg_pool
+
+        self.url = settings.database
+        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": 5}
+        password = read_database_password(settings)
+        if password is not None:
+            kwargs["password"] = password
+        self._pool = psycopg_pool.ConnectionPool(
+            self.url,
+            min_size=1,
+            max_size=PG_POOL_MAX,
+            kwargs=kwargs,
+            timeout=30,
+            open=False,
+            name="fastpoll",
+        )
+        try:
+            self._pool.open(wait=True, timeout=10)
+        except _pg_errors() as exc:
+            self._pool.close()
+            raise StoreError(f"cannot connect: {exc}") from exc
+        if check_schema:
+            have = self.schema_version()
+            if have < SCHEMA_VERSION:
+                self._pool.close()
+                raise NotMigrated(
+                    f"the database's schema is version {have}, this app needs {SCHEMA_VERSION}: "
+                    "run `python -m fastpoll_app migrate --config FILE` first"
+                )
+
+    @contextmanager
+    def _conn(self) -> Iterator[Any]:
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except _pg_errors() as exc:
+            raise StoreError(str(exc)) from exc
+
+    @contextmanager
+    def user(self, user_id: int) -> Iterator[_PgSession]:
+        import psycopg
+
+        with self._conn() as conn:
+            conn.execute("SELECT pg_advisory_lock(%s)", (user_id,))
+            try:
+                yield _PgSession(conn, user_id)
+            finally:
+                try:
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (user_id,))
+                except psycopg.Error:
+                    conn.close()  # the session ends, and its locks with it; the pool drops it
+
+    def poll_answer(self, user_id: int) -> bytes:
+        with self._conn() as conn, Timer(DB_SECONDS, "read"):
+            row = conn.execute(_PG_SNAPSHOT, {"u": user_id}).fetchone()
+        return _snapshot(row).answer
+
+    def get_message(self, message_id: int) -> Message | None:
+        with self._conn() as conn:
+            row = conn.execute(
+                "SELECT id, user_id, text, created, read FROM messages WHERE id = %s",
+                (message_id,),
+            ).fetchone()
+        return Message(row[0], row[1], row[2], row[3], bool(row[4])) if row else None
+
+    def claim_outbox(self, limit: int) -> list[int]:
+        now = time.time()
+        # SKIP LOCKED: the repair workers of every app host share the outbox without waiting
+        # on each other; the new `due` is the lease (and the back-off if the repair fails).
+        with self._conn() as conn, conn.transaction():
+            rows = conn.execute(
+                "UPDATE outbox o SET due = %(now)s + LEAST(power(2, o.attempts), %(cap)s), "
+                "attempts = o.attempts + 1 FROM ("
+                "  SELECT user_id FROM outbox WHERE due <= %(now)s"
+                "  ORDER BY attempts, due LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+                ") d WHERE o.user_id = d.user_id RETURNING o.user_id",
+                {"now": now, "cap": OUTBOX_BACKOFF_MAX, "limit": limit},
+            ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def outbox_backlog(self) -> int:
+        with self._conn() as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+
+    def schema_version(self) -> int:
+        with self._conn() as conn:
+            if conn.execute("SELECT to_regclass('schema_version')").fetchone()[0] is None:
+                return 0
+            return int(conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] or 0)
+
+    def migrate(self) -> int:
+        with self._conn() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", _PG_MIGRATE_LOCK)
+            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            was = int(conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] or 0)
+            for v in range(was + 1, SCHEMA_VERSION + 1):
+                conn.execute(_PG_MIGRATIONS[v])
+                conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (v,))
+        return was
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def open_store(settings: AppSettings, check_schema: bool = True) -> SqliteStore | PgStore:
+    """The store [app] database names. SQLite migrates itself; PostgreSQL must be migrated
+    (NotMigrated otherwise, unless check_schema is False: the migrate command)."""
+    if settings.is_postgresql:
+        return PgStore(settings, check_schema)
+    return SqliteStore(settings.database)

@@ -1,12 +1,17 @@
-"""Fixtures: real memcached and redis-server on free loopback ports, a temp SQLite."""
+"""Fixtures: real memcached, redis-server and PostgreSQL on free loopback ports, a temp SQLite.
+
+Tests that take `settings` (or `client`) run once per cache backend and once per store
+(`app_db`: SQLite, PostgreSQL), the same test against both."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +24,9 @@ from fastpoll_app import config
 from fastpoll_app.app import create_app
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+
+from stack import PG_BIN, Postgres  # noqa: E402  (the one harness's PostgreSQL)
 
 
 def free_port() -> int:
@@ -135,9 +143,71 @@ def redis_server(redis_session: Server) -> Server:
     return redis_session
 
 
-def make_settings(tmp_path: Path, text: str) -> config.Settings:
-    db = tmp_path / "messages.db"
-    return config.parse(f"[app]\ndatabase = {db}\n{text}", "test.ini")
+@dataclass
+class PgServer:
+    pg: Postgres
+    password_file: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def app_lines(self) -> str:
+        return f"database = {self.pg.url}\ndatabase_password_file = {self.password_file}\n"
+
+    def empty(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.pg.url, password=self.pg.password, autocommit=True) as conn:
+            conn.execute("TRUNCATE messages, users, outbox RESTART IDENTITY")
+
+
+@pytest.fixture(scope="session")
+def postgres_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
+    """One PostgreSQL for the session, migrated once; `app_db` empties it per test."""
+    if not (PG_BIN / "postgres").exists():
+        pytest.skip(f"PostgreSQL not installed ({PG_BIN})")
+    from fastpoll_app.store import PgStore
+
+    pg = Postgres(free_port(), secrets.token_hex(16))
+    pg.init()
+    log = open(tmp_path_factory.mktemp("pglog") / "postgres.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(pg.argv(), user=pg.run_as, cwd="/", stdout=log, stderr=log)
+    try:
+        end = time.monotonic() + 30
+        while not pg.ready():
+            if proc.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"postgres did not start (see {log.name})")
+            time.sleep(0.1)
+        pg.create_db()
+        pw = tmp_path_factory.mktemp("pgpass") / "pg.pass"
+        pw.write_text(pg.password + "\n")
+        pw.chmod(0o600)
+        srv = PgServer(pg, pw, proc)
+        store = PgStore(config.parse(f"[app]\n{srv.app_lines}").app, check_schema=False)
+        store.migrate()
+        store.close()
+        yield srv
+    finally:
+        proc.send_signal(signal.SIGINT)  # fast shutdown
+        proc.wait(30)
+        log.close()
+        pg.remove()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def app_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The [app] lines of this test's empty database, once per store."""
+    if request.param == "sqlite":
+        return f"database = {tmp_path / 'messages.db'}\n"
+    srv: PgServer = request.getfixturevalue("postgres_session")
+    srv.empty()
+    return srv.app_lines
+
+
+def make_settings(tmp_path: Path, text: str, app_lines: str | None = None) -> config.Settings:
+    """Settings on `app_lines`' database (default: a SQLite file in tmp_path)."""
+    if app_lines is None:
+        app_lines = f"database = {tmp_path / 'messages.db'}\n"
+    return config.parse(f"[app]\n{app_lines}{text}", "test.ini")
 
 
 @pytest.fixture(params=["memcached", "redis"])
@@ -148,13 +218,13 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[st
 
 
 @pytest.fixture
-def settings(backend: tuple[str, Server], tmp_path: Path) -> config.Settings:
+def settings(backend: tuple[str, Server], app_db: str, tmp_path: Path) -> config.Settings:
     name, srv = backend
     if name == "memcached":
         text = f"[cache]\nbackend = memcached\n[memcached]\nservers = {srv.addr}\n"
     else:
         text = f"[cache]\nbackend = redis\n[redis]\nserver = {srv.addr}\n"
-    return make_settings(tmp_path, text)
+    return make_settings(tmp_path, text, app_db)
 
 
 @pytest.fixture

@@ -53,7 +53,7 @@ def test_publish_then_poll_then_read(client: TestClient) -> None:
     r2 = client.post("/api/messages", json={"user_id": 42, "text": "second"})
     assert cached(client) == (b'{"unread":2,"newest":{"id":%d,"text":"second"}}' % r2.json()["id"])
 
-    r = client.post("/api/messages/read", json={"user_id": 42})
+    r = client.post("/api/messages/read", json={"user_id": 42, "up_to_id": r2.json()["id"]})
     assert r.status_code == 200
     assert r.json() == {"user_id": 42, "marked_read": 2}
     assert cached(client) == b""
@@ -68,7 +68,7 @@ def test_answers_are_per_user(client: TestClient) -> None:
 
 
 def test_fill_never_overwrites(client: TestClient) -> None:
-    fp_of(client)._fill.publish(KEY42, b"already there")
+    fp_of(client)._fill.put(KEY42, b"already there", 0)
     r = client.get("/Poll/getMessages?user_id=42")
     assert r.content == b""  # the app answers from SQLite ...
     assert cached(client) == b"already there"  # ... and its add did not overwrite
@@ -155,7 +155,8 @@ def test_unknown_routes_and_methods_are_json(client: TestClient) -> None:
 
 def test_healthz(client: TestClient) -> None:
     r = client.get("/healthz")
-    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    assert r.json()["config_sha256"] == fp_of(client).settings.sha256
 
 
 @pytest.mark.parametrize(
@@ -197,15 +198,31 @@ def test_publish_limits(client: TestClient) -> None:
 
 
 def test_content_length_checked_before_reading(client: TestClient) -> None:
-    r = client.post("/api/messages", content=b"{}", headers={"content-length": "999999999"})
+    r = client.post(
+        "/api/messages",
+        content=b"{}",
+        headers={"content-length": "999999999", "content-type": "application/json"},
+    )
     assert r.status_code == 413
 
 
 @pytest.mark.parametrize(
-    "body", [b"{", b"{}", b'{"user_id": false}', b'{"user_id": 1, "x": 2}', b'{"user_id": "1"}']
+    "body",
+    [
+        b"{",
+        b"{}",
+        b'{"user_id": 1}',  # up_to_id is required
+        b'{"user_id": false, "up_to_id": 9}',
+        b'{"user_id": 1, "up_to_id": 9, "x": 2}',
+        b'{"user_id": "1", "up_to_id": 9}',
+        b'{"user_id": 1, "up_to_id": "9"}',
+        b'{"user_id": 1, "up_to_id": -1}',
+    ],
 )
 def test_read_validation(client: TestClient, body: bytes) -> None:
     client.post("/api/messages", json={"user_id": 1, "text": "keep"})
-    r = client.post("/api/messages/read", content=body)
+    r = client.post(
+        "/api/messages/read", content=body, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400
     assert b"keep" in client.get("/Poll/getMessages?user_id=1").content

@@ -59,7 +59,7 @@ def test_fill_publish_and_requests_are_counted(client: TestClient) -> None:
         (("op", "publish"),): 1,
     }
     db = moved(before, after, "fastpoll_app_db_seconds_count")
-    assert db[(("op", "read"),)] >= 3 and db[(("op", "commit"),)] == 1
+    assert db[(("op", "read"),)] >= 2 and db[(("op", "commit"),)] >= 1
 
 
 def test_unknown_paths_share_one_route_label(client: TestClient) -> None:

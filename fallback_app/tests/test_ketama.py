@@ -58,7 +58,7 @@ def test_app_placement_equals_libmemcached_ketama(three_nodes: list[Server]) -> 
         cache = MemcachedCache(tuple(n.addr for n in three_nodes), ttl=60, timeout_ms=1000)
         keys = [b"/Poll/getMessages?user_id=%d" % i for i in range(500)]
         for k in keys:
-            cache.publish(k, b"")
+            cache.put(k, b"", 1)
         singles = [pylibmc.Client([n.addr]) for n in three_nodes]
         placed = [0, 0, 0]
         for k in keys:

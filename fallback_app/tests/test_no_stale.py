@@ -1,14 +1,14 @@
-"""No stale answer: fill with add, publish with set under the write lock.
+"""No stale answer: fills with add, writes with a conditional put, both in the user's order.
 
 The invariant: once publish (or mark-read) has returned, the cached answer is
 the state it wrote or a newer one, whatever concurrent polls are filling.
+Each test runs on SQLite and on PostgreSQL, with memcached and with Redis.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -18,15 +18,19 @@ import pytest
 from fastpoll_app import config
 from fastpoll_app.cache import make_cache
 from fastpoll_app.service import FastPoll
-from fastpoll_app.store import Store
+from fastpoll_app.store import Snapshot, StoreError, open_store
 
 UID = 42
 
 
 def make_fp(settings: config.Settings) -> FastPoll:
     return FastPoll(
-        settings, Store(settings.app.database), make_cache(settings), make_cache(settings, 1000)
+        settings, open_store(settings.app), make_cache(settings), make_cache(settings, 1000)
     )
+
+
+def newest(fp: FastPoll) -> int:
+    return newest_id(fp.store.poll_answer(UID) or b"")
 
 
 def newest_id(answer: bytes | None) -> int:
@@ -39,24 +43,40 @@ def newest_id(answer: bytes | None) -> int:
 def test_fill_from_old_snapshot_loses_to_publish(settings: config.Settings) -> None:
     """The race spelled out: a poll reads, a publish starts, then the poll fills.
 
-    The user lock orders them: the publish waits until the fill's `add` is done and then
-    overwrites it. Without the lock, an eviction between the publish's `set` and the fill's
-    `add` would leave the old answer in the cache.
+    The user's order serialises them: the publish's cache write waits until the fill's `add`
+    is done and then overwrites it. Without it, an eviction between the publish's write and
+    the fill's `add` would leave the old answer in the cache.
     """
     fp = make_fp(settings)
     key = fp.user_key(UID)
     read_done, publish_started = threading.Event(), threading.Event()
-    original = fp.store.poll_answer
+    original_user = fp.store.user
 
-    def slow_read(user_id: int) -> bytes:
-        answer = original(user_id)
-        read_done.set()
-        assert publish_started.wait(10)
-        time.sleep(0.2)  # give the publish every chance to run ahead (it must not)
-        fp._fill.delete(key)  # an eviction right before our add
-        return answer
+    class SlowSession:
+        """The poll's session: its snapshot waits for the publish to start."""
 
-    fp.store.poll_answer = slow_read  # type: ignore[method-assign]
+        def __init__(self, inner: object) -> None:
+            self._inner = inner
+
+        def snapshot(self) -> Snapshot:
+            snap: Snapshot = self._inner.snapshot()  # type: ignore[attr-defined]
+            read_done.set()
+            assert publish_started.wait(10)
+            time.sleep(0.2)  # give the publish every chance to run ahead (it must not)
+            fp._fill.delete(key)  # an eviction right before our add
+            return snap
+
+    from contextlib import contextmanager
+
+    @contextmanager
+    def user(uid: int):  # type: ignore[no-untyped-def]
+        with original_user(uid) as session:
+            if threading.current_thread() is poller:
+                yield SlowSession(session)
+            else:
+                yield session
+
+    fp.store.user = user  # type: ignore[method-assign]
     result: list[bytes] = []
     published: list[int] = []
     poller = threading.Thread(target=lambda: result.append(fp.poll(UID, key)))
@@ -94,7 +114,7 @@ def test_publish_and_read_never_stale_under_concurrent_polls(settings: config.Se
     try:
         for i in range(150):
             if i % 10 == 9:
-                fp.mark_read(UID)
+                fp.mark_read(UID, newest(fp))
                 assert fp._fill.get(key) == b"", f"round {i}: stale after read"
             else:
                 msg, _ = fp.publish(UID, f"m{i}")
@@ -151,7 +171,7 @@ def _process_publisher(settings: config.Settings, n: int, rounds: int) -> list[s
 
 
 def test_concurrent_publishers_processes(settings: config.Settings, tmp_path: Path) -> None:
-    """BEGIN IMMEDIATE serialises publishers across uvicorn worker processes too."""
+    """The user's order holds across processes (uvicorn workers, app hosts) too."""
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(3) as pool:
         results = pool.starmap(_process_publisher, [(settings, n, 40) for n in range(3)])
@@ -162,22 +182,51 @@ def test_concurrent_publishers_processes(settings: config.Settings, tmp_path: Pa
     fp.close()
 
 
-def test_failed_commit_after_set_is_rewritten(settings: config.Settings) -> None:
-    """The cache must not keep a state the database never committed."""
+def test_failed_commit_touches_no_cache(settings: config.Settings) -> None:
+    """The cache is written only after COMMIT: a write whose transaction fails leaves the
+    cached answer alone (no phantom state to take back)."""
     fp = make_fp(settings)
     key = fp.user_key(UID)
     fp.poll(UID, key)
     assert fp._fill.get(key) == b""
-    original = fp._rewrite
 
-    def rewrite_then_fail(tx: object, user_id: int) -> bool:
-        assert original(tx, user_id)  # type: ignore[arg-type]
-        assert b"phantom" in fp._fill.get(key)  # the set happened
-        raise sqlite3.OperationalError("disk I/O error")  # as if COMMIT failed
+    def fail(tx: object) -> None:
+        raise StoreError("disk I/O error")  # as if the transaction failed
 
-    fp._rewrite = rewrite_then_fail  # type: ignore[method-assign]
-    with pytest.raises(sqlite3.OperationalError):
-        fp.publish(UID, "phantom")
+    with pytest.raises(StoreError):
+        fp._write(UID, fail, lambda: False)
     assert fp.store.poll_answer(UID) == b""
     assert fp._fill.get(key) == b""
+    assert fp.store.outbox_backlog() == 0
+    fp.close()
+
+
+def test_late_write_never_overwrites_newer(settings: config.Settings) -> None:
+    """A cache write computed from an older version and landing after a newer one loses:
+    put is conditional (memcached gets/cas, Redis version compare)."""
+    fp = make_fp(settings)
+    key = fp.user_key(UID)
+    old_msg, _ = fp.publish(UID, "old")
+    with fp.store.user(UID) as session:
+        old = session.snapshot()
+    new_msg, _ = fp.publish(UID, "new")
+    assert newest_id(fp._fill.get(key)) == new_msg.id
+    # The older answer arrives late (as a timed-out write a hung node applies later would).
+    if settings.cache.backend == "redis":
+        fp._publish.put(key, old.answer, old.version)
+        assert newest_id(fp._fill.get(key)) == new_msg.id
+    else:
+        # memcached: a late `cas` carries the unique of its own `gets`, from before the newer
+        # write; that write changed the unique, so the late one is refused.
+        import pylibmc
+
+        mc = pylibmc.Client(list(settings.memcached.servers), behaviors={"cas": True})
+        fp._publish.put(key, old.answer, old.version)  # an up-to-date put of an old answer...
+        assert newest_id(fp._fill.get(key)) == old_msg.id  # ...does write (it is not late)
+        fp.repair(UID)
+        value, unique = mc.gets(key)
+        assert newest_id(value) == new_msg.id
+        fp.publish(UID, "newer")
+        assert not mc.cas(key, old.answer, unique)  # the late cas is refused
+        assert newest_id(fp._fill.get(key)) == newest(fp)
     fp.close()
