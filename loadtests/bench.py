@@ -823,7 +823,7 @@ def main() -> int:
         ctx.app_users = 0
         if any(p.system == "app" for p in plans):
             ctx.app_users = 200 if quick else APP_USERS
-            secs = preload.seed_app(target.app_port, ctx.app_users)
+            secs = preload.seed_app(target.app_port, ctx.app_users, token=target.stack.api_token)
             print(f"  gave {ctx.app_users:,} users a message in the app's database ({secs:.1f}s)")
 
         failures += sanity(ctx, users, quick)

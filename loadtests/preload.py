@@ -50,11 +50,14 @@ def preload(servers: list[str], users: int, batch: int = 2000) -> None:
 APP_USER_BASE = 1_000_000  # the app-alone runs poll users APP_USER_BASE+1 .. +count
 
 
-def seed_app(app_port: int, count: int, base: int = APP_USER_BASE, workers: int = 8) -> float:
+def seed_app(
+    app_port: int, count: int, base: int = APP_USER_BASE, workers: int = 8, token: str = ""
+) -> float:
     """Give users base+1..base+count one unread message each, through the app's own API.
 
     The app-alone runs poll these users (with the id written 0NNN, which the app answers without
     touching the cache), so it computes a real answer from SQLite, not an empty one.
+    `token` is the write API's bearer token ([app] api_token_file; Stack.api_token).
     Returns the seconds it took.
     """
     import http.client
@@ -67,7 +70,10 @@ def seed_app(app_port: int, count: int, base: int = APP_USER_BASE, workers: int 
         try:
             for u in users:
                 body = json.dumps({"user_id": u, "text": f"bench message for {u}"})
-                conn.request("POST", "/api/messages", body, {"Content-Type": "application/json"})
+                headers = {"Content-Type": "application/json"}
+                if token:
+                    headers["Authorization"] = f"Bearer {token}"
+                conn.request("POST", "/api/messages", body, headers)
                 r = conn.getresponse()
                 r.read()
                 if r.status != 201:

@@ -116,6 +116,21 @@ def stack(
 
 
 @pytest.fixture(scope="session")
+def pg_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The app tier at fleet shape: two app processes on one PostgreSQL behind the same nginx
+    (round robin for misses), 3 memcached nodes. Writes go to either app's own listener."""
+    s = start_stack(
+        tmp_path_factory.mktemp("stack-pg"),
+        "memcached",
+        n_memcached=3,
+        db="postgresql",
+        apps=2,
+    )
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
 def cache(stack: Stack) -> Cache:
     return Cache(stack)
 

@@ -205,7 +205,8 @@ def test_app_metrics_move_on_fill_and_publish(
         f"/Poll/getMessages?user_id={uid}"
     )  # a miss: the app answers, fills
     assert (first.status_code, first.headers["x-poll-source"]) == (200, "app")
-    r = client.post("/api/messages", json={"user_id": uid, "text": "hello"})
+    with stack.api() as api:
+        r = api.post("/api/messages", json={"user_id": uid, "text": "hello"})
     assert r.status_code == 201 and r.headers["x-cache-publish"] == "ok"
     after = scrape(app)
     fills = deltas(before, after, "fastpoll_app_cache_fills_total")

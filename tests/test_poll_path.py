@@ -121,20 +121,24 @@ def test_direct_miss_is_an_empty_404(poller: httpx.Client) -> None:
     assert (r.status_code, r.content) == (404, b"")
 
 
-def test_publish_then_read(client: httpx.Client) -> None:
+def test_publish_then_read(stack, client: httpx.Client) -> None:
     uid = new_uid()
     assert poll(client, uid).content == b""  # nothing yet; now cached as empty
     assert poll(client, uid).headers["x-poll-source"] == "cache"
-    r = client.post("/api/messages", json={"user_id": uid, "text": "hi"})
-    assert r.status_code == 201
-    msg = r.json()
-    seen = poll(client, uid)
-    assert seen.headers["x-poll-source"] == "cache"  # the publish rewrote the key
-    assert seen.json() == {"unread": 1, "newest": {"id": msg["id"], "text": "hi"}}
-    client.post("/api/messages", json={"user_id": uid, "text": "second"})
-    assert poll(client, uid).json()["unread"] == 2
-    r = client.post("/api/messages/read", json={"user_id": uid})
-    assert r.status_code == 200
+    with stack.api() as api:  # the site's backend, on the app's own listener
+        r = api.post("/api/messages", json={"user_id": uid, "text": "hi"})
+        assert r.status_code == 201
+        msg = r.json()
+        seen = poll(client, uid)
+        assert seen.headers["x-poll-source"] == "cache"  # the publish rewrote the key
+        assert seen.json() == {"unread": 1, "newest": {"id": msg["id"], "text": "hi"}}
+        second = api.post("/api/messages", json={"user_id": uid, "text": "second"})
+        assert poll(client, uid).json()["unread"] == 2
+        r = api.post(
+            "/api/messages/read",
+            json={"user_id": uid, "up_to_id": second.json()["id"]},
+        )
+        assert r.status_code == 200
     after = poll(client, uid)
     assert (after.status_code, after.content, after.headers["x-poll-source"]) == (
         200,
@@ -156,24 +160,26 @@ def test_publish_then_read(client: httpx.Client) -> None:
     ],
 )
 def test_bad_publish_is_rejected_and_stores_nothing(
-    client: httpx.Client, body: bytes
+    stack, client: httpx.Client, body: bytes
 ) -> None:
     uid = new_uid()
     body = body.replace(b'"user_id": 1', f'"user_id": {uid}'.encode())
-    r = client.post(
-        "/api/messages", content=body, headers={"Content-Type": "application/json"}
-    )
+    with stack.api() as api:
+        r = api.post(
+            "/api/messages", content=body, headers={"Content-Type": "application/json"}
+        )
     assert 400 <= r.status_code < 500
     assert "error" in r.json()
     assert poll(client, uid).content == b""
 
 
-def test_oversized_publish_is_rejected(client: httpx.Client) -> None:
+def test_oversized_publish_is_rejected(stack, client: httpx.Client) -> None:
     uid = new_uid()
     body = b'{"user_id": %d, "text": "%s"}' % (uid, b"x" * 200_000)
-    r = client.post(
-        "/api/messages", content=body, headers={"Content-Type": "application/json"}
-    )
+    with stack.api() as api:
+        r = api.post(
+            "/api/messages", content=body, headers={"Content-Type": "application/json"}
+        )
     assert r.status_code == 413
     assert poll(client, uid).content == b""
 
@@ -187,10 +193,9 @@ def test_app_answers_are_not_held_back_by_nagle(stack, client: httpx.Client) -> 
     import time
 
     uid = new_uid()
-    assert (
-        client.post("/api/messages", json={"user_id": uid, "text": "hi"}).status_code
-        == 201
-    )
+    with stack.api() as api:
+        r = api.post("/api/messages", json={"user_id": uid, "text": "hi"})
+        assert r.status_code == 201
     target = stack.sign(f"/Poll/getMessages?user_id={uid}")
     took = []
     with httpx.Client(base_url=f"http://127.0.0.1:{stack.app_port}") as app:

@@ -199,8 +199,9 @@ def test_signature_parameters_never_enter_the_cache_key(sec_stack: Stack) -> Non
 def test_app_issues_signed_expiring_poll_urls(sec_stack: Stack) -> None:
     uid = new_uid()
     Cache(sec_stack).set(poll_key(uid), HIT)
-    with httpx.Client(base_url=sec_stack.base_url, timeout=10) as c:
-        r = c.post("/api/poll-url", json={"user_id": uid})
+    with httpx.Client(base_url=sec_stack.base_url, timeout=10) as c, sec_stack.api() as api:
+        assert c.post("/api/poll-url", json={"user_id": uid}).status_code == 404  # private
+        r = api.post("/api/poll-url", json={"user_id": uid})
         assert r.status_code == 200
         doc = r.json()
         assert doc["url"].startswith(f"/Poll/getMessages?user_id={uid}&exp=")
