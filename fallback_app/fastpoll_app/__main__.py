@@ -1,7 +1,7 @@
 """Command line:
 
-    python -m fastpoll_app --config FILE [--host H] [--port N] [--workers N] [--check]
-    python -m fastpoll_app migrate [--config FILE]   (create or upgrade the database's schema)
+python -m fastpoll_app --config FILE [--host H] [--port N] [--workers N] [--check]
+python -m fastpoll_app migrate [--config FILE]   (create or upgrade the database's schema)
 """
 
 from __future__ import annotations

@@ -269,7 +269,7 @@ class SqliteStore:
 
     kind = "sqlite"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, migrate: bool = True) -> None:
         self.path = path
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -277,7 +277,8 @@ class SqliteStore:
         self._user_locks = UserLocks(path + ".locks")
         try:
             self.conn().execute("PRAGMA journal_mode = WAL")
-            self.migrate()
+            if migrate:  # `make up` and single-host deploys need no separate step
+                self.migrate()
         except sqlite3.Error as exc:
             self.close()
             raise StoreError(str(exc)) from exc
@@ -658,4 +659,4 @@ def open_store(settings: AppSettings, check_schema: bool = True) -> SqliteStore 
     (NotMigrated otherwise, unless check_schema is False: the migrate command)."""
     if settings.is_postgresql:
         return PgStore(settings, check_schema)
-    return SqliteStore(settings.database)
+    return SqliteStore(settings.database, migrate=check_schema)
