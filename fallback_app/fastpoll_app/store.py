@@ -39,8 +39,11 @@ BUSY_TIMEOUT_MS = 10000
 PG_POOL_MAX = 20
 # A new outbox row is left to its own publisher for this long before a repair worker takes it.
 OUTBOX_GRACE = 2.0
-# Repair back-off per failed attempt, capped: a dead node's keys are retried every 30 s at most,
-# and do not crowd out keys on healthy nodes (claimed by attempts first).
+# Repair back-off: 0.5 s after the first claim, doubling per attempt, capped at 30 s, so a dead
+# node's keys are retried every 30 s at most and do not crowd out keys on healthy nodes (rows
+# are claimed fewest attempts first). The claim itself is the lease: while one worker repairs a
+# user, the row is not due for the others.
+OUTBOX_BACKOFF_BASE = 0.5
 OUTBOX_BACKOFF_MAX = 30.0
 SCHEMA_VERSION = 2
 
@@ -369,7 +372,7 @@ class SqliteStore:
             for uid, attempts in rows:
                 c.execute(
                     "UPDATE outbox SET due = ?, attempts = attempts + 1 WHERE user_id = ?",
-                    (now + min(2.0**attempts, OUTBOX_BACKOFF_MAX), uid),
+                    (now + min(OUTBOX_BACKOFF_BASE * 2.0**attempts, OUTBOX_BACKOFF_MAX), uid),
                 )
         return [int(r[0]) for r in rows]
 
@@ -621,12 +624,18 @@ class PgStore:
         # on each other; the new `due` is the lease (and the back-off if the repair fails).
         with self._conn() as conn, conn.transaction():
             rows = conn.execute(
-                "UPDATE outbox o SET due = %(now)s + LEAST(power(2, o.attempts), %(cap)s), "
-                "attempts = o.attempts + 1 FROM ("
+                "UPDATE outbox o"
+                "  SET due = %(now)s + LEAST(%(base)s * power(2, o.attempts), %(cap)s),"
+                "  attempts = o.attempts + 1 FROM ("
                 "  SELECT user_id FROM outbox WHERE due <= %(now)s"
                 "  ORDER BY attempts, due LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
                 ") d WHERE o.user_id = d.user_id RETURNING o.user_id",
-                {"now": now, "cap": OUTBOX_BACKOFF_MAX, "limit": limit},
+                {
+                    "now": now,
+                    "base": OUTBOX_BACKOFF_BASE,
+                    "cap": OUTBOX_BACKOFF_MAX,
+                    "limit": limit,
+                },
             ).fetchall()
         return [int(r[0]) for r in rows]
 
