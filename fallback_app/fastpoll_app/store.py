@@ -23,7 +23,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -101,18 +101,80 @@ def _snapshot(row: tuple[Any, ...] | None) -> Snapshot:
     return Snapshot(int(version or 0), encode_answer(int(unread), int(newest_id), newest_text))
 
 
-class Tx(Protocol):
-    """Operations inside one write transaction of one user (UserSession.write)."""
+# The statements both stores run, written with `?` placeholders (psycopg's are `%s`: _pg_sql).
+# FALSE/TRUE: SQLite (>= 3.23) reads them as 0/1, PostgreSQL's column is a boolean.
+
+# One statement, so the version, the count and the newest message come from one snapshot.
+_SNAPSHOT = """
+SELECT (SELECT version FROM users WHERE user_id = ?),
+       (SELECT COUNT(*) FROM messages WHERE user_id = ? AND read = FALSE),
+       (SELECT id FROM messages WHERE user_id = ? AND read = FALSE ORDER BY id DESC LIMIT 1),
+       (SELECT text FROM messages WHERE user_id = ? AND read = FALSE ORDER BY id DESC LIMIT 1)
+"""
+_GET_MESSAGE = "SELECT id, user_id, text, created, read FROM messages WHERE id = ?"
+_FIND_IDEM = (
+    "SELECT id, user_id, text, created, read FROM messages WHERE user_id = ? AND idem_key = ?"
+)
+_INSERT_MESSAGE = (
+    "INSERT INTO messages (user_id, text, created, idem_key) VALUES (?, ?, ?, ?) RETURNING id"
+)
+_MARK_READ = "UPDATE messages SET read = TRUE WHERE user_id = ? AND read = FALSE AND id <= ?"
+_BUMP_VERSION = (
+    "INSERT INTO users (user_id, version) VALUES (?, 1) ON CONFLICT (user_id) "
+    "DO UPDATE SET version = users.version + 1 RETURNING version"
+)
+_RECORD_OUTBOX = (
+    "INSERT INTO outbox (user_id, version, due, attempts) VALUES (?, ?, ?, 0) "
+    "ON CONFLICT (user_id) DO UPDATE SET version = excluded.version, "
+    "due = excluded.due, attempts = 0"
+)
+_SETTLE_OUTBOX = "DELETE FROM outbox WHERE user_id = ? AND version <= ?"
+
+
+def _pg_sql(sql: str) -> str:
+    return sql.replace("?", "%s")
+
+
+def _same_sql(sql: str) -> str:
+    return sql
+
+
+def _message(row: tuple[Any, ...]) -> Message:
+    return Message(int(row[0]), int(row[1]), row[2], float(row[3]), bool(row[4]))
+
+
+class Tx:
+    """Operations inside one write transaction of one user (UserSession.write), for either
+    store: `conn` is a sqlite3 or a psycopg connection, `sql` adapts the placeholders."""
+
+    def __init__(self, conn: Any, user_id: int, sql: Callable[[str], str]) -> None:
+        self._conn = conn
+        self._uid = user_id
+        self._sql = sql
+
+    def _run(self, statement: str, params: tuple[Any, ...]) -> Any:
+        return self._conn.execute(self._sql(statement), params)
 
     def add_message(self, text: str, idem_key: str | None) -> tuple[Message, bool]:
         """Store a message; (message, True) if idem_key was seen before (nothing stored)."""
-        ...
+        if idem_key is not None:
+            row = self._run(_FIND_IDEM, (self._uid, idem_key)).fetchone()
+            if row is not None:
+                if row[2] != text:
+                    raise IdempotencyConflict("idempotency key already used for another message")
+                return _message(row), True
+        now = time.time()
+        (mid,) = self._run(_INSERT_MESSAGE, (self._uid, text, now, idem_key)).fetchone()
+        return Message(int(mid), self._uid, text, now, False), False
 
-    def mark_read(self, up_to_id: int) -> int: ...
+    def mark_read(self, up_to_id: int) -> int:
+        return int(self._run(_MARK_READ, (self._uid, up_to_id)).rowcount)
 
     def bump(self) -> Snapshot:
         """Increment the user's version, record the outbox row, return the new answer."""
-        ...
+        (version,) = self._run(_BUMP_VERSION, (self._uid,)).fetchone()
+        self._run(_RECORD_OUTBOX, (self._uid, version, time.time() + OUTBOX_GRACE))
+        return _snapshot(self._run(_SNAPSHOT, (self._uid,) * 4).fetchone())
 
 
 class UserSession(Protocol):
@@ -184,71 +246,15 @@ CREATE INDEX outbox_due ON outbox (attempts, due);
 """,
 }
 
-# One statement, so the version, the count and the newest message come from one snapshot.
-_SQLITE_SNAPSHOT = """
-SELECT (SELECT version FROM users WHERE user_id = ?1),
-       (SELECT COUNT(*) FROM messages WHERE user_id = ?1 AND read = 0),
-       (SELECT id FROM messages WHERE user_id = ?1 AND read = 0 ORDER BY id DESC LIMIT 1),
-       (SELECT text FROM messages WHERE user_id = ?1 AND read = 0 ORDER BY id DESC LIMIT 1)
-"""
-
-
-class _SqliteTx:
-    def __init__(self, conn: sqlite3.Connection, user_id: int) -> None:
-        self._conn = conn
-        self._uid = user_id
-
-    def add_message(self, text: str, idem_key: str | None) -> tuple[Message, bool]:
-        if idem_key is not None:
-            row = self._conn.execute(
-                "SELECT id, user_id, text, created, read FROM messages "
-                "WHERE user_id = ? AND idem_key = ?",
-                (self._uid, idem_key),
-            ).fetchone()
-            if row is not None:
-                if row[2] != text:
-                    raise IdempotencyConflict("idempotency key already used for another message")
-                return Message(row[0], row[1], row[2], row[3], bool(row[4])), True
-        now = time.time()
-        cur = self._conn.execute(
-            "INSERT INTO messages (user_id, text, created, idem_key) VALUES (?, ?, ?, ?)",
-            (self._uid, text, now, idem_key),
-        )
-        if cur.lastrowid is None:
-            raise StoreError("INSERT returned no row id")
-        return Message(cur.lastrowid, self._uid, text, now, False), False
-
-    def mark_read(self, up_to_id: int) -> int:
-        cur = self._conn.execute(
-            "UPDATE messages SET read = 1 WHERE user_id = ? AND read = 0 AND id <= ?",
-            (self._uid, up_to_id),
-        )
-        return cur.rowcount
-
-    def bump(self) -> Snapshot:
-        (version,) = self._conn.execute(
-            "INSERT INTO users (user_id, version) VALUES (?, 1) "
-            "ON CONFLICT (user_id) DO UPDATE SET version = version + 1 RETURNING version",
-            (self._uid,),
-        ).fetchone()
-        self._conn.execute(
-            "INSERT INTO outbox (user_id, version, due, attempts) VALUES (?, ?, ?, 0) "
-            "ON CONFLICT (user_id) DO UPDATE SET version = excluded.version, "
-            "due = excluded.due, attempts = 0",
-            (self._uid, version, time.time() + OUTBOX_GRACE),
-        )
-        return _snapshot(self._conn.execute(_SQLITE_SNAPSHOT, (self._uid,)).fetchone())
-
-
 class _SqliteSession:
     def __init__(self, store: SqliteStore, user_id: int) -> None:
         self._store = store
         self._uid = user_id
 
     @contextmanager
-    def write(self) -> Iterator[_SqliteTx]:
+    def write(self) -> Iterator[Tx]:
         with self._store.transaction() as conn:
-            yield _SqliteTx(conn, self._uid)
+            yield Tx(conn, self._uid, _same_sql)
 
     def snapshot(self) -> Snapshot:
         return self._store.snapshot(self._uid)
@@ -259,9 +265,7 @@ class _SqliteSession:
         conn.execute("PRAGMA synchronous = NORMAL")
         try:
             with self._store.transaction() as c:
-                c.execute(
-                    "DELETE FROM outbox WHERE user_id = ? AND version <= ?", (self._uid, version)
-                )
+                c.execute(_SETTLE_OUTBOX, (self._uid, version))
         finally:
             conn.execute("PRAGMA synchronous = FULL")
 
@@ -339,7 +343,7 @@ class SqliteStore:
     def snapshot(self, user_id: int) -> Snapshot:
         try:
             with Timer(DB_SECONDS, "read"):
-                row = self.conn().execute(_SQLITE_SNAPSHOT, (user_id,)).fetchone()
+                row = self.conn().execute(_SNAPSHOT, (user_id,) * 4).fetchone()
         except sqlite3.Error as exc:
             raise StoreError(str(exc)) from exc
         return _snapshot(row)
@@ -348,14 +352,8 @@ class SqliteStore:
         return self.snapshot(user_id).answer
 
     def get_message(self, message_id: int) -> Message | None:
-        row = (
-            self.conn()
-            .execute(
-                "SELECT id, user_id, text, created, read FROM messages WHERE id = ?", (message_id,)
-            )
-            .fetchone()
-        )
-        return Message(row[0], row[1], row[2], row[3], bool(row[4])) if row else None
+        row = self.conn().execute(_GET_MESSAGE, (message_id,)).fetchone()
+        return _message(row) if row else None
 
     def claim_outbox(self, limit: int) -> list[int]:
         now = time.time()
@@ -443,65 +441,11 @@ CREATE INDEX outbox_due ON outbox (attempts, due);
 # Serialises concurrent `migrate` runs (two-int advisory keys never meet the users' bigint ones).
 _PG_MIGRATE_LOCK = (0x66707031, 1)
 
-_PG_SNAPSHOT = """
-SELECT (SELECT version FROM users WHERE user_id = %(u)s),
-       (SELECT COUNT(*) FROM messages WHERE user_id = %(u)s AND NOT read),
-       (SELECT id FROM messages WHERE user_id = %(u)s AND NOT read ORDER BY id DESC LIMIT 1),
-       (SELECT text FROM messages WHERE user_id = %(u)s AND NOT read ORDER BY id DESC LIMIT 1)
-"""
-
-
 def _pg_errors() -> tuple[type[Exception], ...]:
     import psycopg
     import psycopg_pool
 
     return (psycopg.Error, psycopg_pool.PoolTimeout)
-
-
-class _PgTx:
-    def __init__(self, conn: Any, user_id: int) -> None:
-        self._conn = conn
-        self._uid = user_id
-
-    def add_message(self, text: str, idem_key: str | None) -> tuple[Message, bool]:
-        if idem_key is not None:
-            row = self._conn.execute(
-                "SELECT id, user_id, text, created, read FROM messages "
-                "WHERE user_id = %s AND idem_key = %s",
-                (self._uid, idem_key),
-            ).fetchone()
-            if row is not None:
-                if row[2] != text:
-                    raise IdempotencyConflict("idempotency key already used for another message")
-                return Message(row[0], row[1], row[2], row[3], bool(row[4])), True
-        now = time.time()
-        (mid,) = self._conn.execute(
-            "INSERT INTO messages (user_id, text, created, idem_key) VALUES (%s, %s, %s, %s) "
-            "RETURNING id",
-            (self._uid, text, now, idem_key),
-        ).fetchone()
-        return Message(int(mid), self._uid, text, now, False), False
-
-    def mark_read(self, up_to_id: int) -> int:
-        cur = self._conn.execute(
-            "UPDATE messages SET read = true WHERE user_id = %s AND NOT read AND id <= %s",
-            (self._uid, up_to_id),
-        )
-        return int(cur.rowcount)
-
-    def bump(self) -> Snapshot:
-        (version,) = self._conn.execute(
-            "INSERT INTO users (user_id, version) VALUES (%s, 1) ON CONFLICT (user_id) "
-            "DO UPDATE SET version = users.version + 1 RETURNING version",
-            (self._uid,),
-        ).fetchone()
-        self._conn.execute(
-            "INSERT INTO outbox (user_id, version, due, attempts) VALUES (%s, %s, %s, 0) "
-            "ON CONFLICT (user_id) DO UPDATE SET version = excluded.version, "
-            "due = excluded.due, attempts = 0",
-            (self._uid, version, time.time() + OUTBOX_GRACE),
-        )
-        return _snapshot(self._conn.execute(_PG_SNAPSHOT, {"u": self._uid}).fetchone())
 
 
 class _PgSession:
@@ -510,13 +454,13 @@ class _PgSession:
         self._uid = user_id
 
     @contextmanager
-    def write(self) -> Iterator[_PgTx]:
+    def write(self) -> Iterator[Tx]:
         errors = _pg_errors()
         try:
             with Timer(DB_SECONDS, "begin"):
                 self._conn.execute("BEGIN")
             try:
-                yield _PgTx(self._conn, self._uid)
+                yield Tx(self._conn, self._uid, _pg_sql)
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
@@ -528,7 +472,7 @@ class _PgSession:
     def snapshot(self) -> Snapshot:
         try:
             with Timer(DB_SECONDS, "read"):
-                row = self._conn.execute(_PG_SNAPSHOT, {"u": self._uid}).fetchone()
+                row = self._conn.execute(_pg_sql(_SNAPSHOT), (self._uid,) * 4).fetchone()
         except _pg_errors() as exc:
             raise StoreError(str(exc)) from exc
         return _snapshot(row)
@@ -538,9 +482,7 @@ class _PgSession:
             with self._conn.transaction():
                 # Need not be durable: a lost deletion costs one more verification.
                 self._conn.execute("SET LOCAL synchronous_commit TO off")
-                self._conn.execute(
-                    "DELETE FROM outbox WHERE user_id = %s AND version <= %s", (self._uid, version)
-                )
+                self._conn.execute(_pg_sql(_SETTLE_OUTBOX), (self._uid, version))
         except _pg_errors() as exc:
             raise StoreError(str(exc)) from exc
 
@@ -607,16 +549,13 @@ class PgStore:
 
     def poll_answer(self, user_id: int) -> bytes:
         with self._conn() as conn, Timer(DB_SECONDS, "read"):
-            row = conn.execute(_PG_SNAPSHOT, {"u": user_id}).fetchone()
+            row = conn.execute(_pg_sql(_SNAPSHOT), (user_id,) * 4).fetchone()
         return _snapshot(row).answer
 
     def get_message(self, message_id: int) -> Message | None:
         with self._conn() as conn:
-            row = conn.execute(
-                "SELECT id, user_id, text, created, read FROM messages WHERE id = %s",
-                (message_id,),
-            ).fetchone()
-        return Message(row[0], row[1], row[2], row[3], bool(row[4])) if row else None
+            row = conn.execute(_pg_sql(_GET_MESSAGE), (message_id,)).fetchone()
+        return _message(row) if row else None
 
     def claim_outbox(self, limit: int) -> list[int]:
         now = time.time()
