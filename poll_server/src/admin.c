@@ -195,8 +195,18 @@ static void series(struct out *o, const char *name, const char *server)
     out_printf(o, "\"");
 }
 
+static uint64_t admin_mono_ms(void)
+{
+    struct timespec ts;
+
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 static void write_backends(struct out *o)
 {
+    uint64_t now_ms;
     size_t i;
     int k;
 
@@ -206,6 +216,22 @@ static void write_backends(struct out *o)
     for (i = 0; i < fp_stats.nbackends; i++) {
         series(o, "fastpoll_backend_up", fp_stats.backends[i].name);
         out_printf(o, "} %d\n", fp_stats.backends[i].up ? 1 : 0);
+    }
+    head(o, "fastpoll_backend_recovering", "gauge",
+         "1 while a memcached node that was down or hung is back but still "
+         "read through its keys' replicas ([memcached] recovery_ms).");
+    now_ms = admin_mono_ms();
+    for (i = 0; i < fp_stats.nbackends; i++) {
+        series(o, "fastpoll_backend_recovering", fp_stats.backends[i].name);
+        out_printf(o, "} %d\n", fp_stats.backends[i].recover_until_ms > now_ms);
+    }
+    head(o, "fastpoll_replica_reads_total", "counter",
+         "Gets sent to this memcached node as the replica of a key whose "
+         "primary was down, hung, recovering, or failed the get.");
+    for (i = 0; i < fp_stats.nbackends; i++) {
+        series(o, "fastpoll_replica_reads_total", fp_stats.backends[i].name);
+        out_printf(o, "} %llu\n",
+                   (unsigned long long)fp_stats.backends[i].replica_reads);
     }
     head(o, "fastpoll_backend_gets_total", "counter",
          "Cache gets by server and result; error includes gets failed fast "

@@ -17,7 +17,9 @@ enum fp_cache_status {
 
 /* Called exactly once per fp_cache_get() that returned 0, always from the
  * event loop and never from inside fp_cache_get() itself, and no later than
- * cache_timeout_ms (plus timer slack) after the get. `value` is valid only
+ * cache_timeout_ms (plus timer slack) after the get; with memcached replicas,
+ * twice that (a failed primary read is followed by one replica read with a
+ * deadline of its own). `value` is valid only
  * during the call and may contain NUL bytes. */
 typedef void fp_cache_cb(enum fp_cache_status status, const char *value,
                          size_t len, void *arg);

@@ -34,6 +34,15 @@
  *   answer, when it comes, is read and dropped. A stopped server's kernel
  *   still accepts connections, so only an answer (not a connect) resets
  *   the backoff.
+ *
+ * Replicas ([memcached] replicas = 1; docs/architecture.md, "Replicas"):
+ * the app writes every key to its ketama node and to the node ketama picks
+ * over the other servers. A get goes to the primary; when the primary is
+ * down, back from a hang but silent, recovering, or the get fails (ERROR,
+ * TIMEOUT), the same request is sent once to the replica with a deadline
+ * of its own. A miss on the primary is a miss. A node that comes back is
+ * read through its keys' replicas for recovery_ms (it may hold answers
+ * older than publishes made while it was away), and is no replica then.
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* getaddrinfo under -std=c11 */
@@ -94,6 +103,8 @@ struct mc_req {
     fp_cache_cb *cb;
     void *arg;
     size_t srv_index;         /* for the stats; SIZE_MAX: no server chosen */
+    int failover;             /* a primary read: on ERROR/TIMEOUT, ask the
+                               * key's replica before calling back */
     uint64_t sent;            /* fp_stat_now() when queued, 0 if never */
     int late;                 /* got TIMEOUT already; its answer is dropped */
     int meta;                 /* sent as "mg" (else as classic "get") */
@@ -135,6 +146,8 @@ struct mc_server {
     uint64_t last_rx_ms;            /* when bytes last came, 0: none yet */
     enum mc_proto proto;            /* of this connection */
     enum mc_proto logged_proto;
+    uint64_t recover_until_ms;      /* mono_ms(): read through replicas
+                                     * until then; 0: not recovering */
 };
 
 struct fp_mc {
@@ -144,6 +157,11 @@ struct fp_mc {
     struct timeval timeout_tv;
     struct mc_server *servers;
     size_t nservers;
+    memcached_st **excl;            /* [i]: ketama over every server but i
+                                     * (the replica of i's keys); or NULL */
+    size_t nexcl;                   /* entries of excl */
+    int replicas;                   /* [memcached] replicas */
+    unsigned recovery_ms;
     struct mc_reqq failq;           /* failed fast, callback not yet run */
     struct mc_req *free_reqs;       /* recycled, each with its timer */
     size_t nfree_reqs;
@@ -160,6 +178,8 @@ static uint64_t mono_ms(void)
         return 0;
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
+
+static int req_failover(struct mc_req *r);
 
 static void req_release(struct fp_mc *mc, struct mc_req *r)
 {
@@ -185,6 +205,9 @@ static void req_finish(struct mc_req *r, enum fp_cache_status st,
     if (!late) /* a late one was counted, and called back, at its TIMEOUT */
         fp_stat_backend_done(r->srv_index, st, r->sent);
     (void)event_del(r->timer);
+    if (!late && (st == FP_CACHE_ERROR || st == FP_CACHE_TIMEOUT) &&
+        r->failover && req_failover(r) == 0)
+        late = 1; /* the replica's get calls back instead */
     req_release(r->mc, r);
     if (!late)
         cb(st, val, len, arg);
@@ -231,8 +254,20 @@ static void buf_reset(struct mc_buf *b, size_t min)
 
 static void server_log_up(struct mc_server *s)
 {
-    if (s->logged != MC_LOG_UP)
+    struct fp_mc *mc = s->mc;
+
+    if (s->logged == MC_LOG_DOWN && mc->replicas && mc->recovery_ms > 0) {
+        /* Back from down or hung: it may hold answers older than publishes
+         * made meanwhile, until the app's outbox rewrites them. */
+        s->recover_until_ms = mono_ms() + mc->recovery_ms;
+        fp_stat_backend_recovering((size_t)(s - mc->servers),
+                                   s->recover_until_ms);
+        fp_log(FP_LOG_INFO, "memcached %s: connected; its keys are read from "
+               "their replicas for %u ms (recovery_ms)", s->name,
+               mc->recovery_ms);
+    } else if (s->logged != MC_LOG_UP) {
         fp_log(FP_LOG_INFO, "memcached %s: connected", s->name);
+    }
     s->logged = MC_LOG_UP;
     fp_stat_backend_up((size_t)(s - s->mc->servers), 1);
 }
@@ -780,7 +815,8 @@ static void req_timer_cb(evutil_socket_t fd, short what, void *arg)
          * keeps its place in the FIFO until its answer is read. */
         r->late = 1;
         fp_stat_backend_done(r->srv_index, FP_CACHE_TIMEOUT, r->sent);
-        r->cb(FP_CACHE_TIMEOUT, NULL, 0, r->arg);
+        if (!r->failover || req_failover(r) != 0)
+            r->cb(FP_CACHE_TIMEOUT, NULL, 0, r->arg);
         return;
     }
     s->hung = 1;
@@ -805,49 +841,73 @@ static int key_is_safe(const char *key, size_t len)
     return 1;
 }
 
-int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
-              fp_cache_cb *cb, void *arg)
+/* Takes gets, unless it is down, full, or back from a hang and not yet
+ * answering (a stopped server's kernel accepts the connection): with
+ * replicas, its keys go to their replicas meanwhile instead of waiting for
+ * a timeout. */
+static int server_ready(const struct mc_server *s)
+{
+    if (s->state == MC_DOWN || s->npending >= MC_MAX_PENDING)
+        return 0;
+    return !(s->mc->replicas && s->hung && s->last_rx_ms == 0);
+}
+
+/* In its recovery window (server_log_up): neither primary nor replica. */
+static int server_recovering(struct mc_server *s)
+{
+    if (s->recover_until_ms == 0)
+        return 0;
+    if (mono_ms() < s->recover_until_ms)
+        return 1;
+    s->recover_until_ms = 0;
+    fp_stat_backend_recovering((size_t)(s - s->mc->servers), 0);
+    fp_log(FP_LOG_INFO, "memcached %s: recovery window over, reading its "
+           "keys from it again", s->name);
+    return 0;
+}
+
+/* The replica of a key whose primary is server p: ketama over the list
+ * without p, as the app computes it (fastpoll_app/cache.py). */
+static size_t replica_of(const struct fp_mc *mc, const char *key,
+                         size_t keylen, size_t p)
+{
+    size_t j = memcached_generate_hash(mc->excl[p], key, keylen) %
+               (mc->nservers - 1);
+
+    return j < p ? j : j + 1;
+}
+
+static struct mc_req *req_alloc(struct fp_mc *mc)
 {
     struct mc_req *r;
-    struct mc_server *s;
-    char *cmd;
-    size_t cmdlen;
 
-    if (mc->closing)
-        return -1;
     if ((r = mc->free_reqs) != NULL) {
         mc->free_reqs = r->free_next;
         mc->nfree_reqs--;
     } else {
         if ((r = malloc(sizeof(*r))) == NULL)
-            return -1;
+            return NULL;
         if ((r->timer = evtimer_new(mc->base, req_timer_cb, r)) == NULL) {
             free(r);
-            return -1;
+            return NULL;
         }
     }
     r->mc = mc;
     r->srv = NULL;
-    r->cb = cb;
-    r->arg = arg;
     r->srv_index = SIZE_MAX;
     r->sent = 0;
     r->late = 0;
+    r->failover = 0;
     r->keylen = 0;
+    return r;
+}
 
-    if (!key_is_safe(key, keylen)) {
-        fp_log(FP_LOG_ERROR, "memcached: refusing an unsafe key (%zu bytes)",
-               keylen);
-        goto fail_fast;
-    }
-    memcpy(r->key, key, keylen);
-    r->keylen = keylen;
-
-    s = &mc->servers[memcached_generate_hash(mc->memc, key, keylen) %
-                     mc->nservers];
-    r->srv_index = (size_t)(s - mc->servers);
-    if (s->state == MC_DOWN || s->npending >= MC_MAX_PENDING)
-        goto fail_fast;
+/* Queues r's get (r->key) on s. Returns 0, or -1 with nothing written. */
+static int req_queue(struct mc_req *r, struct mc_server *s)
+{
+    struct fp_mc *mc = r->mc;
+    size_t keylen = r->keylen, cmdlen;
+    char *cmd;
 
     /* Room first, then the deadline, then the command in one piece, so a
      * failure leaves nothing half-written on the stream. */
@@ -855,20 +915,21 @@ int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
     cmdlen = r->meta ? 3 + keylen + 6 : 4 + keylen + 2;
     if (buf_reserve(&s->out, cmdlen, MC_OUT_MIN, MC_OUT_MAX) != 0 ||
         evtimer_add(r->timer, mc->timeout) != 0)
-        goto fail_fast;
+        return -1;
     cmd = s->out.data + s->out.len;
     /* Bytes for the wire, not C strings: */
     if (r->meta) {
         memcpy(cmd, "mg ", 3); /* NOLINT(bugprone-not-null-terminated-result) */
-        memcpy(cmd + 3, key, keylen);
+        memcpy(cmd + 3, r->key, keylen);
         memcpy(cmd + 3 + keylen, " v k\r\n", 6); /* NOLINT(bugprone-not-null-terminated-result) */
     } else {
         memcpy(cmd, "get ", 4); /* NOLINT(bugprone-not-null-terminated-result) */
-        memcpy(cmd + 4, key, keylen);
+        memcpy(cmd + 4, r->key, keylen);
         memcpy(cmd + 4 + keylen, "\r\n", 2); /* NOLINT(bugprone-not-null-terminated-result) */
     }
     s->out.len += cmdlen;
     r->srv = s;
+    r->srv_index = (size_t)(s - mc->servers);
     r->sent = fp_stat_now();
     TAILQ_INSERT_TAIL(&s->pending, r, link);
     s->npending++;
@@ -880,10 +941,86 @@ int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
         s->flush_active = 1;
     }
     return 0;
+}
+
+/* The primary read r failed: the same get goes to the key's replica, whose
+ * answer (or failure) calls r's callback. Returns 0, or -1 (no usable
+ * replica) and r's failure stands. Runs on the loop, never inside
+ * fp_mc_get. */
+static int req_failover(struct mc_req *r)
+{
+    struct fp_mc *mc = r->mc;
+    struct mc_server *s;
+    struct mc_req *r2;
+    size_t i;
+
+    if (mc->closing || r->srv_index >= mc->nservers)
+        return -1;
+    i = replica_of(mc, r->key, r->keylen, r->srv_index);
+    s = &mc->servers[i];
+    if (!server_ready(s) || server_recovering(s))
+        return -1;
+    if ((r2 = req_alloc(mc)) == NULL)
+        return -1;
+    r2->cb = r->cb;
+    r2->arg = r->arg;
+    memcpy(r2->key, r->key, r->keylen);
+    r2->keylen = r->keylen;
+    if (req_queue(r2, s) != 0) {
+        req_release(mc, r2);
+        return -1;
+    }
+    fp_stat_replica_read(i);
+    return 0;
+}
+
+int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
+              fp_cache_cb *cb, void *arg)
+{
+    struct mc_req *r;
+    struct mc_server *s;
+    size_t p, i;
+
+    if (mc->closing)
+        return -1;
+    if ((r = req_alloc(mc)) == NULL)
+        return -1;
+    r->cb = cb;
+    r->arg = arg;
+
+    if (!key_is_safe(key, keylen)) {
+        fp_log(FP_LOG_ERROR, "memcached: refusing an unsafe key (%zu bytes)",
+               keylen);
+        goto fail_fast;
+    }
+    memcpy(r->key, key, keylen);
+    r->keylen = keylen;
+
+    p = memcached_generate_hash(mc->memc, key, keylen) % mc->nservers;
+    s = &mc->servers[p];
+    r->srv_index = p;
+    if (mc->replicas) {
+        if (server_ready(s) && !server_recovering(s)) {
+            r->failover = 1;
+        } else {
+            i = replica_of(mc, key, keylen, p);
+            s = &mc->servers[i];
+            r->srv_index = i;
+            if (!server_ready(s) || server_recovering(s))
+                goto fail_fast;
+            fp_stat_replica_read(i);
+        }
+    } else if (!server_ready(s)) {
+        goto fail_fast;
+    }
+    if (req_queue(r, s) != 0)
+        goto fail_fast;
+    return 0;
 
 fail_fast:
     /* Never call back from inside fp_cache_get(): defer to the loop. */
     r->srv = NULL;
+    r->failover = 0;
     TAILQ_INSERT_TAIL(&mc->failq, r, link);
     event_active(r->timer, EV_TIMEOUT, 1);
     return 0;
@@ -920,6 +1057,37 @@ static int server_resolve(struct mc_server *s, const struct fp_server_addr *a)
     return 0;
 }
 
+/* libmemcached's ketama over the configured servers in order, without
+ * server `skip` (SIZE_MAX: all): used only for memcached_generate_hash. */
+static memcached_st *ketama_new(const struct fp_settings *st, size_t skip)
+{
+    memcached_st *m = memcached_create(NULL);
+    size_t i;
+
+    if (m == NULL)
+        return NULL;
+    /* The order of the servers matters: it must be the app's order. */
+    for (i = 0; i < st->nmc_servers; i++) {
+        const struct fp_server_addr *a = &st->mc_servers[i];
+        if (i == skip)
+            continue;
+        if (a->host == NULL ||
+            memcached_server_add(m, a->host, a->port) != MEMCACHED_SUCCESS) {
+            fp_log(FP_LOG_ERROR, "memcached: cannot add server %s:%u",
+                   a->host ? a->host : "(null)", (unsigned)a->port);
+            memcached_free(m);
+            return NULL;
+        }
+    }
+    if (memcached_behavior_set(m, MEMCACHED_BEHAVIOR_KETAMA, 1) !=
+        MEMCACHED_SUCCESS) {
+        fp_log(FP_LOG_ERROR, "memcached: cannot enable ketama");
+        memcached_free(m);
+        return NULL;
+    }
+    return m;
+}
+
 struct fp_mc *fp_mc_create(struct event_base *base, const struct fp_settings *st)
 {
     struct fp_mc *mc;
@@ -942,24 +1110,23 @@ struct fp_mc *fp_mc_create(struct event_base *base, const struct fp_settings *st
     if (mc->timeout == NULL)
         mc->timeout = &mc->timeout_tv;
 
-    mc->memc = memcached_create(NULL);
-    if (mc->memc == NULL)
+    if ((mc->memc = ketama_new(st, SIZE_MAX)) == NULL)
         goto fail;
-    /* The order of the servers matters: it must be the app's order. */
-    for (i = 0; i < st->nmc_servers; i++) {
-        const struct fp_server_addr *a = &st->mc_servers[i];
-        if (a->host == NULL ||
-            memcached_server_add(mc->memc, a->host, a->port) !=
-                MEMCACHED_SUCCESS) {
-            fp_log(FP_LOG_ERROR, "memcached: cannot add server %s:%u",
-                   a->host ? a->host : "(null)", (unsigned)a->port);
-            goto fail;
-        }
+    mc->replicas = st->mc_replicas < 0 ? st->nmc_servers >= 2
+                                       : st->mc_replicas;
+    mc->recovery_ms = st->mc_recovery_ms;
+    if (mc->replicas && st->nmc_servers < 2) {
+        fp_log(FP_LOG_ERROR, "memcached: replicas need at least 2 servers");
+        goto fail;
     }
-    if (memcached_behavior_set(mc->memc, MEMCACHED_BEHAVIOR_KETAMA, 1) !=
-        MEMCACHED_SUCCESS) {
-        fp_log(FP_LOG_ERROR, "memcached: cannot enable ketama");
-        goto fail;
+    if (mc->replicas) {
+        mc->excl = calloc(st->nmc_servers, sizeof(*mc->excl));
+        if (mc->excl == NULL)
+            goto fail;
+        mc->nexcl = st->nmc_servers;
+        for (i = 0; i < st->nmc_servers; i++)
+            if ((mc->excl[i] = ketama_new(st, i)) == NULL)
+                goto fail;
     }
 
     mc->servers = calloc(st->nmc_servers, sizeof(*mc->servers));
@@ -1021,6 +1188,12 @@ void fp_mc_free(struct fp_mc *mc)
         free(r);
     }
     free(mc->servers);
+    if (mc->excl != NULL) {
+        for (i = 0; i < mc->nexcl; i++)
+            if (mc->excl[i] != NULL)
+                memcached_free(mc->excl[i]);
+        free(mc->excl);
+    }
     if (mc->memc != NULL)
         memcached_free(mc->memc);
     free(mc);

@@ -622,6 +622,39 @@ static int set_servers(struct fp_settings *s, const struct option_def *o,
     return append_servers(s, v, why, whylen);
 }
 
+/* [memcached] previous_servers: the app's list before a membership change
+ * (docs/operations.md). The app writes both placements while it is set; the
+ * poll server reads the current list only, so it checks the entries and
+ * keeps nothing. */
+static int set_previous_servers(struct fp_settings *s,
+                                const struct option_def *o, const char *v,
+                                char *why, size_t whylen)
+{
+    struct fp_settings tmp;
+    int rc;
+
+    (void)s;
+    (void)o;
+    memset(&tmp, 0, sizeof(tmp));
+    rc = append_servers(&tmp, v, why, whylen);
+    clear_servers(&tmp);
+    return rc;
+}
+
+static int set_replicas(struct fp_settings *s, const struct option_def *o,
+                        const char *v, char *why, size_t whylen)
+{
+    unsigned long long n;
+
+    (void)o;
+    if (parse_ull(v, 0, 1, &n) < 0) {
+        fmt(why, whylen, "not 0 or 1");
+        return -1;
+    }
+    s->mc_replicas = (int)n;
+    return 0;
+}
+
 static int set_redis_server(struct fp_settings *s, const struct option_def *o,
                             const char *v, char *why, size_t whylen)
 {
@@ -848,6 +881,9 @@ static const struct option_def options[] = {
     { "cache", "content_type", set_content_type, 0, 0, 0, false },
     { "cache", "ttl", set_uint, NO_FIELD, 0, 2592000, false },
     { "memcached", "servers", set_servers, 0, 0, 0, true },
+    { "memcached", "previous_servers", set_previous_servers, 0, 0, 0, true },
+    { "memcached", "replicas", set_replicas, 0, 0, 1, false },
+    { "memcached", "recovery_ms", set_uint, F(mc_recovery_ms), 0, 600000, false },
     { "redis", "server", set_redis_server, 0, 0, 0, false },
     { "redis", "password_file", set_password_file, 0, 0, 0, false },
     { "redis", "db", set_db, 0, 0, 65535, false },
@@ -926,6 +962,8 @@ int fp_config_defaults(struct fp_settings *s, char *err, size_t errlen)
     s->shutdown_timeout_ms = 5000;
     s->backend = FP_BACKEND_MEMCACHED;
     s->cache_timeout_ms = 100;
+    s->mc_replicas = -1;
+    s->mc_recovery_ms = 5000;
     s->redis_db = 0;
     s->log_level = FP_LOG_INFO;
     for (size_t i = 0; i < sizeof(defs) / sizeof(defs[0]); i++) {
@@ -1049,6 +1087,8 @@ static int fp_ini_handler(void *user, const char *section, const char *name,
             section, name, q, why);
         goto fail;
     }
+    if (o->parse == set_replicas)
+        c->s->mc_replicas_line = c->lineno;
     return 1;
 fail:
     c->err_line = c->lineno;
@@ -1103,6 +1143,26 @@ int fp_config_load_file(struct fp_settings *s, const char *path,
     rc = fp_config_load_stream(s, f, path, err, errlen);
     (void)fclose(f);
     return rc;
+}
+
+int fp_config_finish(struct fp_settings *s, const char *name, char *err,
+                     size_t errlen)
+{
+    /* A replica is the ketama choice over the other servers: one server
+     * has none. Unset, replicas follow the list. */
+    if (s->mc_replicas < 0) {
+        s->mc_replicas = s->nmc_servers >= 2 ? 1 : 0;
+    } else if (s->mc_replicas == 1 && s->nmc_servers < 2 &&
+               s->backend == FP_BACKEND_MEMCACHED) {
+        if (s->mc_replicas_line > 0)
+            fmt(err, errlen, "%s:%d: [memcached] replicas = 1 needs at least "
+                "2 servers", name ? name : "(config)", s->mc_replicas_line);
+        else
+            fmt(err, errlen, "[memcached] replicas = 1 needs at least 2 "
+                "servers");
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- the command line ------------------------------------------------- */
@@ -1228,5 +1288,5 @@ int fp_config_from_args(struct fp_settings *s, struct fp_cli *cli,
             return -1;
         }
     }
-    return 0;
+    return fp_config_finish(s, cli->config_path, err, errlen);
 }

@@ -38,6 +38,12 @@ int fp_config_load_stream(struct fp_settings *s, FILE *f, const char *name,
 int fp_config_load_file(struct fp_settings *s, const char *path,
                         char *err, size_t errlen);
 
+/* Checks between keys, once every source is read: [memcached] replicas
+ * (default: 1 with at least 2 servers). `name` is the file, for the line.
+ * Returns 0, or -1 with err set. */
+int fp_config_finish(struct fp_settings *s, const char *name, char *err,
+                     size_t errlen);
+
 /* The whole start-up path: parses argv (getopt_long), sets defaults, reads
  * -c FILE if given, then applies the overriding flags. On -h or -V only cli
  * is filled. Returns 0, or -1 with err set; s is always safe to

@@ -47,6 +47,10 @@ struct fp_settings {
     /* [memcached] */
     struct fp_server_addr mc_servers[FP_MAX_SERVERS]; /* order matters: ketama */
     size_t nmc_servers;
+    int mc_replicas;             /* 0 or 1; -1 until set: 1 with >= 2 servers */
+    int mc_replicas_line;        /* file line that set it, for errors; 0: none */
+    unsigned mc_recovery_ms;     /* a node back from down or hung is read
+                                  * through its replicas this long, default 5000 */
 
     /* [redis] */
     struct fp_server_addr redis;

@@ -45,6 +45,9 @@ struct fp_stat_backend {
     uint64_t results[4];        /* gets by enum fp_cache_status */
     uint64_t buckets[FP_STAT_NBUCKETS + 1]; /* answered gets, not cumulative */
     uint64_t sum_ns;            /* of answered gets */
+    uint64_t replica_reads;     /* gets sent here as a key's replica */
+    uint64_t recover_until_ms;  /* CLOCK_MONOTONIC ms: read through replicas
+                                 * until then (back from down or hung) */
 };
 
 struct fp_stats {
@@ -77,6 +80,8 @@ void fp_stats_backend_name(size_t i, const char *name);
 #define fp_stat_backend_up(i, v) ((void)(i), (void)(v))
 #define fp_stat_now() ((uint64_t)0)
 #define fp_stat_backend_done(i, st, t0) ((void)(i), (void)(st), (void)(t0))
+#define fp_stat_replica_read(i) ((void)(i))
+#define fp_stat_backend_recovering(i, until) ((void)(i), (void)(until))
 
 #else
 
@@ -90,6 +95,20 @@ static inline void fp_stat_backend_up(size_t i, int up)
 {
     if (i < FP_MAX_SERVERS)
         fp_stats.backends[i].up = up;
+}
+
+/* A get for a key whose primary cannot answer went to backend i, its
+ * replica (docs/architecture.md, "Replicas"). */
+static inline void fp_stat_replica_read(size_t i)
+{
+    if (i < FP_MAX_SERVERS)
+        fp_stats.backends[i].replica_reads++;
+}
+
+static inline void fp_stat_backend_recovering(size_t i, uint64_t until_ms)
+{
+    if (i < FP_MAX_SERVERS)
+        fp_stats.backends[i].recover_until_ms = until_ms;
 }
 
 /* Monotonic nanoseconds (vDSO clock_gettime: no system call). */
