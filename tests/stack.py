@@ -294,6 +294,9 @@ class Stack:
     pg_port: int = 0
     pg_dir: Path | None = None
     extra_ini: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Extra command-line flags of poller i, after the harness's own (e.g. {0: ["-s", LIST]}:
+    # a poller on another server list, as during a membership change).
+    poller_args: dict[int, list[str]] = field(default_factory=dict)
     nginx_vars: dict[str, object] = field(
         default_factory=dict
     )  # overrides for the templates
@@ -626,6 +629,7 @@ class Stack:
             argv += ["-l", f"127.0.0.1 unix:{self.poller_socket(i)}"]
         if self.admin_ports:
             argv += ["-A", str(self.admin_ports[i])]
+        argv += self.poller_args.get(i, [])
         self._spawn(name, argv, port)
         # Any HTTP answer means it is serving: "/" is a valid key that is simply not cached
         # (403 when poll URLs are signed: this one is not).

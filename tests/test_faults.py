@@ -233,7 +233,11 @@ def node_of(stack: Stack, key: str) -> int:
 
 
 def test_hung_memcached_node_delays_only_its_keys(make_stack: MakeStack) -> None:
-    stack = make_stack("memcached", cache_timeout_ms=100)
+    # One copy per key (replicas = 0): the hung node's keys fall back to the app. With replicas
+    # (the default on 3 nodes) they come from the replica: tests/test_replicas.py.
+    stack = make_stack(
+        "memcached", cache_timeout_ms=100, extra_ini={"memcached": {"replicas": "0"}}
+    )
     uids = [new_uid() for _ in range(90)]
     urls = {u: stack.poll_url(u) for u in uids}
     with http_client(stack, sign=False) as c:

@@ -16,9 +16,12 @@ enters the value. Every failure is raised as CacheError; callers decide what it 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Protocol
 
 import pylibmc
@@ -57,70 +60,221 @@ class Cache(Protocol):
     def close(self) -> None: ...
 
 
-class MemcachedCache:
-    """memcached through pylibmc, ketama over the configured servers in order.
+# enum memcached_behavior_t (libmemcached-1.0/types/behavior.h) and memcached_return_t.
+_MEMCACHED_BEHAVIOR_KETAMA = 3
+_MEMCACHED_SUCCESS = 0
 
-    The poll server hashes with the same libmemcached (MEMCACHED_BEHAVIOR_KETAMA)
-    over the same list, so it reads every key from the node the app wrote it to.
+
+def _libmemcached() -> ctypes.CDLL:
+    """The system libmemcached, the one pylibmc and the poll server link (Debian's .so.11)."""
+    for name in ("libmemcached.so.11", ctypes.util.find_library("memcached")):
+        if name:
+            try:
+                lib = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+    else:
+        raise CacheError("cannot load libmemcached (Debian package libmemcached11)")
+    lib.memcached_create.restype = ctypes.c_void_p
+    lib.memcached_create.argtypes = [ctypes.c_void_p]
+    lib.memcached_server_add.restype = ctypes.c_int
+    lib.memcached_server_add.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint16]
+    lib.memcached_behavior_set.restype = ctypes.c_int
+    lib.memcached_behavior_set.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
+    lib.memcached_generate_hash.restype = ctypes.c_uint32
+    lib.memcached_generate_hash.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.memcached_free.restype = None
+    lib.memcached_free.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+class _Ketama:
+    """libmemcached's own ketama over `servers` in order (memcached_server_add each, then
+    MEMCACHED_BEHAVIOR_KETAMA): the very calls the poll server makes (cache_memcached.c,
+    ketama_new), so both sides place every key alike. Only memcached_generate_hash is used."""
+
+    def __init__(self, lib: ctypes.CDLL, servers: Sequence[str]) -> None:
+        self._lib = lib
+        self._lock = threading.Lock()  # generate_hash may rebuild the continuum: one at a time
+        self._n = len(servers)
+        memc = lib.memcached_create(None)
+        if not memc:
+            raise CacheError("memcached_create failed")
+        self._memc: int | None = memc
+        for spec in servers:
+            host, _, port = spec.rpartition(":")
+            if lib.memcached_server_add(memc, host.encode(), int(port)) != _MEMCACHED_SUCCESS:
+                self.close()
+                raise CacheError(f"memcached_server_add {spec} failed")
+        if lib.memcached_behavior_set(memc, _MEMCACHED_BEHAVIOR_KETAMA, 1) != _MEMCACHED_SUCCESS:
+            self.close()
+            raise CacheError("cannot enable ketama")
+
+    def index(self, key: bytes) -> int:
+        with self._lock:
+            return int(self._lib.memcached_generate_hash(self._memc, key, len(key))) % self._n
+
+    def close(self) -> None:
+        with self._lock:
+            if self._memc:
+                self._lib.memcached_free(self._memc)
+                self._memc = None
+
+
+class Placement:
+    """Where a key lives on one server list: its ketama node (the primary) and, with replicas,
+    the node ketama picks over the list without the primary (the next distinct node on the
+    continuum). The poll server computes the same (cache_memcached.c, replica_of)."""
+
+    def __init__(self, servers: Sequence[str], replicas: int) -> None:
+        lib = _libmemcached()
+        self.servers = tuple(servers)
+        self._all = _Ketama(lib, self.servers)
+        self._excl: list[_Ketama] = []
+        if replicas and len(self.servers) >= 2:
+            for i in range(len(self.servers)):
+                self._excl.append(_Ketama(lib, self.servers[:i] + self.servers[i + 1 :]))
+
+    def nodes(self, key: bytes) -> tuple[str, ...]:
+        """(primary,) or (primary, replica), as host:port."""
+        p = self._all.index(key)
+        if not self._excl:
+            return (self.servers[p],)
+        j = self._excl[p].index(key)
+        return (self.servers[p], self.servers[j if j < p else j + 1])
+
+    def close(self) -> None:
+        self._all.close()
+        for k in self._excl:
+            k.close()
+
+
+class MemcachedCache:
+    """memcached through pylibmc: one client per node, the node chosen by Placement.
+
+    Every key is written to each node of its placement: the primary and, with `replicas`, the
+    replica the poll server reads when the primary is down, hung, or recovering. With
+    `previous_servers` (a membership change under way) the old list's placement is written too,
+    so a poll server on either list reads a fresh answer. A write that fails on any node raises
+    CacheError after the other nodes were written; the caller's outbox then repairs them all.
     No auto-eject: ejecting a node would remap keys on this side only.
     """
 
-    def __init__(self, servers: tuple[str, ...], ttl: int, timeout_ms: int) -> None:
+    def __init__(
+        self,
+        servers: tuple[str, ...],
+        ttl: int,
+        timeout_ms: int,
+        replicas: int = 0,
+        previous_servers: tuple[str, ...] = (),
+    ) -> None:
         self._ttl = ttl
         behaviors = {
-            "ketama": True,
             "tcp_nodelay": True,
             "connect_timeout": timeout_ms,
             "_poll_timeout": timeout_ms,
             "send_timeout": timeout_ms * 1000,  # microseconds
             "receive_timeout": timeout_ms * 1000,
             "cas": True,  # gets returns the CAS unique that put's cas needs
+            # A node that timed out is skipped for 1 s (libmemcached's default: 2 s), so the
+            # outbox retries it soon after it is back (store.OUTBOX_BACKOFF_MAX).
+            "retry_timeout": 1,
         }
-        self._master = pylibmc.Client(list(servers), binary=False, behaviors=behaviors)
-        # pylibmc clients are not thread-safe: one clone per threadpool thread.
-        self._pool = pylibmc.ThreadMappedPool(self._master)
+        self._placements = [Placement(servers, replicas)]
+        if previous_servers and tuple(previous_servers) != tuple(servers):
+            self._placements.append(Placement(previous_servers, replicas))
+        self._masters: dict[str, pylibmc.Client] = {}
+        # pylibmc clients are not thread-safe: one clone per threadpool thread, per node.
+        self._pools: dict[str, pylibmc.ThreadMappedPool] = {}
+        for addr in (*servers, *previous_servers):
+            if addr not in self._masters:
+                mc = pylibmc.Client([addr], binary=False, behaviors=behaviors)
+                self._masters[addr] = mc
+                self._pools[addr] = pylibmc.ThreadMappedPool(mc)
+
+    def nodes(self, key: bytes) -> tuple[str, ...]:
+        """Every node that holds `key`: the current list's primary first, then its replica,
+        then the previous list's (without repeats)."""
+        out: list[str] = []
+        for p in self._placements:
+            for n in p.nodes(key):
+                if n not in out:
+                    out.append(n)
+        return tuple(out)
 
     def fill(self, key: bytes, value: bytes, version: int) -> bool:
-        try:
-            with self._pool.reserve() as mc:
-                return bool(mc.add(key, value, time=self._ttl))
-        except pylibmc.Error as exc:
-            raise CacheError(f"memcached add: {exc}") from exc
+        stored: bool | None = None
+        failed: list[str] = []
+        for addr in self.nodes(key):
+            try:
+                with self._pools[addr].reserve() as mc:
+                    done = bool(mc.add(key, value, time=self._ttl))
+            except pylibmc.Error as exc:
+                failed.append(f"{addr}: {exc}")
+                continue
+            if stored is None:
+                stored = done
+        if failed:
+            raise CacheError(f"memcached add: {'; '.join(failed)}")
+        return bool(stored)
+
+    def _put_one(self, addr: str, key: bytes, value: bytes) -> None:
+        with self._pools[addr].reserve() as mc:
+            for _ in range(PUT_TRIES):
+                current, unique = mc.gets(key)
+                if current is None:
+                    if mc.add(key, value, time=self._ttl):
+                        return
+                elif bytes(current) == value:
+                    return  # already the answer; a late older write would fail its cas
+                elif mc.cas(key, value, unique, time=self._ttl):
+                    return
+        raise CacheError(f"memcached cas on {addr}: lost the race {PUT_TRIES} times")
 
     def put(self, key: bytes, value: bytes, version: int) -> None:
-        try:
-            with self._pool.reserve() as mc:
-                for _ in range(PUT_TRIES):
-                    current, unique = mc.gets(key)
-                    if current is None:
-                        if mc.add(key, value, time=self._ttl):
-                            return
-                    elif bytes(current) == value:
-                        return  # already the answer; a late older write would fail its cas
-                    elif mc.cas(key, value, unique, time=self._ttl):
-                        return
-        except pylibmc.Error as exc:
-            raise CacheError(f"memcached gets/cas: {exc}") from exc
-        raise CacheError(f"memcached cas: lost the race {PUT_TRIES} times")
+        failed: list[str] = []
+        for addr in self.nodes(key):
+            try:
+                self._put_one(addr, key, value)
+            except pylibmc.Error as exc:
+                failed.append(f"{addr}: gets/cas: {exc}")
+            except CacheError as exc:
+                failed.append(str(exc))
+        if failed:
+            raise CacheError(f"memcached put: {'; '.join(failed)}")
 
     def get(self, key: bytes) -> bytes | None:
-        try:
-            with self._pool.reserve() as mc:
-                value = mc.get(key)
-        except pylibmc.Error as exc:
-            raise CacheError(f"memcached get: {exc}") from exc
-        return value if value is None else bytes(value)
+        """The primary's answer; the next node's when the primary cannot be read."""
+        errors: list[str] = []
+        for addr in self.nodes(key):
+            try:
+                with self._pools[addr].reserve() as mc:
+                    value = mc.get(key)
+            except pylibmc.Error as exc:
+                errors.append(f"{addr}: {exc}")
+                continue
+            return value if value is None else bytes(value)
+        raise CacheError(f"memcached get: {'; '.join(errors)}")
 
     def delete(self, key: bytes) -> None:
-        try:
-            with self._pool.reserve() as mc:
-                mc.delete(key)
-        except pylibmc.Error as exc:
-            raise CacheError(f"memcached delete: {exc}") from exc
+        failed: list[str] = []
+        for addr in self.nodes(key):
+            try:
+                with self._pools[addr].reserve() as mc:
+                    mc.delete(key)
+            except pylibmc.Error as exc:
+                failed.append(f"{addr}: {exc}")
+        if failed:
+            raise CacheError(f"memcached delete: {'; '.join(failed)}")
 
     def close(self) -> None:
-        self._pool.clear()
-        self._master.disconnect_all()
+        for pool in self._pools.values():
+            pool.clear()
+        for mc in self._masters.values():
+            mc.disconnect_all()
+        for p in self._placements:
+            p.close()
 
 
 # KEYS: the answer's key, its version's key. ARGV: value, version, ttl (0: none).
@@ -209,7 +363,7 @@ def make_cache(settings: Settings, timeout_ms: int | None = None) -> Cache:
     if c.backend == "redis":
         return RedisCache(settings.redis, c.ttl, t)
     m: MemcachedSettings = settings.memcached
-    return MemcachedCache(m.servers, c.ttl, t)
+    return MemcachedCache(m.servers, c.ttl, t, m.replicas, m.previous_servers)
 
 
 class RateLimitedLog:

@@ -58,9 +58,22 @@ class CacheSettings:
     ttl: int = 300
 
 
+# [memcached] recovery_ms: how long a poll server reads a node that came back from down or hung
+# through its keys' replicas. The app's outbox back-off cap (store.OUTBOX_BACKOFF_MAX, 2 s) must
+# stay well below it, so the outbox rewrites the node's stale keys inside the window.
+RECOVERY_MS_DEFAULT = 5000
+
+
 @dataclass(frozen=True)
 class MemcachedSettings:
     servers: tuple[str, ...] = ("127.0.0.1:11211",)
+    # Every key is also written to its replica (ketama over the other servers); 1 by default
+    # with at least 2 servers (docs/architecture.md, "Replicas").
+    replicas: int = 0
+    recovery_ms: int = RECOVERY_MS_DEFAULT
+    # The list before a membership change: while set, every key is written to both placements
+    # (docs/operations.md, "Adding or removing a memcached node").
+    previous_servers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,7 +145,12 @@ class _Reader:
 _KNOWN: dict[str, dict[str, bool]] = {
     "keys": {"prefix": False, "params": False},
     "cache": {"backend": False, "timeout_ms": False, "content_type": False, "ttl": False},
-    "memcached": {"servers": True},
+    "memcached": {
+        "servers": True,
+        "previous_servers": True,
+        "replicas": False,
+        "recovery_ms": False,
+    },
     "redis": {"server": False, "password_file": False, "db": False, "username": False},
     "app": {
         "database": False,
@@ -246,19 +264,35 @@ def _cache(sec: dict[str, list[_Entry]], rd: _Reader) -> CacheSettings:
     return CacheSettings(backend, timeout_ms, content_type, ttl)
 
 
-def _memcached(sec: dict[str, list[_Entry]], rd: _Reader) -> MemcachedSettings:
-    entries = sec.get("servers")
-    if not entries:
-        return MemcachedSettings()
+def _server_list(entries: list[_Entry], rd: _Reader, name: str) -> tuple[str, ...]:
     servers: list[str] = []
     for e in entries:
         for spec in (s for s in _SPLIT_RE.split(e.value) if s):
             if not _host_port(spec):
-                raise rd.error(e.line, f"[memcached] servers: expected host:port, got {spec!r}")
+                raise rd.error(e.line, f"[memcached] {name}: expected host:port, got {spec!r}")
             servers.append(spec)
     if not servers:
-        raise rd.error(entries[0].line, "[memcached] servers is empty")
-    return MemcachedSettings(servers=tuple(servers))
+        raise rd.error(entries[0].line, f"[memcached] {name} is empty")
+    return tuple(servers)
+
+
+def _memcached(sec: dict[str, list[_Entry]], rd: _Reader, backend: str) -> MemcachedSettings:
+    d = MemcachedSettings()
+    entries = sec.get("servers")
+    servers = _server_list(entries, rd, "servers") if entries else d.servers
+    previous: tuple[str, ...] = ()
+    if entries := sec.get("previous_servers"):
+        previous = _server_list(entries, rd, "previous_servers")
+    replicas = 1 if len(servers) >= 2 else 0
+    if e := _one(sec, "replicas"):
+        replicas = _int(e, rd, "[memcached] replicas", 0, 1)
+        # The poll server refuses the same (config.c, fp_config_finish).
+        if replicas and len(servers) < 2 and backend == "memcached":
+            raise rd.error(e.line, "[memcached] replicas = 1 needs at least 2 servers")
+    recovery_ms = d.recovery_ms
+    if e := _one(sec, "recovery_ms"):
+        recovery_ms = _int(e, rd, "[memcached] recovery_ms", 0, 600000)
+    return MemcachedSettings(servers, replicas, recovery_ms, previous)
 
 
 def _redis(sec: dict[str, list[_Entry]], rd: _Reader) -> RedisSettings:
@@ -390,10 +424,11 @@ def parse(text: str, source: str = "<string>", sha256: str | None = None) -> Set
     """Parse config text; raise ConfigError naming line and key on any problem."""
     rd = _Reader(source)
     secs = _parse_lines(text, rd)
+    cache = _cache(secs.get("cache", {}), rd)
     return Settings(
         keys=_keys(secs.get("keys", {}), rd),
-        cache=_cache(secs.get("cache", {}), rd),
-        memcached=_memcached(secs.get("memcached", {}), rd),
+        cache=cache,
+        memcached=_memcached(secs.get("memcached", {}), rd, cache.backend),
         redis=_redis(secs.get("redis", {}), rd),
         app=_app(secs.get("app", {}), rd),
         signing=_signing(secs.get("signing", {}), rd),

@@ -160,6 +160,11 @@ class FastPoll:
     def repair_pending(self) -> int:
         """One round: claim the due outbox rows, repair them side by side, and return the
         backlog (rows still pending, every host's)."""
+        self._round()
+        return self._backlog()
+
+    def _round(self) -> tuple[int, int]:
+        """(rows claimed, rows rewritten)."""
         try:
             todo = self.store.claim_outbox(REPAIR_BATCH)
         except StoreError as exc:
@@ -168,7 +173,11 @@ class FastPoll:
         if todo:
             if self._repairers is None:
                 self._repairers = ThreadPoolExecutor(REPAIR_THREADS, "cache-repair")
-            list(self._repairers.map(self.repair, todo))
+            done = list(self._repairers.map(self.repair, todo))
+            return len(todo), done.count("rewritten")
+        return 0, 0
+
+    def _backlog(self) -> int:
         try:
             backlog = self.store.outbox_backlog()
         except StoreError as exc:
@@ -184,9 +193,17 @@ class FastPoll:
         self._thread.start()
 
     def _repair_loop(self) -> None:
-        while not self._stop.wait(REPAIR_INTERVAL):
+        wait = REPAIR_INTERVAL
+        while not self._stop.wait(wait):
+            wait = REPAIR_INTERVAL
             try:
-                self.repair_pending()
+                # A full batch that made progress: more rows may be due (a node back after an
+                # outage); go on at once, so its keys are rewritten within the poll servers'
+                # recovery_ms. A batch that all failed (the node still away) waits.
+                claimed, rewritten = self._round()
+                self._backlog()
+                if claimed >= REPAIR_BATCH and rewritten > 0:
+                    wait = 0.0
             except Exception as exc:  # the loop must outlive any one round
                 self._warn.warning("repair-loop", f"repair round failed: {exc!r}")
 

@@ -39,12 +39,14 @@ BUSY_TIMEOUT_MS = 10000
 PG_POOL_MAX = 20
 # A new outbox row is left to its own publisher for this long before a repair worker takes it.
 OUTBOX_GRACE = 2.0
-# Repair back-off: 0.5 s after the first claim, doubling per attempt, capped at 30 s, so a dead
-# node's keys are retried every 30 s at most and do not crowd out keys on healthy nodes (rows
-# are claimed fewest attempts first). The claim itself is the lease: while one worker repairs a
-# user, the row is not due for the others.
+# Repair back-off: 0.5 s after the first claim, then 1 s. Rows are claimed fewest attempts
+# first, so a dead node's keys do not crowd out keys on healthy nodes. The cap stays well below
+# [memcached] recovery_ms (default 5 s, docs/architecture.md "Replicas"): the poll servers read a
+# node back from a hang through its replicas for that long, and the outbox must rewrite its stale
+# keys within it (cap + the repair loop's 1 s + pylibmc's 1 s retry_timeout: about 3 s at worst).
+# The claim itself is the lease: while one worker repairs a user, the row is not due for others.
 OUTBOX_BACKOFF_BASE = 0.5
-OUTBOX_BACKOFF_MAX = 30.0
+OUTBOX_BACKOFF_MAX = 1.0
 SCHEMA_VERSION = 2
 
 
