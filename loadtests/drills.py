@@ -3,21 +3,28 @@ while wrk polls random users, and what the clients and the app saw.
 
     .venv/bin/python loadtests/drills.py node-loss [--fault kill|stop] [--seconds 30]
                                                    [--users 20000] [--conns 200] [--nodes 3]
+                                                   [--replicas 0|1] [--no-check-stale]
 
 A fresh stack on free loopback ports (tests/stack.py) with `--nodes` memcached nodes, the answers
-of `--users` users cached, wrk with `--conns` keep-alive connections polling random users for
-`--seconds`; a third of the way in one node is killed (`kill -9`) or hung (SIGSTOP, resumed at
-the end). Report: failed requests (socket errors, timeouts, any status but 200), p99, where the
-load went (cache, app, shed by nginx's fallback cap) overall and after the fault, and the time
-from the fault until the hit ratio is back above 95% for good. The per-second timeline comes from
-nginx's access log (`src=` and `rt=` of every request). Results: loadtests/results/drill-*.json.
+of `--users` users cached (on both copies with replicas, the default), wrk with `--conns`
+keep-alive connections polling random users for `--seconds`; a third of the way in one node is
+killed (`kill -9`) or hung (SIGSTOP, resumed two thirds of the way in, so the run shows the node's
+return too). Meanwhile a checker publishes to users (5 a second, through the app's API) and polls
+them through nginx: a poll sent after a publish returned that shows an older newest message is
+stale (`stale`, must be 0). Report: failed requests (socket errors, timeouts, any status but 200),
+p99, where the load went (cache, app, shed by nginx's fallback cap) overall and after the fault,
+and the time from the fault until the hit ratio is back above 95% for good. The per-second
+timeline comes from nginx's access log (`src=` and `rt=` of every request). Results:
+loadtests/results/drill-*.json, with the machine's load average at the start.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import random
 import re
 import signal
 import sys
@@ -76,15 +83,126 @@ def share(per_s: dict[int, Counter[str]], since: int | None = None) -> dict[str,
     return {k: round(v / n, 4) for k, v in sorted(total.items())}
 
 
+def preload_replicas(servers: list[str], users: int, batch: int = 2000) -> None:
+    """Write each preloaded answer to its replica too (preload.preload wrote the primaries),
+    placed as the app places it (fastpoll_app.cache.Placement)."""
+    import pylibmc
+    from fastpoll_app.cache import Placement
+
+    placement = Placement(servers, 1)
+    clients_ = {a: pylibmc.Client([a], binary=False) for a in servers}
+    try:
+        for start in range(1, users + 1, batch):
+            per_node: dict[str, dict[bytes, bytes]] = defaultdict(dict)
+            for u in range(start, min(start + batch, users + 1)):
+                k = preload.key(u)
+                per_node[placement.nodes(k)[1]][k] = preload.answer(u)
+            for addr, chunk in per_node.items():
+                failed = clients_[addr].set_multi(chunk, time=0)
+                if failed:
+                    raise RuntimeError(f"{addr} refused {len(failed)} keys")
+    finally:
+        placement.close()
+        for c in clients_.values():
+            c.disconnect_all()
+
+
+class StaleChecker:
+    """Publishes to users through the app's API and polls them through nginx: a poll sent after
+    a publish returned must show that message or a newer one as the newest."""
+
+    def __init__(self, stack: Stack, users: list[int], rate: float = 5.0) -> None:
+        self.stack, self.users, self.period = stack, users, 1.0 / rate
+        self.published: dict[int, int] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.counts: Counter[str] = Counter()
+        self.stale_at: list[float] = []
+        self.threads = [
+            threading.Thread(target=self._publish, daemon=True),
+            threading.Thread(target=self._check, daemon=True),
+        ]
+        self.t0 = time.time()
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def _publish(self) -> None:
+        rng = random.Random(11)
+        with self.stack.api(timeout=10) as api:
+            while not self.stop.wait(self.period):
+                u = rng.choice(self.users)
+                try:
+                    r = api.post("/api/messages", json={"user_id": u, "text": "drill"})
+                except Exception:  # noqa: BLE001 - counted, the drill goes on
+                    self.counts["publish_error"] += 1
+                    continue
+                if r.status_code != 201:
+                    self.counts[f"publish_{r.status_code}"] += 1
+                    continue
+                self.counts["publish_" + r.headers.get("x-cache-publish", "?")] += 1
+                with self.lock:
+                    self.published[u] = int(r.json()["id"])
+
+    def _check(self) -> None:
+        import httpx
+
+        rng = random.Random(12)
+        with httpx.Client(base_url=self.stack.base_url, timeout=10) as c:
+            while not self.stop.is_set():
+                with self.lock:
+                    if not self.published:
+                        u = None
+                    else:
+                        u = rng.choice(list(self.published))
+                        want = self.published[u]
+                if u is None:
+                    time.sleep(0.05)
+                    continue
+                try:
+                    r = c.get(self.stack.poll_url(u))
+                except Exception:  # noqa: BLE001
+                    self.counts["check_error"] += 1
+                    continue
+                self.counts[f"check_{r.status_code}_{r.headers.get('x-poll-source', '-')}"] += 1
+                if r.status_code == 200:
+                    body = json.loads(r.content) if r.content else {}
+                    got = int(body.get("newest", {}).get("id", 0))
+                    if got < want:
+                        self.counts["stale"] += 1
+                        self.stale_at.append(round(time.time() - self.t0, 2))
+                time.sleep(0.01)
+
+    def result(self) -> dict[str, object]:
+        self.stop.set()
+        for t in self.threads:
+            t.join(15)
+        return {
+            "stale": self.counts.get("stale", 0),
+            "stale_at_s": self.stale_at[:20],
+            "counts": dict(sorted(self.counts.items())),
+        }
+
+
 def node_loss(args: argparse.Namespace) -> dict[str, object]:
     run_dir = Path(tempfile.mkdtemp(prefix="fastpoll-drill-"))
+    load_avg = os.getloadavg()
     stack = Stack(
-        run_dir=run_dir, backend="memcached", n_memcached=args.nodes, access_log=True
+        run_dir=run_dir,
+        backend="memcached",
+        n_memcached=args.nodes,
+        access_log=True,
+        extra_ini={"memcached": {"replicas": str(args.replicas)}},
     )
     stack.start()
+    checker: StaleChecker | None = None
+    resumed_at: float | None = None
     try:
         servers = [f"127.0.0.1:{p}" for p in stack.memcached_ports]
         preload.preload(servers, args.users)
+        if args.replicas:
+            preload_replicas(servers, args.users)
         uids = (str(u) for u in range(1, args.users + 1))
         targets = Signer(stack).write(run_dir / "targets.txt", uids)
         env = {"FP_TARGETS": str(targets), "FP_USERS": str(args.users)}
@@ -99,15 +217,24 @@ def node_loss(args: argparse.Namespace) -> dict[str, object]:
         )
         start = time.time()
         load.start()
+        if args.check_stale:
+            checker = StaleChecker(stack, list(range(1, min(args.users, 500) + 1)))
+            checker.start()
         time.sleep(args.seconds / 3)
         victim = stack.procs["memcached-0"].pid
         fault_at = time.time()
         os.kill(victim, signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP)
-        load.join(args.seconds + 120)
         if args.fault == "stop":
+            time.sleep(max(0.0, start + args.seconds * 2 / 3 - time.time()))
             os.kill(victim, signal.SIGCONT)
+            resumed_at = time.time()
+        load.join(args.seconds + 120)
         end = time.time()
     finally:
+        stale = checker.result() if checker is not None else None
+        if args.fault == "stop":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stack.procs["memcached-0"].pid, signal.SIGCONT)
         stack.stop()  # nginx flushes its access log as it exits
     wrk = result["wrk"]
     per_s = timeline(run_dir / "nginx" / "access.log")
@@ -117,6 +244,8 @@ def node_loss(args: argparse.Namespace) -> dict[str, object]:
     return {
         "drill": f"node-loss ({args.fault})",
         "nodes": args.nodes,
+        "replicas": args.replicas,
+        "load_average_at_start": [round(x, 2) for x in load_avg],
         "users": args.users,
         "conns": args.conns,
         "seconds": args.seconds,
@@ -129,6 +258,9 @@ def node_loss(args: argparse.Namespace) -> dict[str, object]:
         "share_all": share(per_s),
         "share_after_fault": share(per_s, fault_s),
         "recovered_above_95pct_after_s": rec,
+        "resumed_after_s": round(resumed_at - start, 1) if resumed_at else None,
+        "share_after_resume": share(per_s, int(resumed_at)) if resumed_at else None,
+        "stale_check": stale,
         "timeline": {
             str(t - int(start)): dict(per_s[t]) for t in sorted(per_s) if t >= int(start)
         },
@@ -145,6 +277,11 @@ def main() -> int:
     nl.add_argument("--users", type=int, default=20000)
     nl.add_argument("--conns", type=int, default=200)
     nl.add_argument("--nodes", type=int, default=3)
+    nl.add_argument("--replicas", type=int, choices=[0, 1], default=1)
+    nl.add_argument(
+        "--no-check-stale", dest="check_stale", action="store_false",
+        help="no publisher/checker (publishes 5/s and polls them through nginx)",
+    )
     args = p.parse_args()
     out = node_loss(args)
     RESULTS.mkdir(exist_ok=True)

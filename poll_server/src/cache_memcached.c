@@ -1120,7 +1120,7 @@ struct fp_mc *fp_mc_create(struct event_base *base, const struct fp_settings *st
         goto fail;
     }
     if (mc->replicas) {
-        mc->excl = calloc(st->nmc_servers, sizeof(*mc->excl));
+        mc->excl = calloc(st->nmc_servers, sizeof(memcached_st *));
         if (mc->excl == NULL)
             goto fail;
         mc->nexcl = st->nmc_servers;

@@ -514,6 +514,8 @@ static void test_example_file(void **state)
     assert_int_equal(s.nmc_servers, d.nmc_servers);
     assert_string_equal(s.mc_servers[0].host, d.mc_servers[0].host);
     assert_int_equal(s.mc_servers[0].port, d.mc_servers[0].port);
+    assert_int_equal(s.mc_replicas, d.mc_replicas);
+    assert_int_equal(s.mc_recovery_ms, d.mc_recovery_ms);
     assert_string_equal(s.redis.host, d.redis.host);
     assert_int_equal(s.redis.port, d.redis.port);
     assert_int_equal(s.redis_db, d.redis_db);
