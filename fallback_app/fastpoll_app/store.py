@@ -246,6 +246,7 @@ CREATE INDEX outbox_due ON outbox (attempts, due);
 """,
 }
 
+
 class _SqliteSession:
     def __init__(self, store: SqliteStore, user_id: int) -> None:
         self._store = store
@@ -359,7 +360,11 @@ class SqliteStore:
         now = time.time()
         conn = self.conn()
         # A read first: the write lock is taken only when something is due.
-        if conn.execute("SELECT 1 FROM outbox WHERE due <= ? LIMIT 1", (now,)).fetchone() is None:
+        try:
+            due = conn.execute("SELECT 1 FROM outbox WHERE due <= ? LIMIT 1", (now,)).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(str(exc)) from exc
+        if due is None:
             return []
         with self.transaction() as c:
             rows = c.execute(
@@ -375,7 +380,10 @@ class SqliteStore:
         return [int(r[0]) for r in rows]
 
     def outbox_backlog(self) -> int:
-        return int(self.conn().execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+        try:
+            return int(self.conn().execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+        except sqlite3.Error as exc:
+            raise StoreError(str(exc)) from exc
 
     def schema_version(self) -> int:
         conn = self.conn()
@@ -440,6 +448,7 @@ CREATE INDEX outbox_due ON outbox (attempts, due);
 }
 # Serialises concurrent `migrate` runs (two-int advisory keys never meet the users' bigint ones).
 _PG_MIGRATE_LOCK = (0x66707031, 1)
+
 
 def _pg_errors() -> tuple[type[Exception], ...]:
     import psycopg
@@ -507,7 +516,7 @@ class PgStore:
             min_size=1,
             max_size=PG_POOL_MAX,
             kwargs=kwargs,
-            timeout=30,
+            timeout=5,  # waiting for a free connection; then the request fails (500)
             open=False,
             name="fastpoll",
         )
