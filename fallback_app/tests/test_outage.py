@@ -30,14 +30,16 @@ def own_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple
 
 
 @pytest.fixture
-def outage_client(own_server: tuple[str, Server], tmp_path: Path) -> Iterator[TestClient]:
+def outage_client(
+    own_server: tuple[str, Server], app_db: str, tmp_path: Path
+) -> Iterator[TestClient]:
     name, srv = own_server
     section = (
         f"[memcached]\nservers = {srv.addr}"
         if name == "memcached"
         else (f"[redis]\nserver = {srv.addr}")
     )
-    s = make_settings(tmp_path, f"[cache]\nbackend = {name}\n{section}\n")
+    s = make_settings(tmp_path, f"[cache]\nbackend = {name}\n{section}\n", app_db)
     with TestClient(create_app(s)) as c:
         yield c
 
