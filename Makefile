@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 # Debian 12 packages the build, the stack and the tests need.
 APT_PACKAGES := build-essential pkg-config libevent-dev libmemcached-dev libhiredis-dev libinih-dev \
 	uthash-dev libcjson-dev nettle-dev libcmocka-dev memcached redis-server redis-tools nginx curl \
-	apache2-utils wrk python3-venv python3-dev zlib1g-dev postgresql libpq5
+	apache2-utils wrk python3-venv python3-dev zlib1g-dev postgresql libpq5 redis-sentinel
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all deps venv build up down status test test-unit test-integration bench bench-quick clean
