@@ -504,6 +504,7 @@ class PgStore:
     kind = "postgresql"
 
     def __init__(self, settings: AppSettings, check_schema: bool = True) -> None:
+        import psycopg
         import psycopg_pool
 
         self.url = settings.database
@@ -521,10 +522,13 @@ class PgStore:
             name="fastpoll",
         )
         try:
+            # One plain connection first: its error says why (refused, password, no database);
+            # the pool's own only says it timed out.
+            psycopg.connect(self.url, **kwargs).close()
             self._pool.open(wait=True, timeout=10)
         except _pg_errors() as exc:
             self._pool.close()
-            raise StoreError(f"cannot connect: {exc}") from exc
+            raise StoreError(f"cannot connect: {str(exc).strip()}") from exc
         if check_schema:
             have = self.schema_version()
             if have < SCHEMA_VERSION:
