@@ -184,5 +184,5 @@ def test_hung_node_does_not_slow_publishes_to_other_nodes(tier_stack: Stack) -> 
     )
     assert stalled and statistics.median(stalled) >= 0.2  # they did wait for the cache
     # Before the fix every publish on the host queued behind the hung node's 1 s timeouts.
-    assert med_during < 0.1 and max(during) < 0.5, [round(t * 1000) for t in during]
+    assert med_during < 0.1 and max(during) < 0.9, [round(t * 1000) for t in during]
     eventually(lambda: backlog(stack) == 0, "the hung node's keys repaired")

@@ -248,6 +248,7 @@ CREATE INDEX outbox_due ON outbox (attempts, due);
 """,
 }
 
+
 class _SqliteSession:
     def __init__(self, store: SqliteStore, user_id: int) -> None:
         self._store = store
@@ -361,7 +362,11 @@ class SqliteStore:
         now = time.time()
         conn = self.conn()
         # A read first: the write lock is taken only when something is due.
-        if conn.execute("SELECT 1 FROM outbox WHERE due <= ? LIMIT 1", (now,)).fetchone() is None:
+        try:
+            due = conn.execute("SELECT 1 FROM outbox WHERE due <= ? LIMIT 1", (now,)).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(str(exc)) from exc
+        if due is None:
             return []
         with self.transaction() as c:
             rows = c.execute(
@@ -377,7 +382,10 @@ class SqliteStore:
         return [int(r[0]) for r in rows]
 
     def outbox_backlog(self) -> int:
-        return int(self.conn().execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+        try:
+            return int(self.conn().execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+        except sqlite3.Error as exc:
+            raise StoreError(str(exc)) from exc
 
     def schema_version(self) -> int:
         conn = self.conn()
@@ -443,6 +451,7 @@ CREATE INDEX outbox_due ON outbox (attempts, due);
 # Serialises concurrent `migrate` runs (two-int advisory keys never meet the users' bigint ones).
 _PG_MIGRATE_LOCK = (0x66707031, 1)
 
+
 def _pg_errors() -> tuple[type[Exception], ...]:
     import psycopg
     import psycopg_pool
@@ -497,6 +506,7 @@ class PgStore:
     kind = "postgresql"
 
     def __init__(self, settings: AppSettings, check_schema: bool = True) -> None:
+        import psycopg
         import psycopg_pool
 
         self.url = settings.database
@@ -509,15 +519,18 @@ class PgStore:
             min_size=1,
             max_size=PG_POOL_MAX,
             kwargs=kwargs,
-            timeout=30,
+            timeout=5,  # waiting for a free connection; then the request fails (500)
             open=False,
             name="fastpoll",
         )
         try:
+            # One plain connection first: its error says why (refused, password, no database);
+            # the pool's own only says it timed out.
+            psycopg.connect(self.url, **kwargs).close()
             self._pool.open(wait=True, timeout=10)
         except _pg_errors() as exc:
             self._pool.close()
-            raise StoreError(f"cannot connect: {exc}") from exc
+            raise StoreError(f"cannot connect: {str(exc).strip()}") from exc
         if check_schema:
             have = self.schema_version()
             if have < SCHEMA_VERSION:

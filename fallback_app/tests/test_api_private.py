@@ -110,7 +110,8 @@ def test_api_token_file_missing(tmp_path: Path) -> None:
     ("body", "status", "says"),
     [
         (b"[" * 100_000 + b"]" * 100_000, 413, "larger"),  # over max_body_size first
-        (b'{"user_id": 1, "text": ' + b"[" * 30_000 + b"]" * 30_000 + b"}", 400, ""),
+        (b'{"user_id": 1, "text": ' + b"[" * 30_000 + b"]" * 30_000 + b"}", 400, "too deeply"),
+        (b'{"user_id": 1, "text": ' + b'{"a":' * 9_000 + b"1" + b"}" * 9_000 + b"}", 400, "deeply"),
         (b'{"user_id": 1, "text": "a", "text": "b"}', 400, "duplicate key 'text'"),
         (b'{"user_id": 1, "user_id": 2, "text": "b"}', 400, "duplicate key 'user_id'"),
         (b'{"user_id": 1, "text": {"a": {"b": 1}}}', 400, "text"),
