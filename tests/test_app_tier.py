@@ -77,6 +77,8 @@ def tier_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         n_memcached=3,
         n_pollers=1,
         db="postgresql",
+        # One copy per key, so "the user's node" is one node (replicas: tests/test_replicas.py).
+        extra_ini={"memcached": {"replicas": "0"}},
     )
     s.start()
     yield s
