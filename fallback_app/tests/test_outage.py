@@ -117,7 +117,8 @@ def test_a_hung_node_does_not_hold_up_repairs_on_another(
     nodes = [start_memcached(), start_memcached()]
     try:
         servers = " ".join(n.addr for n in nodes)
-        s = make_settings(tmp_path, f"[memcached]\nservers = {servers}\n", app_db)
+        # One copy per key (with replicas every key would live on both nodes).
+        s = make_settings(tmp_path, f"[memcached]\nservers = {servers}\nreplicas = 0\n", app_db)
         fp = FastPoll(s, open_store(s.app), make_cache(s), make_cache(s, 300))
         users: dict[int, int] = {}  # node index -> a user whose key lives there
         for uid in range(100, 200):
