@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -17,7 +20,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from stack import POLL_SERVER, POLL_WRAPPER, SANITIZER_REPORT, free_port, tcp_ask, wait_for
+from stack import (
+    POLL_SERVER,
+    POLL_WRAPPER,
+    SANITIZER_REPORT,
+    free_port,
+    tcp_ask,
+    wait_for,
+)
 
 
 @dataclass
@@ -50,11 +60,24 @@ class Procs:
 
     def memcached(self, *extra: str) -> int:
         port = free_port()
-        argv = ["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-m", "64", *extra]
+        argv = [
+            "memcached",
+            "-l",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-U",
+            "0",
+            "-m",
+            "64",
+            *extra,
+        ]
         if os.geteuid() == 0:
             argv += ["-u", "nobody"]
         p = self.spawn(f"memcached-{port}", argv)
-        wait_for("memcached", lambda: tcp_ask(port, b"version\r\n", b"VERSION"), proc=p.popen)
+        wait_for(
+            "memcached", lambda: tcp_ask(port, b"version\r\n", b"VERSION"), proc=p.popen
+        )
         return port
 
     def redis(self, *conf_lines: str) -> int:
@@ -76,12 +99,14 @@ class Procs:
     ) -> Poller:
         port, admin = free_port(), free_port()
         ini = {k: dict(v) for k, v in ini.items()}
-        ini.setdefault("server", {}).update({"listen": "127.0.0.1", "port": str(port)})
+        ini.setdefault("server", {}).setdefault("listen", "127.0.0.1")
+        ini["server"]["port"] = str(port)
         ini.setdefault("admin", {}).update({"port": str(admin)})
         ini.setdefault("keys", {"prefix": "/Poll", "params": "user_id"})
         path = self.dir / f"poller-{port}.ini"
         text = "".join(
-            f"[{s}]\n" + "".join(f"{k} = {v}\n" for k, v in kv.items()) for s, kv in ini.items()
+            f"[{s}]\n" + "".join(f"{k} = {v}\n" for k, v in kv.items())
+            for s, kv in ini.items()
         )
         path.write_text(text)
         argv = [*(prefix or []), *POLL_WRAPPER, str(POLL_SERVER), "-c", str(path)]
@@ -184,7 +209,9 @@ def test_oversized_value_fails_alone_node_stays_up(procs: Procs) -> None:
     big, small = 1, 2
     mc_set(mc, key(big), b"x" * (2 * 1024 * 1024))
     mc_set(mc, key(small), b'{"unread":0}')
-    p = procs.poller({"memcached": {"servers": f"127.0.0.1:{mc}"}, "cache": {"timeout_ms": "500"}})
+    p = procs.poller(
+        {"memcached": {"servers": f"127.0.0.1:{mc}"}, "cache": {"timeout_ms": "500"}}
+    )
     assert p.status(small) == 200
     with httpx.Client(base_url=f"http://127.0.0.1:{p.port}", timeout=5) as c:
         for _ in range(20):
@@ -206,8 +233,6 @@ def test_client_error_fails_alone_garbage_backs_off(procs: Procs) -> None:
     srv.listen(64)
     port = srv.getsockname()[1]
     accepted: list[float] = []
-    import threading
-
     stop = threading.Event()
 
     def serve() -> None:
@@ -276,3 +301,149 @@ def test_client_error_fails_alone_garbage_backs_off(procs: Procs) -> None:
         stop.set()
         t.join(2)
         srv.close()
+
+
+# ---- out of descriptors on accept ---------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_emfile_pauses_accepting_then_service_resumes(procs: Procs) -> None:
+    """With `ulimit -n 64` and 120 clients holding connections, accept() fails with EMFILE:
+    the poll server must not spin (CPU stays low), must not flood its log, counts the errors
+    in fastpoll_accept_errors_total{reason="emfile"}, and serves again once clients leave."""
+    mc = procs.memcached()
+    mc_set(mc, key(7), b"seven")
+    p = procs.poller(
+        {"memcached": {"servers": f"127.0.0.1:{mc}"}},
+        prefix=["prlimit", "--nofile=64:64", "--"],
+    )
+    assert p.status(7) == 200
+    held: list[socket.socket] = []
+    try:
+        for _ in range(120):  # more than the limit; the kernel's backlog takes the rest
+            held.append(socket.create_connection(("127.0.0.1", p.port), timeout=2))
+        time.sleep(0.5)
+        pid = p.proc.popen.pid
+        c0, t0 = cpu_seconds(pid), time.monotonic()
+        time.sleep(2.0)
+        cpu = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+        assert cpu < 0.25, f"poll server at {cpu:.0%} CPU while out of descriptors"
+    finally:
+        for s in held:
+            s.close()
+    # Descriptors free again: the backlog's connections are accepted (and closed by their
+    # clients), new requests and scrapes are answered.
+    eventually(lambda: p.status(7, timeout=2) == 200, "serving again after EMFILE")
+    assert p.get(7).content == b"seven"
+    assert p.metric('fastpoll_accept_errors_total{reason="emfile"}') >= 1
+    lines = p.log().splitlines()
+    assert len(lines) < 30, f"{len(lines)} log lines:\n" + "\n".join(lines[-10:])
+    assert any("accept failed: Too many open files" in line for line in lines), lines[
+        -10:
+    ]
+
+
+# ---- open connections through the unix socket ---------------------------------------------
+
+
+def test_open_connections_counts_unix_socket_clients(
+    procs: Procs, request: pytest.FixtureRequest
+) -> None:
+    """nginx reaches the pollers through a unix socket by default; the gauge must see them."""
+    mc = procs.memcached()
+    # A short path (sun_path: 107 bytes), removed at the end.
+    sock_dir = Path(tempfile.mkdtemp(prefix="fp-rob-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(sock_dir, ignore_errors=True))
+    path = sock_dir / "p.sock"
+    p = procs.poller(
+        {
+            "memcached": {"servers": f"127.0.0.1:{mc}"},
+            "server": {"listen": f"127.0.0.1 unix:{path}"},
+        }
+    )
+    base = p.metric("fastpoll_open_connections")
+    clients = []
+    try:
+        for _ in range(5):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(path))
+            s.sendall(b"GET /getMessages?user_id=5 HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert b" 404 " in s.recv(4096)
+            clients.append(s)
+        assert p.metric("fastpoll_open_connections") == base + 5
+    finally:
+        for s in clients:
+            s.close()
+    eventually(
+        lambda: p.metric("fastpoll_open_connections") == base, "the closes are counted"
+    )
+
+
+# ---- SIGHUP, the config hash, config errors ----------------------------------------------
+
+
+def test_sighup_reopens_the_log_file(procs: Procs, tmp_path: Path) -> None:
+    mc = procs.memcached()
+    mc_set(mc, key(9), b"nine")
+    log = tmp_path / "poller.log"
+    p = procs.poller(
+        {"memcached": {"servers": f"127.0.0.1:{mc}"}, "log": {"file": str(log)}}
+    )
+    eventually(
+        lambda: log.exists() and "listening on" in log.read_text(), "logs to the file"
+    )
+    rotated = tmp_path / "poller.log.1"
+    log.rename(rotated)  # as logrotate does
+    os.kill(p.proc.popen.pid, signal.SIGHUP)
+    eventually(lambda: log.exists() and "reopened" in log.read_text(), "a new log file")
+    assert p.proc.popen.poll() is None, "SIGHUP killed the poll server"
+    assert p.get(9).content == b"nine"
+    assert "reopened" not in rotated.read_text()
+
+
+def test_metrics_carry_the_config_hash(procs: Procs) -> None:
+    mc = procs.memcached()
+    p = procs.poller({"memcached": {"servers": f"127.0.0.1:{mc}"}})
+    want = hashlib.sha256(p.ini.read_bytes()).hexdigest()
+    assert f'fastpoll_config_info{{sha256="{want}"}} 1' in p.metrics().splitlines()
+    assert httpx.get(f"http://127.0.0.1:{p.admin}/healthz", timeout=5).text == "ok\n"
+
+
+@pytest.mark.parametrize(
+    ("ini", "want"),
+    [
+        (
+            "[cache]\ntimeout_ms = 200\n[server]\nrequest_timeout_ms = 150\n",
+            ":4: [server] request_timeout_ms = 150 is smaller than [cache] timeout_ms = 200",
+        ),
+        (
+            "[cache]\ntimeout_ms = 20000\n",
+            ":2: [cache] timeout_ms = 20000 is larger than [server] request_timeout_ms",
+        ),
+        (
+            "[redis]\nsentinels = 127.0.0.1:26379\n",
+            ":2: [redis] sentinels needs [redis] master_name",
+        ),
+        (
+            "[redis]\n\nusername = app\n",
+            ":3: [redis] username needs [redis] password_file",
+        ),
+    ],
+)
+def test_config_errors_between_keys_name_key_and_line(
+    tmp_path: Path, ini: str, want: str
+) -> None:
+    path = tmp_path / "bad.ini"
+    path.write_text(ini)
+    r = subprocess.run(
+        [str(POLL_SERVER), "-t", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode != 0
+    assert f"{path}{want}" in r.stderr, r.stderr
