@@ -88,7 +88,8 @@ class Procs:
             + "".join(line + "\n" for line in conf_lines)
         )
         p = self.spawn(f"redis-{port}", ["redis-server", str(conf)])
-        wait_for("redis", lambda: tcp_ask(port, b"PING\r\n", b"+PONG"), proc=p.popen)
+        # any answer (an ACL test turns the default user off: -NOAUTH)
+        wait_for("redis", lambda: tcp_ask(port, b"PING\r\n", b"\r\n"), proc=p.popen)
         return port
 
     def poller(
@@ -223,33 +224,41 @@ def test_oversized_value_fails_alone_node_stays_up(procs: Procs) -> None:
     assert log.count("over the 1048576 byte limit") == 1, log  # rate-limited
 
 
-def test_client_error_fails_alone_garbage_backs_off(procs: Procs) -> None:
-    """A fake memcached that answers CLIENT_ERROR to one key, a hit to another, and garbage to a
-    third: CLIENT_ERROR fails its request alone (the connection stays); garbage drops the
-    connection and the poll server reconnects after a backoff, not in a loop."""
-    srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(64)
-    port = srv.getsockname()[1]
-    accepted: list[float] = []
-    stop = threading.Event()
+CLOSE = b"\0close"
 
-    def serve() -> None:
-        srv.settimeout(0.2)
-        while not stop.is_set():
+
+class FakeServer:
+    """A scripted server on a free loopback port: `answer(line)` gives the bytes to write back
+    for each line received (None: close the connection; ending with CLOSE: write, then close).
+    Counts the connections it accepted."""
+
+    def __init__(self, answer: Callable[[bytes], bytes | None]) -> None:
+        self.answer = answer
+        self.srv = socket.socket()
+        self.srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(64)
+        self.srv.settimeout(0.2)
+        self.port = self.srv.getsockname()[1]
+        self.accepted = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
             try:
-                conn, _ = srv.accept()
+                conn, _ = self.srv.accept()
             except TimeoutError:
                 continue
-            accepted.append(time.monotonic())
-            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+            self.accepted += 1
+            threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
 
-    def answer(conn: socket.socket) -> None:
+    def _conn(self, conn: socket.socket) -> None:
         buf = b""
         with conn:
             conn.settimeout(0.2)
-            while not stop.is_set():
+            while not self.stop.is_set():
                 try:
                     data = conn.recv(4096)
                 except TimeoutError:
@@ -261,46 +270,71 @@ def test_client_error_fails_alone_garbage_backs_off(procs: Procs) -> None:
                 buf += data
                 while b"\r\n" in buf:
                     line, buf = buf.split(b"\r\n", 1)
-                    if line == b"mn":
-                        out = b"ERROR\r\n"  # classic gets
-                    elif line.endswith(b"user_id=1"):
-                        out = b"CLIENT_ERROR bad data chunk\r\n"
-                    elif line.endswith(b"user_id=2"):
-                        k = line[4:]
-                        out = b"VALUE " + k + b" 0 2\r\nok\r\nEND\r\n"
-                    elif line.endswith(b"user_id=3"):
-                        out = b"garbage\r\n"
-                    else:
-                        out = b"END\r\n"
+                    out = self.answer(line)
                     try:
-                        conn.sendall(out)
+                        if out is None:
+                            return
+                        conn.sendall(out.removesuffix(CLOSE))
+                        if out.endswith(CLOSE):
+                            return
                     except OSError:
                         return
 
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    try:
-        p = procs.poller({"memcached": {"servers": f"127.0.0.1:{port}"}})
-        eventually(lambda: len(accepted) >= 1, "the poll server connects")
-        with httpx.Client(base_url=f"http://127.0.0.1:{p.port}", timeout=5) as c:
-            for _ in range(10):
-                assert c.get("/getMessages?user_id=1").status_code == 503
-                assert c.get("/getMessages?user_id=2").status_code == 200
-            assert len(accepted) == 1, "CLIENT_ERROR must not drop the connection"
-            # Garbage: each poll drops the connection; the reconnects wait the backoff.
-            t0 = time.monotonic()
-            n0 = len(accepted)
-            while time.monotonic() - t0 < 2.0:
-                c.get("/getMessages?user_id=3")
-                time.sleep(0.005)
-        reconnects = len(accepted) - n0
-        # Retrying at once would reconnect on every poll (hundreds in 2 s); with the backoff
-        # (>= 50 ms, doubling to 1-2 s) it is a handful.
-        assert 1 <= reconnects <= 8, reconnects
-    finally:
-        stop.set()
-        t.join(2)
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(2)
+        self.srv.close()
+
+
+@pytest.fixture()
+def fake() -> Iterator[Callable[[Callable[[bytes], bytes | None]], FakeServer]]:
+    servers: list[FakeServer] = []
+
+    def make(answer: Callable[[bytes], bytes | None]) -> FakeServer:
+        servers.append(FakeServer(answer))
+        return servers[-1]
+
+    yield make
+    for srv in servers:
         srv.close()
+
+
+def memcached_script(line: bytes) -> bytes:
+    if line == b"mn":
+        return b"ERROR\r\n"  # classic gets
+    if line.endswith(b"user_id=1"):
+        return b"CLIENT_ERROR bad data chunk\r\n"
+    if line.endswith(b"user_id=2"):
+        return b"VALUE " + line[4:] + b" 0 2\r\nok\r\nEND\r\n"
+    if line.endswith(b"user_id=3"):
+        return b"garbage\r\n"
+    return b"END\r\n"
+
+
+def test_client_error_fails_alone_garbage_backs_off(
+    procs: Procs, fake: Callable[[Callable[[bytes], bytes | None]], FakeServer]
+) -> None:
+    """A fake memcached that answers CLIENT_ERROR to one key, a hit to another, and garbage to a
+    third: CLIENT_ERROR fails its request alone (the connection stays); garbage drops the
+    connection and the poll server reconnects after a backoff, not in a loop."""
+    srv = fake(memcached_script)
+    p = procs.poller({"memcached": {"servers": f"127.0.0.1:{srv.port}"}})
+    eventually(lambda: srv.accepted >= 1, "the poll server connects")
+    with httpx.Client(base_url=f"http://127.0.0.1:{p.port}", timeout=5) as c:
+        for _ in range(10):
+            assert c.get("/getMessages?user_id=1").status_code == 503
+            assert c.get("/getMessages?user_id=2").status_code == 200
+        assert srv.accepted == 1, "CLIENT_ERROR must not drop the connection"
+        # Garbage: each poll drops the connection; the reconnects wait the backoff.
+        n0 = srv.accepted
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            c.get("/getMessages?user_id=3")
+            time.sleep(0.005)
+    reconnects = srv.accepted - n0
+    # Retrying at once would reconnect on every poll (hundreds in 2 s); with the backoff
+    # (>= 50 ms, doubling to 1-2 s) it is a handful.
+    assert 1 <= reconnects <= 8, reconnects
 
 
 # ---- out of descriptors on accept ---------------------------------------------------------
@@ -447,3 +481,118 @@ def test_config_errors_between_keys_name_key_and_line(
     )
     assert r.returncode != 0
     assert f"{path}{want}" in r.stderr, r.stderr
+
+
+# ---- Redis: setup failures, error replies, ACL users --------------------------------------
+
+
+def redis_connections(port: int) -> int:
+    """Connections Redis has accepted since it started (INFO stats)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+        s.sendall(b"INFO stats\r\n")
+        data = b""
+        while b"total_connections_received:" not in data or not data.endswith(b"\r\n"):
+            data += s.recv(65536)
+    line = next(
+        ln
+        for ln in data.split(b"\r\n")
+        if ln.startswith(b"total_connections_received:")
+    )
+    return int(line.split(b":")[1])
+
+
+def redis_cmd(port: int, *args: str) -> bytes:
+    cmd = f"*{len(args)}\r\n".encode() + b"".join(
+        f"${len(a.encode())}\r\n{a}\r\n".encode() for a in args
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+        s.sendall(cmd)
+        return s.recv(65536)
+
+
+def poll_for(p: Poller, uid: int, seconds: float) -> dict[int, int]:
+    """Polls uid for a while; status -> count."""
+    seen: dict[int, int] = {}
+    end = time.monotonic() + seconds
+    with httpx.Client(base_url=f"http://127.0.0.1:{p.port}", timeout=5) as c:
+        while time.monotonic() < end:
+            st = c.get(f"/getMessages?user_id={uid}").status_code
+            seen[st] = seen.get(st, 0) + 1
+            time.sleep(0.005)
+    return seen
+
+
+def test_redis_select_of_a_missing_database_serves_nothing(procs: Procs) -> None:
+    """`databases 1` and [redis] db = 5: SELECT fails. Every poll must fall back (503), none
+    may be served database 0's value (another tenant's data), and the poll server reconnects
+    with the backoff, not in a loop."""
+    rd = procs.redis("databases 1")
+    assert redis_cmd(rd, "SET", key(11), "db0-secret").startswith(b"+OK")
+    p = procs.poller(
+        {
+            "cache": {"backend": "redis"},
+            "redis": {"server": f"127.0.0.1:{rd}", "db": "5"},
+        },
+        wait=False,
+    )
+    wait_for("poll server", lambda: p.status(-1) in (404, 503), proc=p.proc.popen)
+    c0 = redis_connections(rd)
+    seen = poll_for(p, 11, 2.0)
+    assert set(seen) == {503}, seen
+    reconnects = redis_connections(rd) - c0
+    assert reconnects <= 10, f"{reconnects} connections in 2 s: no backoff"
+    assert "setup command refused" in p.log()
+
+
+def test_redis_error_reply_does_not_reset_the_backoff(
+    procs: Procs, fake: Callable[[Callable[[bytes], bytes | None]], FakeServer]
+) -> None:
+    """A Redis at its maxclients answers "-ERR max number of clients reached" and closes. That
+    error reply must not count as an answer: the reconnects back off instead of following
+    every poll."""
+
+    def answer(line: bytes) -> bytes | None:
+        # RESP: the command's name is a line of its own
+        if line.upper() == b"GET":
+            return b"-ERR max number of clients reached\r\n" + CLOSE
+        return b""
+
+    srv = fake(answer)
+    p = procs.poller(
+        {"cache": {"backend": "redis"}, "redis": {"server": f"127.0.0.1:{srv.port}"}},
+        wait=False,
+    )
+    wait_for("poll server", lambda: p.status(-1) in (404, 503), proc=p.proc.popen)
+    n0 = srv.accepted
+    seen = poll_for(p, 12, 2.0)
+    assert set(seen) == {503}, seen
+    reconnects = srv.accepted - n0
+    # a backoff doubling to 2 s: a handful; reset by the error reply: one per poll
+    assert reconnects <= 10, f"{reconnects} reconnects in 2 s"
+
+
+def test_redis_acl_username(procs: Procs, tmp_path: Path) -> None:
+    rd = procs.redis("user default off", "user app on >s3cret ~* +@all")
+    pw = tmp_path / "redis.pass"
+    pw.write_text("s3cret\n")
+    p = procs.poller(
+        {
+            "cache": {"backend": "redis"},
+            "redis": {
+                "server": f"127.0.0.1:{rd}",
+                "username": "app",
+                "password_file": str(pw),
+            },
+        }
+    )
+    with socket.create_connection(("127.0.0.1", rd), timeout=2) as s:
+        s.sendall(b"AUTH app s3cret\r\n")
+        assert s.recv(100).startswith(b"+OK")
+        v = b"acl-ok"
+        k = key(13).encode()
+        s.sendall(
+            b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(k), k, len(v), v)
+        )
+        assert s.recv(100).startswith(b"+OK")
+    eventually(lambda: p.status(13) == 200, "served through the ACL user")
+    assert p.get(13).content == b"acl-ok"
