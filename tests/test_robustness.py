@@ -171,13 +171,18 @@ class Poller:
         return self.proc.log.read_text(errors="replace")
 
 
-@pytest.fixture()
-def procs(tmp_path: Path) -> Iterator[Procs]:
+def own_procs(tmp_path: Path) -> Iterator[Procs]:
+    """The body of a `procs` fixture (test_sentinel.py has one too)."""
     ps = Procs(tmp_path)
     yield ps
     ps.stop()
     reports = ps.sanitizer_reports()
     assert not reports, "\n".join(reports[:20])
+
+
+@pytest.fixture()
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    yield from own_procs(tmp_path)
 
 
 def key(uid: int) -> str:
