@@ -206,6 +206,7 @@ static void drop_cb(evutil_socket_t fd, short what, void *arg)
     drop_context(r);
 }
 
+/* cppcheck-suppress constParameter ; hiredis's redisCallbackFn type */
 static void reply_cb(redisAsyncContext *ac, void *reply, void *priv)
 {
     struct rd_req *q = priv;
@@ -237,6 +238,7 @@ static void reply_cb(redisAsyncContext *ac, void *reply, void *priv)
 
 /* AUTH, SELECT, ROLE: privdata is the backend. The first failure drops the
  * connection (deferred) and poisons the GETs queued behind it. */
+/* cppcheck-suppress constParameter ; hiredis's redisCallbackFn type */
 static void setup_cb(redisAsyncContext *ac, void *reply, void *priv)
 {
     struct fp_redis *r = priv;
@@ -429,6 +431,7 @@ static void sub_disconnect_cb(const redisAsyncContext *ac, int status)
 }
 
 /* "+switch-master" messages: "<name> <old ip> <old port> <new ip> <new port>". */
+/* cppcheck-suppress constParameter ; hiredis's redisCallbackFn type */
 static void switch_cb(redisAsyncContext *ac, void *reply, void *priv)
 {
     struct fp_redis *r = priv;
@@ -488,6 +491,7 @@ static void sentinel_done(struct fp_redis *r, int from_callback)
         redisAsyncFree(sq);
 }
 
+/* cppcheck-suppress constParameter ; hiredis's redisCallbackFn type */
 static void sentinel_reply_cb(redisAsyncContext *ac, void *reply, void *priv)
 {
     struct fp_redis *r = priv;
