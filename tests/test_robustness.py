@@ -116,7 +116,7 @@ class Procs:
         if wait:
             wait_for(
                 "poll server",
-                lambda: poller.status(-1) in (404, 503),
+                lambda: poller.status(-1) in (200, 404, 503),
                 proc=p.popen,
                 logs=[p.log],
             )
@@ -574,6 +574,50 @@ def test_redis_error_reply_does_not_reset_the_backoff(
     reconnects = srv.accepted - n0
     # a backoff doubling to 2 s: a handful; reset by the error reply: one per poll
     assert reconnects <= 10, f"{reconnects} reconnects in 2 s"
+
+
+def test_redis_late_reply_fails_alone_no_reconnect(
+    procs: Procs, fake: Callable[[Callable[[bytes], bytes | None]], FakeServer]
+) -> None:
+    """A Redis that answers every GET, in order, 40 ms after the previous one (a slow but
+    answering server). 12 polls at once with a 200 ms timeout: the first ones are hits, the
+    ones whose turn comes after 200 ms get 503 alone, and the connection stays: replies kept
+    coming, so Redis is late, not hung (the failure model memcached has)."""
+    state = {"get": False}
+
+    def slow(line: bytes) -> bytes | None:
+        if line.upper() == b"GET":
+            state["get"] = True
+        elif state["get"] and not line.startswith(b"$"):
+            state["get"] = False
+            time.sleep(0.04)
+            return b"$2\r\nok\r\n"
+        return b""
+
+    srv = fake(slow)
+    p = procs.poller(
+        {
+            "cache": {"backend": "redis", "timeout_ms": "200"},
+            "redis": {"server": f"127.0.0.1:{srv.port}"},
+        }
+    )
+    assert p.status(40) == 200
+    results: dict[int, int] = {}
+
+    def one(uid: int) -> None:
+        results[uid] = p.status(uid)
+
+    threads = [threading.Thread(target=one, args=(100 + i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    statuses = sorted(results.values())
+    assert statuses.count(200) >= 2 and statuses.count(503) >= 2, statuses
+    assert srv.accepted == 1, "a late reply must not drop the connection"
+    assert "no reply within" not in p.log()
+    time.sleep(0.6)  # the late replies are read and dropped; the connection serves on
+    assert p.status(41) == 200
 
 
 def test_redis_acl_username(procs: Procs, tmp_path: Path) -> None:

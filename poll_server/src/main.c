@@ -136,6 +136,11 @@ static void log_startup(const struct fp_settings *s, const char *config)
         }
         if (n >= sizeof(servers))
             memcpy(servers + sizeof(servers) - 4, "...", 4);
+    } else if (s->nredis_sentinels > 0 && s->redis_master_name != NULL) {
+        (void)snprintf(servers, sizeof(servers), "master %s from %zu sentinels (first "
+                 "%s:%u) db %d%s", s->redis_master_name, s->nredis_sentinels,
+                 s->redis_sentinels[0].host, (unsigned)s->redis_sentinels[0].port,
+                 s->redis_db, s->redis_password ? " (AUTH)" : "");
     } else if (s->redis.unix_path != NULL) {
         (void)snprintf(servers, sizeof(servers), "unix:%s db %d%s", s->redis.unix_path,
                  s->redis_db, s->redis_password ? " (AUTH)" : "");
