@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 # Debian 12 packages the build, the stack and the tests need.
 APT_PACKAGES := build-essential pkg-config libevent-dev libmemcached-dev libhiredis-dev libinih-dev \
 	uthash-dev libcjson-dev nettle-dev libcmocka-dev memcached redis-server redis-tools nginx curl \
-	apache2-utils wrk python3-venv python3-dev zlib1g-dev postgresql libpq5
+	apache2-utils wrk python3-venv python3-dev zlib1g-dev postgresql libpq5 redis-sentinel
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all deps venv build up down status test test-unit test-integration bench bench-quick clean
@@ -57,11 +57,26 @@ test-unit: venv build
 	cd fallback_app && ../$(VENV)/bin/mypy fastpoll_app
 	$(VENV)/bin/pytest -q fallback_app/tests
 
-test-integration: venv build
+test-integration: venv build deps-monitoring
 	$(VENV)/bin/pytest -q tests
 
 # Everything CI runs (.ci/run). Fast checks first; the fleet deploy (about 15 minutes) last.
-test: test-unit test-integration bench-quick test-security test-deploy
+test: test-unit test-integration test-monitoring bench-quick test-security test-deploy
+
+# Monitoring (docs/operations.md, "Monitoring"): promtool checks the rules and runs their unit
+# tests; tests/test_monitoring.py checks the rendered prometheus.yml (promtool check config), the
+# dashboard, console and rules against the metrics the running stack and Debian's exporters
+# really export, and the mtail SLI program against nginx's real access log.
+.PHONY: test-monitoring deps-monitoring
+MONITORING_PACKAGES := prometheus prometheus-node-exporter prometheus-nginx-exporter \
+	prometheus-redis-exporter prometheus-postgres-exporter mtail
+deps-monitoring:
+	$(call apt_install,$(MONITORING_PACKAGES))
+
+test-monitoring: venv build deps-monitoring
+	promtool check rules monitoring/rules/fastpoll.rules.yml
+	promtool test rules monitoring/rules/fastpoll.rules.test.yml
+	$(VENV)/bin/pytest -q tests/test_monitoring.py
 
 # The fleet test (docs/deploy.md): a real Ansible deploy to Debian 12 hosts booted here with
 # systemd-nspawn in network namespaces. Needs root.

@@ -5,6 +5,7 @@ loopback. No timing is asserted."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -285,6 +286,9 @@ def test_access_log_shows_where_the_answer_came_from(
         miss = next(ln for ln in lines if f"user_id={miss_uid}&" in ln)
         assert " 200 " in hit and "src=cache" in hit and "us=200 " in hit
         assert " 200 " in miss and "src=app" in miss and "us=404 : 200 " in miss
+        # A signed poll URL is a bearer token: the log keeps the target up to sig= only.
+        assert "&sig=- HTTP/1.1" in hit and "&exp=" in hit
+        assert not re.search(r"sig=(?!-)", read(log)), "a signature in the access log"
     finally:
         del stack.nginx_vars["fastpoll_access_log"]
         stack.reload_nginx()

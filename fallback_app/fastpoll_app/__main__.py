@@ -1,7 +1,7 @@
 """Command line:
 
-    python -m fastpoll_app --config FILE [--host H] [--port N] [--workers N] [--check]
-    python -m fastpoll_app migrate [--config FILE]   (create or upgrade the database's schema)
+python -m fastpoll_app --config FILE [--host H] [--port N] [--workers N] [--check]
+python -m fastpoll_app migrate [--config FILE]   (create or upgrade the database's schema)
 """
 
 from __future__ import annotations
@@ -59,15 +59,19 @@ def metrics_dir() -> tuple[Path, bool]:
     return path, not given
 
 
-def migrate(argv: list[str]) -> int:
-    """Bring the database named by [app] database to this app's schema; idempotent."""
-    p = argparse.ArgumentParser(prog="fastpoll_app migrate", description=migrate.__doc__)
+def _add_config_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config",
         "-c",
         default=os.environ.get(config.CONFIG_ENV),
         help="INI file (default: $FASTPOLL_CONFIG)",
     )
+
+
+def migrate(argv: list[str]) -> int:
+    """Bring the database named by [app] database to this app's schema; idempotent."""
+    p = argparse.ArgumentParser(prog="fastpoll_app migrate", description=migrate.__doc__)
+    _add_config_arg(p)
     args = p.parse_args(argv)
     try:
         settings = config.load(args.config)
@@ -97,12 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["migrate"]:
         return migrate(argv[1:])
     p = argparse.ArgumentParser(prog="fastpoll_app", description=__doc__)
-    p.add_argument(
-        "--config",
-        "-c",
-        default=os.environ.get(config.CONFIG_ENV),
-        help="INI file (default: $FASTPOLL_CONFIG)",
-    )
+    _add_config_arg(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--workers", type=int, default=1)

@@ -14,7 +14,6 @@ import hashlib
 import hmac
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -319,18 +318,9 @@ def read_secret_file(path: str, what: str, min_len: int = 1) -> str:
     not writable by the group (0600 or 0640, like the signing key). ValueError says why not;
     it never shows the secret."""
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise ValueError(f"{what} {path}: not a regular file")
-            if st.st_mode & (stat.S_IWGRP | stat.S_IRWXO):
-                raise ValueError(
-                    f"{what} {path}: mode {stat.S_IMODE(st.st_mode):04o}: must not be readable "
-                    "by others nor writable by the group (use 0600 or 0640)"
-                )
-            data = f.read(API_TOKEN_MAX + 2)
-    except OSError as exc:
-        raise ValueError(f"{what} {path}: cannot read: {exc.strerror}") from None
+        data = signing.read_private_file(path, API_TOKEN_MAX + 64)
+    except signing.SecretFileError as exc:
+        raise ValueError(f"{what} {exc}") from None
     line = data.split(b"\n", 1)[0].removesuffix(b"\r")
     if not line:
         raise ValueError(f"{what} {path}: empty (the secret is the first line)")

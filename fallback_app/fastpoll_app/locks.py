@@ -1,10 +1,10 @@
-"""Per-user locks that hold across threads and across the app's worker processes.
+"""Per-user locks that hold across threads and across the app's worker processes: the user's
+order on SQLite (one host; PostgreSQL uses an advisory lock instead, see store.py).
 
-A fill (read the database, then `add`) and a write (change the database, then `set`) of the same
-user must not interleave. SQLite's write lock orders writers among themselves, but a fill reads
-without it: if the key is evicted or expires between a publish's `set` and a slow fill's `add`,
-that fill would store the answer it read before the publish. Holding the user's lock across
-"read, then add" closes that window.
+A fill (read the database, then `add`) and a write (commit, then the cache write) of the same
+user must not interleave: if the key is evicted or expires between a publish's write and a slow
+fill's `add`, that fill would store the answer it read before the publish. Holding the user's
+lock across "read, then add" and "commit, then write" closes that window.
 
 Users are spread over a fixed number of stripes. Each stripe is a threading.Lock (fcntl locks do
 not exclude threads of one process) plus an fcntl byte-range lock on one byte of a lock file next

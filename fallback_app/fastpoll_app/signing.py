@@ -80,12 +80,9 @@ def verify(secrets: Sequence[bytes], key: bytes | None, query: bytes, now: float
     return ok
 
 
-def load_secrets(path: str | os.PathLike[str]) -> list[bytes]:
-    """Every non-empty line of the file is a secret; the first signs, all verify.
-
-    The file must be a regular file that others cannot read and the group cannot write
-    (0600 or 0640), as the poll server requires.
-    """
+def read_private_file(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The bytes of a secret file: a regular file that others cannot read and the group cannot
+    write (0600 or 0640), at most `limit` bytes. Used for every secret the app reads."""
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
@@ -97,12 +94,21 @@ def load_secrets(path: str | os.PathLike[str]) -> list[bytes]:
                     f"{path}: mode {mode:04o}: must not be readable by others nor writable "
                     "by the group (use 0600 or 0640)"
                 )
-            limit = MAX_SECRETS * (SECRET_MAX + 2) + 64
             data = f.read(limit + 1)
             if len(data) > limit:
                 raise SecretFileError(f"{path}: larger than {limit} bytes")
     except OSError as exc:
         raise SecretFileError(f"{path}: cannot read: {exc.strerror}") from None
+    return data
+
+
+def load_secrets(path: str | os.PathLike[str]) -> list[bytes]:
+    """Every non-empty line of the file is a secret; the first signs, all verify.
+
+    The file must be a regular file that others cannot read and the group cannot write
+    (0600 or 0640), as the poll server requires.
+    """
+    data = read_private_file(path, MAX_SECRETS * (SECRET_MAX + 2) + 64)
     secrets: list[bytes] = []
     for lineno, line in enumerate(data.split(b"\n"), start=1):
         line = line.removesuffix(b"\r")

@@ -23,7 +23,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -39,8 +39,11 @@ BUSY_TIMEOUT_MS = 10000
 PG_POOL_MAX = 20
 # A new outbox row is left to its own publisher for this long before a repair worker takes it.
 OUTBOX_GRACE = 2.0
-# Repair back-off per failed attempt, capped: a dead node's keys are retried every 30 s at most,
-# and do not crowd out keys on healthy nodes (claimed by attempts first).
+# Repair back-off: 0.5 s after the first claim, doubling per attempt, capped at 30 s, so a dead
+# node's keys are retried every 30 s at most and do not crowd out keys on healthy nodes (rows
+# are claimed fewest attempts first). The claim itself is the lease: while one worker repairs a
+# user, the row is not due for the others.
+OUTBOX_BACKOFF_BASE = 0.5
 OUTBOX_BACKOFF_MAX = 30.0
 SCHEMA_VERSION = 2
 
@@ -98,18 +101,80 @@ def _snapshot(row: tuple[Any, ...] | None) -> Snapshot:
     return Snapshot(int(version or 0), encode_answer(int(unread), int(newest_id), newest_text))
 
 
-class Tx(Protocol):
-    """Operations inside one write transaction of one user (UserSession.write)."""
+# The statements both stores run, written with `?` placeholders (psycopg's are `%s`: _pg_sql).
+# FALSE/TRUE: SQLite (>= 3.23) reads them as 0/1, PostgreSQL's column is a boolean.
+
+# One statement, so the version, the count and the newest message come from one snapshot.
+_SNAPSHOT = """
+SELECT (SELECT version FROM users WHERE user_id = ?),
+       (SELECT COUNT(*) FROM messages WHERE user_id = ? AND read = FALSE),
+       (SELECT id FROM messages WHERE user_id = ? AND read = FALSE ORDER BY id DESC LIMIT 1),
+       (SELECT text FROM messages WHERE user_id = ? AND read = FALSE ORDER BY id DESC LIMIT 1)
+"""
+_GET_MESSAGE = "SELECT id, user_id, text, created, read FROM messages WHERE id = ?"
+_FIND_IDEM = (
+    "SELECT id, user_id, text, created, read FROM messages WHERE user_id = ? AND idem_key = ?"
+)
+_INSERT_MESSAGE = (
+    "INSERT INTO messages (user_id, text, created, idem_key) VALUES (?, ?, ?, ?) RETURNING id"
+)
+_MARK_READ = "UPDATE messages SET read = TRUE WHERE user_id = ? AND read = FALSE AND id <= ?"
+_BUMP_VERSION = (
+    "INSERT INTO users (user_id, version) VALUES (?, 1) ON CONFLICT (user_id) "
+    "DO UPDATE SET version = users.version + 1 RETURNING version"
+)
+_RECORD_OUTBOX = (
+    "INSERT INTO outbox (user_id, version, due, attempts) VALUES (?, ?, ?, 0) "
+    "ON CONFLICT (user_id) DO UPDATE SET version = excluded.version, "
+    "due = excluded.due, attempts = 0"
+)
+_SETTLE_OUTBOX = "DELETE FROM outbox WHERE user_id = ? AND version <= ?"
+
+
+def _pg_sql(sql: str) -> str:
+    return sql.replace("?", "%s")
+
+
+def _same_sql(sql: str) -> str:
+    return sql
+
+
+def _message(row: tuple[Any, ...]) -> Message:
+    return Message(int(row[0]), int(row[1]), row[2], float(row[3]), bool(row[4]))
+
+
+class Tx:
+    """Operations inside one write transaction of one user (UserSession.write), for either
+    store: `conn` is a sqlite3 or a psycopg connection, `sql` adapts the placeholders."""
+
+    def __init__(self, conn: Any, user_id: int, sql: Callable[[str], str]) -> None:
+        self._conn = conn
+        self._uid = user_id
+        self._sql = sql
+
+    def _run(self, statement: str, params: tuple[Any, ...]) -> Any:
+        return self._conn.execute(self._sql(statement), params)
 
     def add_message(self, text: str, idem_key: str | None) -> tuple[Message, bool]:
         """Store a message; (message, True) if idem_key was seen before (nothing stored)."""
-        ...
+        if idem_key is not None:
+            row = self._run(_FIND_IDEM, (self._uid, idem_key)).fetchone()
+            if row is not None:
+                if row[2] != text:
+                    raise IdempotencyConflict("idempotency key already used for another message")
+                return _message(row), True
+        now = time.time()
+        (mid,) = self._run(_INSERT_MESSAGE, (self._uid, text, now, idem_key)).fetchone()
+        return Message(int(mid), self._uid, text, now, False), False
 
-    def mark_read(self, up_to_id: int) -> int: ...
+    def mark_read(self, up_to_id: int) -> int:
+        return int(self._run(_MARK_READ, (self._uid, up_to_id)).rowcount)
 
     def bump(self) -> Snapshot:
         """Increment the user's version, record the outbox row, return the new answer."""
-        ...
+        (version,) = self._run(_BUMP_VERSION, (self._uid,)).fetchone()
+        self._run(_RECORD_OUTBOX, (self._uid, version, time.time() + OUTBOX_GRACE))
+        return _snapshot(self._run(_SNAPSHOT, (self._uid,) * 4).fetchone())
 
 
 class UserSession(Protocol):
@@ -181,61 +246,6 @@ CREATE INDEX outbox_due ON outbox (attempts, due);
 """,
 }
 
-# One statement, so the version, the count and the newest message come from one snapshot.
-_SQLITE_SNAPSHOT = """
-SELECT (SELECT version FROM users WHERE user_id = ?1),
-       (SELECT COUNT(*) FROM messages WHERE user_id = ?1 AND read = 0),
-       (SELECT id FROM messages WHERE user_id = ?1 AND read = 0 ORDER BY id DESC LIMIT 1),
-       (SELECT text FROM messages WHERE user_id = ?1 AND read = 0 ORDER BY id DESC LIMIT 1)
-"""
-
-
-class _SqliteTx:
-    def __init__(self, conn: sqlite3.Connection, user_id: int) -> None:
-        self._conn = conn
-        self._uid = user_id
-
-    def add_message(self, text: str, idem_key: str | None) -> tuple[Message, bool]:
-        if idem_key is not None:
-            row = self._conn.execute(
-                "SELECT id, user_id, text, created, read FROM messages "
-                "WHERE user_id = ? AND idem_key = ?",
-                (self._uid, idem_key),
-            ).fetchone()
-            if row is not None:
-                if row[2] != text:
-                    raise IdempotencyConflict("idempotency key already used for another message")
-                return Message(row[0], row[1], row[2], row[3], bool(row[4])), True
-        now = time.time()
-        cur = self._conn.execute(
-            "INSERT INTO messages (user_id, text, created, idem_key) VALUES (?, ?, ?, ?)",
-            (self._uid, text, now, idem_key),
-        )
-        if cur.lastrowid is None:
-            raise StoreError("INSERT returned no row id")
-        return Message(cur.lastrowid, self._uid, text, now, False), False
-
-    def mark_read(self, up_to_id: int) -> int:
-        cur = self._conn.execute(
-            "UPDATE messages SET read = 1 WHERE user_id = ? AND read = 0 AND id <= ?",
-            (self._uid, up_to_id),
-        )
-        return cur.rowcount
-
-    def bump(self) -> Snapshot:
-        (version,) = self._conn.execute(
-            "INSERT INTO users (user_id, version) VALUES (?, 1) "
-            "ON CONFLICT (user_id) DO UPDATE SET version = version + 1 RETURNING version",
-            (self._uid,),
-        ).fetchone()
-        self._conn.execute(
-            "INSERT INTO outbox (user_id, version, due, attempts) VALUES (?, ?, ?, 0) "
-            "ON CONFLICT (user_id) DO UPDATE SET version = excluded.version, "
-            "due = excluded.due, attempts = 0",
-            (self._uid, version, time.time() + OUTBOX_GRACE),
-        )
-        return _snapshot(self._conn.execute(_SQLITE_SNAPSHOT, (self._uid,)).fetchone())
-
 
 class _SqliteSession:
     def __init__(self, store: SqliteStore, user_id: int) -> None:
@@ -243,9 +253,9 @@ class _SqliteSession:
         self._uid = user_id
 
     @contextmanager
-    def write(self) -> Iterator[_SqliteTx]:
+    def write(self) -> Iterator[Tx]:
         with self._store.transaction() as conn:
-            yield _SqliteTx(conn, self._uid)
+            yield Tx(conn, self._uid, _same_sql)
 
     def snapshot(self) -> Snapshot:
         return self._store.snapshot(self._uid)
@@ -256,9 +266,7 @@ class _SqliteSession:
         conn.execute("PRAGMA synchronous = NORMAL")
         try:
             with self._store.transaction() as c:
-                c.execute(
-                    "DELETE FROM outbox WHERE user_id = ? AND version <= ?", (self._uid, version)
-                )
+                c.execute(_SETTLE_OUTBOX, (self._uid, version))
         finally:
             conn.execute("PRAGMA synchronous = FULL")
 
@@ -269,7 +277,7 @@ class SqliteStore:
 
     kind = "sqlite"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, migrate: bool = True) -> None:
         self.path = path
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -277,7 +285,8 @@ class SqliteStore:
         self._user_locks = UserLocks(path + ".locks")
         try:
             self.conn().execute("PRAGMA journal_mode = WAL")
-            self.migrate()
+            if migrate:  # `make up` and single-host deploys need no separate step
+                self.migrate()
         except sqlite3.Error as exc:
             self.close()
             raise StoreError(str(exc)) from exc
@@ -335,7 +344,7 @@ class SqliteStore:
     def snapshot(self, user_id: int) -> Snapshot:
         try:
             with Timer(DB_SECONDS, "read"):
-                row = self.conn().execute(_SQLITE_SNAPSHOT, (user_id,)).fetchone()
+                row = self.conn().execute(_SNAPSHOT, (user_id,) * 4).fetchone()
         except sqlite3.Error as exc:
             raise StoreError(str(exc)) from exc
         return _snapshot(row)
@@ -344,20 +353,18 @@ class SqliteStore:
         return self.snapshot(user_id).answer
 
     def get_message(self, message_id: int) -> Message | None:
-        row = (
-            self.conn()
-            .execute(
-                "SELECT id, user_id, text, created, read FROM messages WHERE id = ?", (message_id,)
-            )
-            .fetchone()
-        )
-        return Message(row[0], row[1], row[2], row[3], bool(row[4])) if row else None
+        row = self.conn().execute(_GET_MESSAGE, (message_id,)).fetchone()
+        return _message(row) if row else None
 
     def claim_outbox(self, limit: int) -> list[int]:
         now = time.time()
         conn = self.conn()
         # A read first: the write lock is taken only when something is due.
-        if conn.execute("SELECT 1 FROM outbox WHERE due <= ? LIMIT 1", (now,)).fetchone() is None:
+        try:
+            due = conn.execute("SELECT 1 FROM outbox WHERE due <= ? LIMIT 1", (now,)).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(str(exc)) from exc
+        if due is None:
             return []
         with self.transaction() as c:
             rows = c.execute(
@@ -368,12 +375,15 @@ class SqliteStore:
             for uid, attempts in rows:
                 c.execute(
                     "UPDATE outbox SET due = ?, attempts = attempts + 1 WHERE user_id = ?",
-                    (now + min(2.0**attempts, OUTBOX_BACKOFF_MAX), uid),
+                    (now + min(OUTBOX_BACKOFF_BASE * 2.0**attempts, OUTBOX_BACKOFF_MAX), uid),
                 )
         return [int(r[0]) for r in rows]
 
     def outbox_backlog(self) -> int:
-        return int(self.conn().execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+        try:
+            return int(self.conn().execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+        except sqlite3.Error as exc:
+            raise StoreError(str(exc)) from exc
 
     def schema_version(self) -> int:
         conn = self.conn()
@@ -439,13 +449,6 @@ CREATE INDEX outbox_due ON outbox (attempts, due);
 # Serialises concurrent `migrate` runs (two-int advisory keys never meet the users' bigint ones).
 _PG_MIGRATE_LOCK = (0x66707031, 1)
 
-_PG_SNAPSHOT = """
-SELECT (SELECT version FROM users WHERE user_id = %(u)s),
-       (SELECT COUNT(*) FROM messages WHERE user_id = %(u)s AND NOT read),
-       (SELECT id FROM messages WHERE user_id = %(u)s AND NOT read ORDER BY id DESC LIMIT 1),
-       (SELECT text FROM messages WHERE user_id = %(u)s AND NOT read ORDER BY id DESC LIMIT 1)
-"""
-
 
 def _pg_errors() -> tuple[type[Exception], ...]:
     import psycopg
@@ -454,65 +457,19 @@ def _pg_errors() -> tuple[type[Exception], ...]:
     return (psycopg.Error, psycopg_pool.PoolTimeout)
 
 
-class _PgTx:
-    def __init__(self, conn: Any, user_id: int) -> None:
-        self._conn = conn
-        self._uid = user_id
-
-    def add_message(self, text: str, idem_key: str | None) -> tuple[Message, bool]:
-        if idem_key is not None:
-            row = self._conn.execute(
-                "SELECT id, user_id, text, created, read FROM messages "
-                "WHERE user_id = %s AND idem_key = %s",
-                (self._uid, idem_key),
-            ).fetchone()
-            if row is not None:
-                if row[2] != text:
-                    raise IdempotencyConflict("idempotency key already used for another message")
-                return Message(row[0], row[1], row[2], row[3], bool(row[4])), True
-        now = time.time()
-        (mid,) = self._conn.execute(
-            "INSERT INTO messages (user_id, text, created, idem_key) VALUES (%s, %s, %s, %s) "
-            "RETURNING id",
-            (self._uid, text, now, idem_key),
-        ).fetchone()
-        return Message(int(mid), self._uid, text, now, False), False
-
-    def mark_read(self, up_to_id: int) -> int:
-        cur = self._conn.execute(
-            "UPDATE messages SET read = true WHERE user_id = %s AND NOT read AND id <= %s",
-            (self._uid, up_to_id),
-        )
-        return int(cur.rowcount)
-
-    def bump(self) -> Snapshot:
-        (version,) = self._conn.execute(
-            "INSERT INTO users (user_id, version) VALUES (%s, 1) ON CONFLICT (user_id) "
-            "DO UPDATE SET version = users.version + 1 RETURNING version",
-            (self._uid,),
-        ).fetchone()
-        self._conn.execute(
-            "INSERT INTO outbox (user_id, version, due, attempts) VALUES (%s, %s, %s, 0) "
-            "ON CONFLICT (user_id) DO UPDATE SET version = excluded.version, "
-            "due = excluded.due, attempts = 0",
-            (self._uid, version, time.time() + OUTBOX_GRACE),
-        )
-        return _snapshot(self._conn.execute(_PG_SNAPSHOT, {"u": self._uid}).fetchone())
-
-
 class _PgSession:
     def __init__(self, conn: Any, user_id: int) -> None:
         self._conn = conn
         self._uid = user_id
 
     @contextmanager
-    def write(self) -> Iterator[_PgTx]:
+    def write(self) -> Iterator[Tx]:
         errors = _pg_errors()
         try:
             with Timer(DB_SECONDS, "begin"):
                 self._conn.execute("BEGIN")
             try:
-                yield _PgTx(self._conn, self._uid)
+                yield Tx(self._conn, self._uid, _pg_sql)
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
@@ -524,7 +481,7 @@ class _PgSession:
     def snapshot(self) -> Snapshot:
         try:
             with Timer(DB_SECONDS, "read"):
-                row = self._conn.execute(_PG_SNAPSHOT, {"u": self._uid}).fetchone()
+                row = self._conn.execute(_pg_sql(_SNAPSHOT), (self._uid,) * 4).fetchone()
         except _pg_errors() as exc:
             raise StoreError(str(exc)) from exc
         return _snapshot(row)
@@ -534,9 +491,7 @@ class _PgSession:
             with self._conn.transaction():
                 # Need not be durable: a lost deletion costs one more verification.
                 self._conn.execute("SET LOCAL synchronous_commit TO off")
-                self._conn.execute(
-                    "DELETE FROM outbox WHERE user_id = %s AND version <= %s", (self._uid, version)
-                )
+                self._conn.execute(_pg_sql(_SETTLE_OUTBOX), (self._uid, version))
         except _pg_errors() as exc:
             raise StoreError(str(exc)) from exc
 
@@ -549,6 +504,7 @@ class PgStore:
     kind = "postgresql"
 
     def __init__(self, settings: AppSettings, check_schema: bool = True) -> None:
+        import psycopg
         import psycopg_pool
 
         self.url = settings.database
@@ -561,15 +517,18 @@ class PgStore:
             min_size=1,
             max_size=PG_POOL_MAX,
             kwargs=kwargs,
-            timeout=30,
+            timeout=5,  # waiting for a free connection; then the request fails (500)
             open=False,
             name="fastpoll",
         )
         try:
+            # One plain connection first: its error says why (refused, password, no database);
+            # the pool's own only says it timed out.
+            psycopg.connect(self.url, **kwargs).close()
             self._pool.open(wait=True, timeout=10)
         except _pg_errors() as exc:
             self._pool.close()
-            raise StoreError(f"cannot connect: {exc}") from exc
+            raise StoreError(f"cannot connect: {str(exc).strip()}") from exc
         if check_schema:
             have = self.schema_version()
             if have < SCHEMA_VERSION:
@@ -603,16 +562,13 @@ class PgStore:
 
     def poll_answer(self, user_id: int) -> bytes:
         with self._conn() as conn, Timer(DB_SECONDS, "read"):
-            row = conn.execute(_PG_SNAPSHOT, {"u": user_id}).fetchone()
+            row = conn.execute(_pg_sql(_SNAPSHOT), (user_id,) * 4).fetchone()
         return _snapshot(row).answer
 
     def get_message(self, message_id: int) -> Message | None:
         with self._conn() as conn:
-            row = conn.execute(
-                "SELECT id, user_id, text, created, read FROM messages WHERE id = %s",
-                (message_id,),
-            ).fetchone()
-        return Message(row[0], row[1], row[2], row[3], bool(row[4])) if row else None
+            row = conn.execute(_pg_sql(_GET_MESSAGE), (message_id,)).fetchone()
+        return _message(row) if row else None
 
     def claim_outbox(self, limit: int) -> list[int]:
         now = time.time()
@@ -620,12 +576,18 @@ class PgStore:
         # on each other; the new `due` is the lease (and the back-off if the repair fails).
         with self._conn() as conn, conn.transaction():
             rows = conn.execute(
-                "UPDATE outbox o SET due = %(now)s + LEAST(power(2, o.attempts), %(cap)s), "
-                "attempts = o.attempts + 1 FROM ("
+                "UPDATE outbox o"
+                "  SET due = %(now)s + LEAST(%(base)s * power(2, o.attempts), %(cap)s),"
+                "  attempts = o.attempts + 1 FROM ("
                 "  SELECT user_id FROM outbox WHERE due <= %(now)s"
                 "  ORDER BY attempts, due LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
                 ") d WHERE o.user_id = d.user_id RETURNING o.user_id",
-                {"now": now, "cap": OUTBOX_BACKOFF_MAX, "limit": limit},
+                {
+                    "now": now,
+                    "base": OUTBOX_BACKOFF_BASE,
+                    "cap": OUTBOX_BACKOFF_MAX,
+                    "limit": limit,
+                },
             ).fetchall()
         return [int(r[0]) for r in rows]
 
@@ -658,4 +620,4 @@ def open_store(settings: AppSettings, check_schema: bool = True) -> SqliteStore 
     (NotMigrated otherwise, unless check_schema is False: the migrate command)."""
     if settings.is_postgresql:
         return PgStore(settings, check_schema)
-    return SqliteStore(settings.database)
+    return SqliteStore(settings.database, migrate=check_schema)

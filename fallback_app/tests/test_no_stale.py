@@ -199,34 +199,3 @@ def test_failed_commit_touches_no_cache(settings: config.Settings) -> None:
     assert fp._fill.get(key) == b""
     assert fp.store.outbox_backlog() == 0
     fp.close()
-
-
-def test_late_write_never_overwrites_newer(settings: config.Settings) -> None:
-    """A cache write computed from an older version and landing after a newer one loses:
-    put is conditional (memcached gets/cas, Redis version compare)."""
-    fp = make_fp(settings)
-    key = fp.user_key(UID)
-    old_msg, _ = fp.publish(UID, "old")
-    with fp.store.user(UID) as session:
-        old = session.snapshot()
-    new_msg, _ = fp.publish(UID, "new")
-    assert newest_id(fp._fill.get(key)) == new_msg.id
-    # The older answer arrives late (as a timed-out write a hung node applies later would).
-    if settings.cache.backend == "redis":
-        fp._publish.put(key, old.answer, old.version)
-        assert newest_id(fp._fill.get(key)) == new_msg.id
-    else:
-        # memcached: a late `cas` carries the unique of its own `gets`, from before the newer
-        # write; that write changed the unique, so the late one is refused.
-        import pylibmc
-
-        mc = pylibmc.Client(list(settings.memcached.servers), behaviors={"cas": True})
-        fp._publish.put(key, old.answer, old.version)  # an up-to-date put of an old answer...
-        assert newest_id(fp._fill.get(key)) == old_msg.id  # ...does write (it is not late)
-        fp.repair(UID)
-        value, unique = mc.gets(key)
-        assert newest_id(value) == new_msg.id
-        fp.publish(UID, "newer")
-        assert not mc.cas(key, old.answer, unique)  # the late cas is refused
-        assert newest_id(fp._fill.get(key)) == newest(fp)
-    fp.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,14 +30,16 @@ def own_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple
 
 
 @pytest.fixture
-def outage_client(own_server: tuple[str, Server], tmp_path: Path) -> Iterator[TestClient]:
+def outage_client(
+    own_server: tuple[str, Server], app_db: str, tmp_path: Path
+) -> Iterator[TestClient]:
     name, srv = own_server
     section = (
         f"[memcached]\nservers = {srv.addr}"
         if name == "memcached"
         else (f"[redis]\nserver = {srv.addr}")
     )
-    s = make_settings(tmp_path, f"[cache]\nbackend = {name}\n{section}\n")
+    s = make_settings(tmp_path, f"[cache]\nbackend = {name}\n{section}\n", app_db)
     with TestClient(create_app(s)) as c:
         yield c
 
@@ -98,3 +101,50 @@ def test_hung_cache_publish_is_repaired(
         os.kill(srv.proc.pid, signal.SIGCONT)
     assert wait_until(lambda: fp.repair_pending() == 0), "repair never succeeded"
     assert b"during hang" in fp._fill.get(KEY)
+
+
+def test_a_hung_node_does_not_hold_up_repairs_on_another(
+    app_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two nodes, both hung while two users publish; one comes back. One repair round rewrites
+    the key on the node that answers although the other user's repair (claimed first) fails."""
+    from fastpoll_app import store as store_module
+    from fastpoll_app.cache import make_cache
+    from fastpoll_app.service import FastPoll
+    from fastpoll_app.store import open_store
+
+    monkeypatch.setattr(store_module, "OUTBOX_GRACE", 0.0)  # rows due at once
+    nodes = [start_memcached(), start_memcached()]
+    try:
+        servers = " ".join(n.addr for n in nodes)
+        s = make_settings(tmp_path, f"[memcached]\nservers = {servers}\n", app_db)
+        fp = FastPoll(s, open_store(s.app), make_cache(s), make_cache(s, 300))
+        users: dict[int, int] = {}  # node index -> a user whose key lives there
+        for uid in range(100, 200):
+            fp.poll(uid, fp.user_key(uid))  # fills its empty answer on its node
+            for i, n in enumerate(nodes):
+                with socket.create_connection(("127.0.0.1", n.port)) as c:
+                    c.sendall(b"get " + fp.user_key(uid) + b"\r\n")
+                    if c.recv(4096).startswith(b"VALUE"):
+                        users.setdefault(i, uid)
+            if len(users) == 2:
+                break
+        for n in nodes:
+            assert n.proc is not None
+            os.kill(n.proc.pid, signal.SIGSTOP)
+        try:
+            fp.publish(users[1], "on the node that stays hung")  # claimed first (older row)
+            fp.publish(users[0], "on the node that comes back")
+            assert fp.store.outbox_backlog() == 2
+            assert nodes[0].proc is not None
+            os.kill(nodes[0].proc.pid, signal.SIGCONT)
+            assert fp.repair_pending() == 1  # one round
+            assert b"comes back" in (fp._fill.get(fp.user_key(users[0])) or b"")
+        finally:
+            for n in nodes:
+                if n.proc is not None:
+                    os.kill(n.proc.pid, signal.SIGCONT)
+        fp.close()
+    finally:
+        for n in nodes:
+            n.stop()

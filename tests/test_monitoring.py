@@ -1,0 +1,661 @@
+"""Monitoring (issue 14, docs/operations.md "Monitoring"): the files the monitoring role deploys,
+checked against the real programs.
+
+One local stack (tests/stack.py, nginx writing its `fastpoll` access log) gets a known mix of
+polls; then the metric names every rule, dashboard panel and console query uses must be among
+those really exported by: the poll servers and the app (scraped), mtail running
+monitoring/mtail/fastpoll_nginx.mtail over that access log (and counting exactly that mix),
+node_exporter serving what monitoring/textfile/memcached_stats.py wrote about the stack's
+memcached, and Debian's nginx, Redis and PostgreSQL exporters pointed at the stack. The dashboard's
+and console's expressions are also parsed by promtool, the rendered prometheus.yml is checked with
+`promtool check config`, and the console renders on a real Prometheus. Every process started here
+is stopped by its pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jinja2
+import pytest
+import yaml
+from stack import ROOT, Stack, free_port, wait_for
+
+MON = ROOT / "monitoring"
+RULES = MON / "rules" / "fastpoll.rules.yml"
+RULE_TESTS = MON / "rules" / "fastpoll.rules.test.yml"
+DASHBOARD = MON / "dashboards" / "fastpoll.json"
+CONSOLE = MON / "consoles" / "fastpoll.html"
+MTAIL_PROG = MON / "mtail" / "fastpoll_nginx.mtail"
+MEMCACHED_STATS = MON / "textfile" / "memcached_stats.py"
+ROLE = ROOT / "ansible" / "roles" / "monitoring"
+RUNBOOK = ROOT / "docs" / "runbook.md"
+CONSOLE_LIBS = Path("/usr/share/doc/prometheus/examples/console_libraries")
+
+BINARIES = {
+    "promtool": "promtool",
+    "prometheus": "prometheus",
+    "mtail": "mtail",
+    "node": "prometheus-node-exporter",
+    "nginx": "prometheus-nginx-exporter",
+    "redis": "prometheus-redis-exporter",
+    "postgres": "prometheus-postgres-exporter",
+}
+
+
+def binary(name: str) -> str:
+    path = shutil.which(BINARIES[name])
+    if path is None:
+        pytest.fail(
+            f"{BINARIES[name]} is not installed: make deps-monitoring installs it"
+        )
+    return path
+
+
+# ---- PromQL: the metric names an expression reads -------------------------------------------
+
+_KEYWORDS = {
+    "and",
+    "or",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "offset",
+    "inf",
+    "nan",
+    "atan2",
+}
+_LABEL_LISTS = re.compile(
+    r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)"
+)
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression (Grafana's $variables allowed): the identifiers
+    that are neither functions, keywords, label names nor parts of a matcher or a range."""
+    s = re.sub(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`', '""', expr)
+    s = re.sub(r"\{[^}]*\}", " ", s)  # label matchers
+    s = re.sub(r"\[[^\]]*\]", " ", s)  # ranges and subqueries
+    s = _LABEL_LISTS.sub(" ", s)
+    s = re.sub(r"\$\w+", " ", s)
+    names = set()
+    for m in re.finditer(r"(?<![\w.:])([A-Za-z_:][\w:]*)(\s*\()?", s):
+        word, call = m.group(1), m.group(2)
+        if call or word.lower() in _KEYWORDS:
+            continue
+        if re.fullmatch(r"\d+[smhdwy]", word):
+            continue
+        names.add(word)
+    return names
+
+
+def test_metric_names_parser() -> None:
+    got = metric_names(
+        'sum by (host, le) (rate(fastpoll_x_bucket{route="poll",host=~"$host"}[$__rate_interval]))'
+        " / on (host) group_left count(up == 0) or vector(14.4 * 0.001) and a:b:c offset 5m"
+    )
+    assert got == {"fastpoll_x_bucket", "up", "a:b:c"}
+
+
+# ---- processes -----------------------------------------------------------------------------
+
+
+class Running:
+    """A program started here, stopped by its pid."""
+
+    def __init__(
+        self, argv: list[str], log: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.log = log
+        self.popen = subprocess.Popen(
+            argv,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+def scrape_when_up(url: str, proc: Running, what: str) -> str:
+    """The first successful GET of url (the exporter is starting)."""
+    body: list[str] = []
+
+    def ok() -> bool:
+        try:
+            r = httpx.get(url, timeout=3)
+        except httpx.HTTPError:
+            return False
+        if r.status_code == 200:
+            body.append(r.text)
+        return bool(body)
+
+    wait_for(what, ok, proc=proc.popen, logs=[proc.log])
+    return body[0]
+
+
+def exposition_names(text: str) -> set[str]:
+    """Series names in a scrape, and those its # TYPE lines declare (a labelled counter that
+    has not counted yet has no series, but the exporter does export it)."""
+    names = {
+        m.group(1)
+        for m in re.finditer(r"^([A-Za-z_:][\w:]*)(?:\{|\s)", text, re.MULTILINE)
+    }
+    for name, kind in re.findall(r"^# TYPE (\S+) (\w+)", text, re.MULTILINE):
+        if kind == "counter":
+            names.add(name if name.endswith("_total") else name + "_total")
+        elif kind in ("histogram", "summary"):
+            names |= {name + "_bucket", name + "_sum", name + "_count"}
+        else:
+            names.add(name)
+    return names
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of the one series of `name` whose labels include `labels`."""
+    for line in text.splitlines():
+        m = re.match(r"^([A-Za-z_:][\w:]*)(\{(.*)\})?\s+(\S+)", line)
+        if not m or m.group(1) != name:
+            continue
+        have = dict(re.findall(r'(\w+)="((?:\\.|[^"\\])*)"', m.group(3) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            return float(m.group(4))
+    return None
+
+
+def app_declared() -> set[str]:
+    """Every metric the app's code declares (fastpoll_app.metrics): under several workers the app
+    exports a family only once it has counted something, and a repair round may not happen here."""
+    from fastpoll_app import metrics
+    from prometheus_client.metrics import MetricWrapperBase
+
+    names = set()
+    for obj in vars(metrics).values():
+        if isinstance(obj, MetricWrapperBase):
+            for fam in obj.describe():
+                names |= exposition_names(f"# TYPE {fam.name} {fam.type}\n")
+    return names
+
+
+# ---- the stack, its traffic, and everything scraped from it ------------------------------------
+
+
+class Exported:
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.mtail = ""
+        self.memcached = ""
+        self.node = ""
+        self.redis = ""
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exported]:
+    tmp = tmp_path_factory.mktemp("monitoring")
+    stack = Stack(
+        run_dir=tmp / "stack", backend="memcached", n_pollers=1, access_log=True
+    )
+    stack.start()
+    started: list[Running] = []
+    out = Exported()
+    try:
+        base = stack.base_url
+        with httpx.Client(base_url=base, timeout=10) as c:
+            uid = 7_000_000 + os.getpid() % 100_000
+            # A miss (the app answers and fills), then two hits; a forged signature (403).
+            assert c.get(stack.poll_url(uid)).headers.get("x-poll-source") == "app"
+            for _ in range(2):
+                assert (
+                    c.get(stack.poll_url(uid)).headers.get("x-poll-source") == "cache"
+                )
+            assert (
+                c.get(f"/Poll/getMessages?user_id={uid}&exp=1&sig=00").status_code
+                == 403
+            )
+            assert c.get("/healthz").status_code == 200
+            # The app scraped before it is stopped for the edge's own 503.
+            app_metrics = httpx.get(stack.app_url() + "/metrics", timeout=5).text
+            stack.stop_proc(stack.app_name(0))
+            r = c.get(stack.poll_url(uid + 1))
+            assert r.status_code == 503 and "x-poll-source" not in r.headers
+        admin = httpx.get(
+            f"http://127.0.0.1:{stack.admin_ports[0]}/metrics", timeout=5
+        ).text
+        out.names |= (
+            exposition_names(admin) | exposition_names(app_metrics) | app_declared()
+        )
+
+        # nginx's buffered access log is written out on reopen (SIGUSR1).
+        log = stack.run_dir / "nginx" / "access.log"
+        os.kill(stack.procs["nginx"].pid, signal.SIGUSR1)
+        wait_for(
+            "the access log", lambda: log.exists() and log.read_text().count("\n") >= 5
+        )
+        progs = tmp / "mtail-progs"
+        progs.mkdir()
+        shutil.copy(MTAIL_PROG, progs)
+        run = subprocess.run(
+            [
+                binary("mtail"),
+                "--progs",
+                str(progs),
+                "--logs",
+                str(log),
+                "--one_shot",
+                "--address",
+                "127.0.0.1",
+                "--port",
+                str(free_port()),
+                "--one_shot_format",
+                "prometheus",
+                "--logtostderr",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        out.mtail = run.stdout
+        out.names |= exposition_names(run.stdout)
+
+        # memcached's stats through node_exporter's textfile collector.
+        textdir = tmp / "textfile"
+        textdir.mkdir()
+        mc = f"127.0.0.1:{stack.memcached_ports[0]}"
+        subprocess.run(
+            [
+                sys.executable,
+                str(MEMCACHED_STATS),
+                "--server",
+                mc,
+                "--server",
+                "127.0.0.1:1",
+                "--out",
+                str(textdir / "fastpoll_memcached.prom"),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        out.memcached = (textdir / "fastpoll_memcached.prom").read_text()
+        port = free_port()
+        node = Running(
+            [
+                binary("node"),
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--collector.disable-defaults",
+                "--collector.textfile",
+                f"--collector.textfile.directory={textdir}",
+            ],
+            tmp / "node.log",
+        )
+        started.append(node)
+        out.node = scrape_when_up(
+            f"http://127.0.0.1:{port}/metrics", node, "node_exporter"
+        )
+        out.names |= exposition_names(out.node)
+
+        port = free_port()
+        ngx = Running(
+            [
+                binary("nginx"),
+                f"-nginx.scrape-uri=http://127.0.0.1:{stack.nginx_status_port}/nginx_status",
+                f"-web.listen-address=127.0.0.1:{port}",
+            ],
+            tmp / "nginx-exporter.log",
+        )
+        started.append(ngx)
+        text = scrape_when_up(f"http://127.0.0.1:{port}/metrics", ngx, "nginx exporter")
+        assert sample(text, "nginx_up") == 1, text
+        out.names |= exposition_names(text)
+
+        pw = (stack.run_dir / "redis.pass").read_text().strip()
+        pwfile = tmp / "redis-passwords.json"
+        redis_url = f"redis://127.0.0.1:{stack.redis_port}"
+        pwfile.write_text(json.dumps({redis_url: pw}))
+        pwfile.chmod(0o600)
+        port = free_port()
+        red = Running(
+            [
+                binary("redis"),
+                f"-redis.addr={redis_url}",
+                f"-redis.password-file={pwfile}",
+                f"-web.listen-address=127.0.0.1:{port}",
+            ],
+            tmp / "redis-exporter.log",
+        )
+        started.append(red)
+        out.redis = scrape_when_up(
+            f"http://127.0.0.1:{port}/metrics", red, "redis exporter"
+        )
+        out.names |= exposition_names(out.redis)
+
+        # No database here: the exporter still serves pg_up (0), the name the rules use.
+        port = free_port()
+        pg = Running(
+            [binary("postgres"), f"--web.listen-address=127.0.0.1:{port}"],
+            tmp / "postgres-exporter.log",
+            env={
+                "DATA_SOURCE_NAME": f"host=127.0.0.1 port={free_port()} user=x sslmode=disable"
+            },
+        )
+        started.append(pg)
+        text = scrape_when_up(
+            f"http://127.0.0.1:{port}/metrics", pg, "postgres exporter"
+        )
+        assert sample(text, "pg_up") == 0, text
+        out.names |= exposition_names(text)
+        yield out
+    finally:
+        for p in started:
+            p.stop()
+        stack.stop()
+
+
+def test_mtail_counts_the_edge_exactly(exported: Exported) -> None:
+    """The SLI program parses the real log format and counts every answer, nginx's own too."""
+    m = exported.mtail
+
+    def polls(status: str, src: str) -> float | None:
+        return sample(
+            m, "fastpoll_edge_requests_total", route="poll", status=status, src=src
+        )
+
+    assert polls("200", "app") == 1, m
+    assert polls("200", "cache") == 2, m
+    assert polls("403", "-") == 1, m
+    assert polls("503", "-") == 1, m  # the app was down: nginx's own JSON 503
+    assert sample(m, "fastpoll_edge_log_unparsed_lines_total") == 0, m
+    assert sample(m, "fastpoll_edge_request_duration_seconds_count", route="poll") == 5
+    assert (
+        sample(
+            m, "fastpoll_edge_request_duration_seconds_bucket", route="poll", le="+Inf"
+        )
+        == 5
+    )
+
+
+def test_mtail_counts_a_line_it_cannot_parse(tmp_path: Path) -> None:
+    log = tmp_path / "access.log"
+    log.write_text("GET /Poll/x 200\n")
+    progs = tmp_path / "progs"
+    progs.mkdir()
+    shutil.copy(MTAIL_PROG, progs)
+    run = subprocess.run(
+        [
+            binary("mtail"),
+            "--progs",
+            str(progs),
+            "--logs",
+            str(log),
+            "--one_shot",
+            "--address",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+            "--one_shot_format",
+            "prometheus",
+            "--logtostderr",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert sample(run.stdout, "fastpoll_edge_log_unparsed_lines_total") == 1, run.stdout
+
+
+def test_memcached_stats_through_node_exporter(exported: Exported) -> None:
+    node = exported.node
+    servers = {
+        s: sample(node, "memcached_up", server=s)
+        for s in re.findall(r'memcached_up\{server="([^"]+)"\}', node)
+    }
+    assert sorted(servers.values()) == [0, 1], (
+        servers
+    )  # the stack's, and one nobody answers
+    (up,) = [s for s, v in servers.items() if v == 1]
+    items = sample(node, "memcached_current_items", server=up)
+    assert items is not None and items >= 1  # the app filled a key
+    limit = sample(node, "memcached_limit_bytes", server=up)
+    assert limit is not None and limit > 0
+    check = subprocess.run(
+        [binary("promtool"), "check", "metrics"],
+        input=exported.memcached,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+# ---- rules, dashboard, console -------------------------------------------------------------
+
+
+def rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [r for g in doc["groups"] for r in g["rules"]]
+
+
+def recorded() -> set[str]:
+    return {r["record"] for r in rules() if "record" in r}
+
+
+ALWAYS = {"up", "ALERTS"}  # made by Prometheus itself
+
+
+def unknown(exprs: list[str], names: set[str]) -> dict[str, set[str]]:
+    known = names | recorded() | ALWAYS
+    return {e: metric_names(e) - known for e in exprs if metric_names(e) - known}
+
+
+def dashboard_exprs() -> list[str]:
+    d = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
+    exprs += [a["expr"] for a in d["annotations"]["list"] if "expr" in a]
+    for v in d["templating"]["list"]:
+        m = re.fullmatch(r"label_values\((.*),\s*\w+\)", v["definition"])
+        assert m, v["definition"]
+        exprs.append(m.group(1))
+    return exprs
+
+
+def console_exprs() -> list[str]:
+    text = CONSOLE.read_text()
+    found = re.findall(r'expr: "((?:\\.|[^"\\])*)"', text)
+    found += [
+        e.replace('\\"', '"') for e in re.findall(r'\(args "((?:\\.|[^"\\])*)"', text)
+    ]
+    found += re.findall(r'\(printf "((?:\\.|[^"\\])*)"', text)
+    found += re.findall(r'query "((?:\\.|[^"\\])*)"', text)
+    return [re.sub(r"%s", "x", e) for e in found]
+
+
+def test_rules_read_only_exported_metrics(exported: Exported) -> None:
+    exprs = [r["expr"] for r in rules()]
+    assert unknown(exprs, exported.names) == {}
+
+
+def test_dashboard_reads_only_exported_metrics(exported: Exported) -> None:
+    exprs = dashboard_exprs()
+    assert len(exprs) > 30
+    assert unknown(exprs, exported.names) == {}
+
+
+def test_console_reads_only_exported_metrics(exported: Exported) -> None:
+    exprs = console_exprs()
+    assert len(exprs) >= 10
+    assert unknown(exprs, exported.names) == {}
+
+
+def test_every_query_parses(tmp_path: Path) -> None:
+    """promtool parses each dashboard and console expression (as a recording rule)."""
+    exprs = [
+        e.replace("$__rate_interval", "5m").replace("$host", ".*")
+        for e in dashboard_exprs() + console_exprs()
+    ]
+    doc = {
+        "groups": [
+            {
+                "name": "q",
+                "rules": [{"record": f"q:{i}", "expr": e} for i, e in enumerate(exprs)],
+            }
+        ]
+    }
+    f = tmp_path / "q.yml"
+    f.write_text(yaml.safe_dump(doc))
+    run = subprocess.run(
+        [binary("promtool"), "check", "rules", str(f)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_dashboard_is_importable() -> None:
+    d = json.loads(DASHBOARD.read_text())
+    assert d["uid"] and d["title"] and d["schemaVersion"] >= 30
+    assert [i["name"] for i in d["__inputs"]] == ["DS_PROMETHEUS"]
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in d["panels"]:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        if p["type"] != "row":
+            assert p["datasource"]["uid"] == "${DS_PROMETHEUS}", p["title"]
+            assert p["targets"], p["title"]
+            assert len({t["refId"] for t in p["targets"]}) == len(p["targets"])
+
+
+def runbook_anchors() -> set[str]:
+    anchors = set()
+    for line in RUNBOOK.read_text().splitlines():
+        m = re.match(r"^#+\s+(.*)$", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(slug)
+    return anchors
+
+
+def test_every_alert_links_its_runbook_section() -> None:
+    anchors = runbook_anchors()
+    alerts = [r for r in rules() if "alert" in r]
+    assert len(alerts) >= 6
+    for r in alerts:
+        url = r["annotations"]["runbook_url"]
+        path, _, anchor = url.partition("#")
+        assert path == "docs/runbook.md" and anchor in anchors, (r["alert"], url)
+        assert r["labels"]["severity"] in ("page", "warning"), r["alert"]
+
+
+def test_rules_and_their_unit_tests() -> None:
+    promtool = binary("promtool")
+    for argv in (["check", "rules", str(RULES)], ["test", "rules", str(RULE_TESTS)]):
+        run = subprocess.run(
+            [promtool, *argv], capture_output=True, text=True, check=False
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+
+
+def render_role_template(name: str, **variables: object) -> str:
+    """One of the monitoring role's templates, as Ansible renders it (the filters it uses)."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(ROLE / "templates"),
+        trim_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["to_json"] = json.dumps
+    return env.get_template(name).render(ansible_managed="test", **variables)
+
+
+def test_rendered_prometheus_yml_passes_promtool(tmp_path: Path) -> None:
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    shutil.copy(RULES, rules_dir)
+    for alertmanagers in ([], ["10.0.0.9:9093"]):
+        text = render_role_template(
+            "prometheus.yml.j2",
+            **{
+                **defaults,
+                "monitoring_alertmanagers": alertmanagers,
+                "monitoring_external_labels": {"fleet": "test"},
+            },
+            fastpoll_address="10.0.0.24",
+            fastpoll_prometheus_port=9090,
+            inventory_hostname="mon1",
+        ).replace("/etc/prometheus/rules/", f"{rules_dir}/")
+        f = tmp_path / "prometheus.yml"
+        f.write_text(text)
+        run = subprocess.run(
+            [binary("promtool"), "check", "config", str(f)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        jobs = [j["job_name"] for j in yaml.safe_load(text)["scrape_configs"]]
+        assert jobs == ["prometheus", *defaults["monitoring_jobs"]]
+
+
+def test_console_renders_on_prometheus(tmp_path: Path) -> None:
+    consoles, libs, data = tmp_path / "consoles", tmp_path / "libs", tmp_path / "data"
+    for d in (consoles, libs, data):
+        d.mkdir()
+    shutil.copy(CONSOLE, consoles)
+    for lib in ("prom.lib", "menu.lib"):
+        shutil.copy(CONSOLE_LIBS / lib, libs)
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(
+        f"global: {{scrape_interval: 15s}}\nrule_files: [{RULES}]\nscrape_configs: []\n"
+    )
+    port = free_port()
+    prom = Running(
+        [
+            binary("prometheus"),
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--web.console.templates={consoles}",
+            f"--web.console.libraries={libs}",
+        ],
+        tmp_path / "prometheus.log",
+    )
+    try:
+        scrape_when_up(f"http://127.0.0.1:{port}/-/ready", prom, "prometheus")
+        r = httpx.get(f"http://127.0.0.1:{port}/consoles/fastpoll.html", timeout=10)
+        assert r.status_code == 200, r.text[-2000:]
+        assert "fastpoll" in r.text and "error" not in r.text.lower()
+        # The rules loaded: every alert is known to this Prometheus.
+        got = httpx.get(f"http://127.0.0.1:{port}/api/v1/rules", timeout=10).json()
+        names = {r["name"] for g in got["data"]["groups"] for r in g["rules"]}
+        assert {r.get("alert") or r["record"] for r in rules()} <= names
+    finally:
+        prom.stop()
+    time.sleep(0)
