@@ -2,11 +2,9 @@
  *
  * Everything here runs only when scraped: it reads the counters of stats.c
  * and a few gauges (requests in flight, coalescer, open connections), and
- * writes them as text format 0.0.4. Open client connections are counted at
- * scrape time, by walking /proc/self/fd for sockets bound to the poll port
- * that are not the listener: evhttp 2.1 has no hook when a connection is
- * freed, and a scrape every few seconds costs far less than a counter that
- * would have to be kept right on every close path. */
+ * writes them as text format 0.0.4. Open client connections are counted
+ * where they are accepted and closed (deadline.c), so unix socket and TCP
+ * connections alike; only process_open_fds walks /proc/self/fd. */
 #include <dirent.h>
 #include <stdarg.h>
 #include <netinet/in.h>
@@ -23,6 +21,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
+#include "accept.h"
 #include "admin.h"
 #include "coalesce.h"
 #include "http.h"
@@ -37,6 +36,7 @@ struct fp_admin {
     const struct fp_settings *s;
     const struct fp_http *http;
     struct evhttp *evh;
+    struct fp_accept_guard *guard;
     int draining;
 };
 
@@ -46,6 +46,9 @@ static const char *const method_names[FP_STAT_NMETHODS] = {
 static const char *const outcome_names[FP_STAT_NOUTCOMES] = {
     "hit", "miss", "invalid_key", "backend_error", "timeout",
     "method_not_allowed", "forbidden", "client_closed"
+};
+static const char *const accept_names[FP_STAT_NACCEPT] = {
+    "emfile", "enfile", "nomem", "other"
 };
 static const char *const result_names[4] = { "hit", "miss", "error", "timeout" };
 static const unsigned long long bucket_us[FP_STAT_NBUCKETS] =
@@ -60,53 +63,23 @@ static int outcome_possible(int m, int o)
 }
 
 struct scan {
-    long connections;           /* accepted on the poll port, still open */
     long fds;                   /* every open descriptor */
 };
 
-static uint16_t sock_port(const struct sockaddr_storage *ss)
-{
-    if (ss->ss_family == AF_INET)
-        return ntohs(((const struct sockaddr_in *)(const void *)ss)->sin_port);
-    if (ss->ss_family == AF_INET6)
-        return ntohs(((const struct sockaddr_in6 *)(const void *)ss)->sin6_port);
-    return 0;
-}
-
-/* -1 fields when /proc is not there. */
-static void scan_fds(uint16_t port, struct scan *out)
+/* -1 when /proc is not there. */
+static void scan_fds(struct scan *out)
 {
     DIR *d = opendir("/proc/self/fd");
     struct dirent *e;
-    int self;
 
-    out->connections = out->fds = -1;
+    out->fds = -1;
     if (d == NULL)
         return;
-    self = dirfd(d);
-    out->connections = out->fds = 0;
-    while ((e = readdir(d)) != NULL) {
-        struct sockaddr_storage ss = { 0 }; /* zeroed for clang-analyzer */
-        socklen_t len = sizeof(ss), alen;
-        char *end;
-        long fd;
-        int listening = 0;
-
-        if (e->d_name[0] < '0' || e->d_name[0] > '9')
-            continue;
-        fd = strtol(e->d_name, &end, 10);
-        if (*end != '\0' || fd == self || fd > INT32_MAX)
-            continue;
-        out->fds++;
-        if (getsockname((int)fd, (struct sockaddr *)&ss, &len) != 0 ||
-            sock_port(&ss) != port)
-            continue;           /* not a socket, or not ours */
-        alen = sizeof(listening);
-        if (getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &listening,
-                       &alen) == 0 && listening)
-            continue;
-        out->connections++;
-    }
+    out->fds = 0;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] >= '0' && e->d_name[0] <= '9')
+            out->fds++;
+    out->fds--; /* the directory's own */
     if (closedir(d) != 0)
         fp_log(FP_LOG_DEBUG, "admin: closedir /proc/self/fd failed");
 }
@@ -313,7 +286,7 @@ static int write_metrics(const struct fp_admin *a, struct evbuffer *b)
     struct fp_coalesce_stats co;
     struct scan sc;
 
-    scan_fds(a->s->port, &sc);
+    scan_fds(&sc);
     fp_http_coalesce_stats(a->http, &co);
 
     write_requests(&o);
@@ -328,10 +301,16 @@ static int write_metrics(const struct fp_admin *a, struct evbuffer *b)
                "written.", fp_http_inflight(a->http));
     metric_u64(&o, "fastpoll_coalesce_keys", "gauge",
                "Keys with a cache get in flight.", co.keys);
-    if (sc.connections >= 0)
-        metric_u64(&o, "fastpoll_open_connections", "gauge",
-                   "Client (nginx) connections open on the poll port.",
-                   (unsigned long long)sc.connections);
+    metric_u64(&o, "fastpoll_open_connections", "gauge",
+               "Client (nginx) connections open on the poll listeners (TCP and "
+               "unix socket), counted at accept and close.",
+               fp_stats.open_connections);
+    head(&o, "fastpoll_accept_errors_total", "counter",
+         "accept() failures on the poll and admin listeners, by reason; out "
+         "of descriptors or memory pauses accepting for 100 ms.");
+    for (int k = 0; k < FP_STAT_NACCEPT; k++)
+        out_printf(&o, "fastpoll_accept_errors_total{reason=\"%s\"} %llu\n",
+                   accept_names[k], (unsigned long long)fp_stats.accept_errors[k]);
     write_backends(&o);
     metric_u64(&o, "fastpoll_loop_iterations_total", "counter",
                "Event loop iterations (epoll_wait calls).",
@@ -356,6 +335,9 @@ static int write_metrics(const struct fp_admin *a, struct evbuffer *b)
     out_label(&o, event_get_version());
     out_printf(&o, "\",backend=\"%s\"} 1\n",
                a->s->backend == FP_BACKEND_REDIS ? "redis" : "memcached");
+    head(&o, "fastpoll_config_info", "gauge",
+         "SHA-256 of the config file's bytes as loaded (empty: no file).");
+    out_printf(&o, "fastpoll_config_info{sha256=\"%s\"} 1\n", a->s->config_sha256);
     write_process(&o, &sc);
     return o.failed ? -1 : 0;
 }
@@ -416,6 +398,7 @@ struct fp_admin *fp_admin_start(struct event_base *base,
                                 const struct fp_http *http)
 {
     struct fp_admin *a = calloc(1, sizeof(*a));
+    struct evhttp_bound_socket *bound;
 
     if (a == NULL || (a->evh = evhttp_new(base)) == NULL) {
         fp_log(FP_LOG_ERROR, "admin: out of memory");
@@ -429,13 +412,17 @@ struct fp_admin *fp_admin_start(struct event_base *base,
     evhttp_set_max_body_size(a->evh, 0);
     evhttp_set_allowed_methods(a->evh, 0xFFFF);
     evhttp_set_gencb(a->evh, on_admin, a);
-    if (evhttp_bind_socket(a->evh, s->admin_listen, s->admin_port) != 0) {
+    if ((bound = evhttp_bind_socket_with_handle(a->evh, s->admin_listen,
+                                                s->admin_port)) == NULL) {
         fp_log(FP_LOG_ERROR, "admin: cannot listen on %s:%u", s->admin_listen,
                (unsigned)s->admin_port);
         evhttp_free(a->evh);
         free(a);
         return NULL;
     }
+    if ((a->guard = fp_accept_guard_new(base, "admin")) == NULL ||
+        fp_accept_guard_add(a->guard, evhttp_bound_socket_get_listener(bound)) != 0)
+        fp_log(FP_LOG_WARN, "admin: accept errors are not guarded");
     fp_log(FP_LOG_INFO, "admin: /metrics and /healthz on %s:%u",
            s->admin_listen, (unsigned)s->admin_port);
     return a;
@@ -451,6 +438,8 @@ void fp_admin_free(struct fp_admin *a)
 {
     if (a == NULL)
         return;
+    fp_accept_guard_stop(a->guard);
     evhttp_free(a->evh);
+    fp_accept_guard_free(a->guard);
     free(a);
 }

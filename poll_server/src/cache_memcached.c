@@ -21,19 +21,18 @@
  *   and reads go into our own bounded buffer, parsed in place: a value is
  *   handed to the callback straight from that buffer.
  *
- * Failure policy, per server, so a sick node only hurts its own keys:
- * - refused / reset / EOF / protocol error: pending requests get ERROR, the
- *   connection is dropped and retried: at once if it had been answering,
- *   then after a backoff (100 ms doubling to 2 s); requests arriving while
- *   it is down fail fast with ERROR.
- * - a request not answered within cache_timeout_ms gets TIMEOUT. If nothing
- *   at all came from the server meanwhile, it is considered hung: the
- *   others pending on it get ERROR, the connection is dropped and retried
- *   after the backoff. If it is answering, only slower than that (a deep
- *   pipeline on a starved CPU), the late request alone gets TIMEOUT; its
- *   answer, when it comes, is read and dropped. A stopped server's kernel
- *   still accepts connections, so only an answer (not a connect) resets
- *   the backoff.
+ * Failure policy, per server, so a sick node only hurts its own keys: the
+ * model of health.h, shared with the Redis backend.
+ * - refused / reset / EOF: pending requests get ERROR, the connection is
+ *   dropped and retried (at once if it had been answering, then with the
+ *   backoff); requests arriving while it is down fail fast with ERROR.
+ * - garbage or an ERROR line: the stream cannot be trusted; as above, but
+ *   the retry always waits the backoff.
+ * - a value over MC_MAX_VALUE is read past (never buffered) and its request
+ *   alone gets ERROR; CLIENT_ERROR / SERVER_ERROR fail their request alone.
+ *   The connection stays.
+ * - a request not answered within cache_timeout_ms: TIMEOUT alone while the
+ *   server is still sending, or the server is hung (health.h).
  *
  * Replicas ([memcached] replicas = 1; docs/architecture.md, "Replicas"):
  * the app writes every key to its ketama node and to the node ketama picks
@@ -64,15 +63,16 @@
 #include <libmemcached/memcached.h>
 
 #include "cache_memcached.h"
+#include "health.h"
 #include "log.h"
 #include "settings.h"
 #include "stats.h"
 
-#define MC_MAX_VALUE      (1024UL * 1024UL) /* larger VALUE: protocol error */
+#define MC_MAX_VALUE      (1024UL * 1024UL) /* larger: skipped, ERROR */
+#define MC_SKIP_MAX       (1024UL * 1024UL * 1024UL) /* memcached's -I cap */
+#define MC_SKIP_LOG_MS    10000         /* one warning per server per 10 s */
 #define MC_MAX_LINE       512           /* VALUE line: 6 + 250 + 3 numbers */
 #define MC_MAX_PENDING    10000         /* per server, beyond: fail fast */
-#define MC_BACKOFF_MIN_MS 100
-#define MC_BACKOFF_MAX_MS 2000
 #define MC_CMD_MAX        (3 + FP_MAX_KEY_LEN + 6) /* "mg <key> v k\r\n" */
 #define MC_IN_MIN         ((size_t)64 * 1024) /* read buffer kept per connection */
 #define MC_IN_MAX         (MC_MAX_VALUE + 7 + MC_IN_MIN) /* a whole answer */
@@ -85,7 +85,7 @@
 
 enum mc_conn_state { MC_DOWN, MC_CONNECTING, MC_UP };
 enum mc_log_state { MC_LOG_NONE, MC_LOG_UP, MC_LOG_DOWN };
-enum mc_parse_state { MC_PARSE_LINE, MC_PARSE_DATA };
+enum mc_parse_state { MC_PARSE_LINE, MC_PARSE_DATA, MC_PARSE_SKIP };
 /* What a connection speaks, learnt from its answer to "mn" (meta no-op):
  * "MN" from memcached >= 1.6 (meta commands), "ERROR" from older ones. */
 enum mc_proto { MC_PROTO_PROBING, MC_PROTO_CLASSIC, MC_PROTO_META };
@@ -137,16 +137,17 @@ struct mc_server {
     struct event *retry;            /* reconnect timer */
     enum mc_conn_state state;
     enum mc_log_state logged;
-    int hung;                       /* last failure was a timeout */
-    unsigned backoff_ms;            /* 0 after an answer */
+    struct fp_health health;        /* backoff, hung, last bytes in */
     struct mc_reqq pending;         /* sent, in answer order */
     size_t npending;
     enum mc_parse_state parse;
     size_t want;                    /* MC_PARSE_DATA: value length */
-    uint64_t last_rx_ms;            /* when bytes last came, 0: none yet */
+    unsigned long long skip;        /* MC_PARSE_SKIP: value bytes left */
+    int skipped;                    /* the value in MC_PARSE_DATA was skipped */
+    uint64_t skip_logged_ms;        /* rate limit of the warning */
     enum mc_proto proto;            /* of this connection */
     enum mc_proto logged_proto;
-    uint64_t recover_until_ms;      /* mono_ms(): read through replicas
+    uint64_t recover_until_ms;      /* fp_mono_ms(): read through replicas
                                      * until then; 0: not recovering */
 };
 
@@ -169,15 +170,6 @@ struct fp_mc {
 };
 
 static void server_connect(struct mc_server *s);
-
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-        return 0;
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 static int req_failover(struct mc_req *r);
 
@@ -259,7 +251,7 @@ static void server_log_up(struct mc_server *s)
     if (s->logged == MC_LOG_DOWN && mc->replicas && mc->recovery_ms > 0) {
         /* Back from down or hung: it may hold answers older than publishes
          * made meanwhile, until the app's outbox rewrites them. */
-        s->recover_until_ms = mono_ms() + mc->recovery_ms;
+        s->recover_until_ms = fp_mono_ms() + mc->recovery_ms;
         fp_stat_backend_recovering((size_t)(s - mc->servers),
                                    s->recover_until_ms);
         fp_log(FP_LOG_INFO, "memcached %s: connected; its keys are read from "
@@ -282,20 +274,13 @@ static void server_log_down(struct mc_server *s, const char *why)
     fp_stat_backend_up((size_t)(s - s->mc->servers), 0);
 }
 
-/* A connection that was answering and drops (restart, idle close) is
- * retried at once; then, and after a timeout, 100 ms doubling to 2 s until
- * the next answer resets it. */
+/* The delay is health.h's: at once after a connection that was answering,
+ * else the jittered backoff. */
 static void server_schedule_retry(struct mc_server *s)
 {
     struct timeval tv;
-    unsigned delay;
+    unsigned delay = fp_health_next_delay(&s->health);
 
-    if (s->backoff_ms == 0 && s->hung)
-        s->backoff_ms = MC_BACKOFF_MIN_MS;
-    delay = s->backoff_ms;
-    s->backoff_ms = s->backoff_ms == 0 ? MC_BACKOFF_MIN_MS :
-                    s->backoff_ms * 2 > MC_BACKOFF_MAX_MS ? MC_BACKOFF_MAX_MS :
-                    s->backoff_ms * 2;
     tv.tv_sec = delay / 1000;
     tv.tv_usec = (suseconds_t)(delay % 1000) * 1000;
     if (evtimer_add(s->retry, &tv) != 0)
@@ -333,7 +318,9 @@ static void server_reset(struct mc_server *s, const char *why,
     s->wev_added = s->flush_active = 0;
     buf_reset(&s->in, MC_IN_MIN);
     buf_reset(&s->out, MC_OUT_KEEP);
-    s->last_rx_ms = 0;
+    s->health.last_rx_ms = 0;
+    s->skip = 0;
+    s->skipped = 0;
     s->gen++;
     s->state = MC_DOWN;
     s->parse = MC_PARSE_LINE;
@@ -423,7 +410,7 @@ static long parse_value_line(const char *line, size_t n, const struct mc_req *r)
     if (toklen[1] != r->keylen || memcmp(tok[1], r->key, r->keylen) != 0)
         return -1;
     if (parse_num(tok[2], toklen[2], UINT32_MAX, &flags) != 0 ||
-        parse_num(tok[3], toklen[3], MC_MAX_VALUE, &len) != 0 ||
+        parse_num(tok[3], toklen[3], MC_SKIP_MAX, &len) != 0 ||
         (ntok == 5 && parse_num(tok[4], toklen[4], ULLONG_MAX, &cas) != 0))
         return -1;
     return (long)len;
@@ -443,7 +430,7 @@ static long parse_meta_line(const char *line, size_t n, const struct mc_req *r,
     int first_flag = hit ? 2 : 1, key_ok = !hit;
 
     if (ntok < 0 || (hit && (ntok < 3 ||
-                             parse_num(tok[1], toklen[1], MC_MAX_VALUE, &len) != 0)))
+                             parse_num(tok[1], toklen[1], MC_SKIP_MAX, &len) != 0)))
         return -1;
     for (int i = first_flag; i < ntok; i++)
         if (tok[i][0] == 'k')
@@ -452,9 +439,37 @@ static long parse_meta_line(const char *line, size_t n, const struct mc_req *r,
     return key_ok ? (long)len : -1;
 }
 
+/* The stream cannot be trusted: drop it, and retry only after the backoff
+ * (a server that answers garbage at once must not be hammered). */
+static void server_bad(struct mc_server *s, const char *why,
+                       struct mc_req *first)
+{
+    fp_health_bad(&s->health);
+    server_reset(s, why, first, FP_CACHE_ERROR);
+}
+
+/* A value too big for us: its bytes are read past as they come, then its
+ * trailer is checked as for any value (MC_PARSE_DATA with s->skipped). */
+static void start_skip(struct mc_server *s, const struct mc_req *r,
+                       unsigned long long len)
+{
+    uint64_t now = fp_mono_ms();
+
+    if (s->skip_logged_ms == 0 || now - s->skip_logged_ms >= MC_SKIP_LOG_MS) {
+        fp_log(FP_LOG_WARN, "memcached %s: value of %llu bytes for %.*s is "
+               "over the %lu byte limit: skipped, the poll falls back "
+               "(logged once per %d s)", s->name, len, (int)r->keylen, r->key,
+               MC_MAX_VALUE, MC_SKIP_LOG_MS / 1000);
+        s->skip_logged_ms = now;
+    }
+    s->skip = len;
+    s->parse = MC_PARSE_SKIP;
+}
+
 /* Consumes every complete answer in the input buffer, in place. Returns 0,
  * or -1 after the server was reset (the buffers are then gone). Callbacks
- * run from here may queue gets (output only): the input stays put. */
+ * run from here may queue gets (output only): the input stays put. Only a
+ * complete hit or miss resets the backoff (health.h). */
 static int server_parse(struct mc_server *s)
 {
     unsigned gen = s->gen;
@@ -466,6 +481,17 @@ static int server_parse(struct mc_server *s)
     for (;;) {
         p = s->in.data + s->in.off;
         avail = s->in.len - s->in.off;
+        if (s->parse == MC_PARSE_SKIP) {
+            n = avail < s->skip ? avail : (size_t)s->skip;
+            s->in.off += n;
+            s->skip -= n;
+            if (s->skip > 0)
+                return 0;
+            s->parse = MC_PARSE_DATA;
+            s->want = 0;
+            s->skipped = 1;
+            continue;
+        }
         if (s->parse == MC_PARSE_DATA) {
             r = TAILQ_FIRST(&s->pending);
             /* classic: data \r\n END\r\n; meta: data \r\n */
@@ -473,15 +499,21 @@ static int server_parse(struct mc_server *s)
             if (avail < need)
                 return 0;
             if (memcmp(p + s->want, "\r\nEND\r\n", need - s->want) != 0) {
-                server_reset(s, "protocol error after value", NULL,
-                             FP_CACHE_ERROR);
+                server_bad(s, "protocol error after value", NULL);
                 return -1;
             }
             TAILQ_REMOVE(&s->pending, r, link);
             s->npending--;
             s->parse = MC_PARSE_LINE;
             s->in.off += need;
-            req_finish(r, FP_CACHE_HIT, p, s->want);
+            if (s->skipped) {
+                s->skipped = 0;
+                req_finish(r, FP_CACHE_ERROR, NULL, 0);
+            } else {
+                fp_health_good(&s->health);
+                server_log_up(s);
+                req_finish(r, FP_CACHE_HIT, p, s->want);
+            }
             if (s->gen != gen)
                 return -1;
             continue;
@@ -493,8 +525,7 @@ static int server_parse(struct mc_server *s)
                      "\r\n", 2);
         if (eol == NULL) {
             if (avail >= MC_MAX_LINE + 2) {
-                server_reset(s, "protocol error: line too long", NULL,
-                             FP_CACHE_ERROR);
+                server_bad(s, "protocol error: line too long", NULL);
                 return -1;
             }
             return 0;
@@ -503,14 +534,14 @@ static int server_parse(struct mc_server *s)
         s->in.off += n + 2;
 
         if (s->proto == MC_PROTO_PROBING) {
-            /* The first answer on a connection is to "mn". */
+            /* The first answer on a connection is to "mn". It proves the
+             * server is there, not that it answers gets: no backoff reset. */
             if (n == 2 && memcmp(p, "MN", 2) == 0) {
                 s->proto = MC_PROTO_META;
             } else if (n == 5 && memcmp(p, "ERROR", 5) == 0) {
                 s->proto = MC_PROTO_CLASSIC;
             } else {
-                server_reset(s, "protocol error: unexpected answer to mn",
-                             NULL, FP_CACHE_ERROR);
+                server_bad(s, "protocol error: unexpected answer to mn", NULL);
                 return -1;
             }
             if (s->proto != s->logged_proto)
@@ -518,22 +549,15 @@ static int server_parse(struct mc_server *s)
                        s->proto == MC_PROTO_META ? "meta commands (mg)"
                                                  : "classic get (no meta commands)");
             s->logged_proto = s->proto;
-            s->hung = 0;
-            s->backoff_ms = 0;
             server_log_up(s);
             continue;
         }
 
         r = TAILQ_FIRST(&s->pending);
         if (r == NULL) {
-            server_reset(s, "protocol error: unsolicited answer", NULL,
-                         FP_CACHE_ERROR);
+            server_bad(s, "protocol error: unsolicited answer", NULL);
             return -1;
         }
-        /* An answer proves the server is alive. */
-        s->hung = 0;
-        s->backoff_ms = 0;
-        server_log_up(s);
 
         /* r is this loop turn's TAILQ_FIRST; clang-analyzer does not see
          * TAILQ_REMOVE update the head through tqe_prev and takes it for the
@@ -543,36 +567,38 @@ static int server_parse(struct mc_server *s)
                     : n == 3 && memcmp(p, "END", 3) == 0) {
             TAILQ_REMOVE(&s->pending, r, link);
             s->npending--;
+            fp_health_good(&s->health);
+            server_log_up(s);
             req_finish(r, FP_CACHE_MISS, NULL, 0);
-        } else if (r->meta && starts_with(p, n, "VA")) {
-            vlen = parse_meta_line(p, n, r, 1); /* NOLINT(clang-analyzer-unix.Malloc) */
+        } else if ((r->meta && starts_with(p, n, "VA")) ||
+                   (!r->meta && starts_with(p, n, "VALUE"))) {
+            /* NOLINTNEXTLINE(clang-analyzer-unix.Malloc): r as above */
+            vlen = r->meta ? parse_meta_line(p, n, r, 1) : parse_value_line(p, n, r);
             if (vlen < 0) {
-                server_reset(s, "protocol error: bad VA line", NULL,
-                             FP_CACHE_ERROR);
+                server_bad(s, r->meta ? "protocol error: bad VA line"
+                                      : "protocol error: bad VALUE line", NULL);
                 return -1;
             }
-            s->want = (size_t)vlen;
-            s->parse = MC_PARSE_DATA;
-        } else if (!r->meta && starts_with(p, n, "VALUE")) {
-            vlen = parse_value_line(p, n, r); /* NOLINT(clang-analyzer-unix.Malloc) */
-            if (vlen < 0) {
-                server_reset(s, "protocol error: bad VALUE line", NULL,
-                             FP_CACHE_ERROR);
-                return -1;
+            if ((unsigned long)vlen > MC_MAX_VALUE) {
+                start_skip(s, r, (unsigned long long)vlen);
+            } else {
+                s->want = (size_t)vlen;
+                s->parse = MC_PARSE_DATA;
             }
-            s->want = (size_t)vlen;
-            s->parse = MC_PARSE_DATA;
-        } else if (starts_with(p, n, "SERVER_ERROR")) {
-            /* e.g. out of memory; the server keeps the stream in sync. */
+        } else if (starts_with(p, n, "SERVER_ERROR") ||
+                   starts_with(p, n, "CLIENT_ERROR")) {
+            /* One line for the one command (out of memory, a key it did not
+             * like): that request falls back, the stream stays in sync. */
+            fp_log(FP_LOG_DEBUG, "memcached %s: %.*s", s->name,
+                   (int)(n < 200 ? n : 200), p);
             TAILQ_REMOVE(&s->pending, r, link);
             s->npending--;
             req_finish(r, FP_CACHE_ERROR, NULL, 0);
         } else {
-            /* CLIENT_ERROR, ERROR or garbage: we only send valid gets, so
-             * the stream cannot be trusted any more. */
+            /* ERROR or garbage: we only send valid gets, so the stream
+             * cannot be trusted any more. */
             /* NOLINTNEXTLINE(clang-analyzer-unix.Malloc): r as above */
-            server_reset(s, "protocol error: unexpected answer", r,
-                         FP_CACHE_ERROR);
+            server_bad(s, "protocol error: unexpected answer", r);
             return -1;
         }
         if (s->gen != gen)
@@ -624,7 +650,7 @@ static void server_read_cb(evutil_socket_t fd, short what, void *arg)
             return;
         }
         s->in.len += (size_t)n;
-        s->last_rx_ms = mono_ms();
+        fp_health_rx(&s->health);
         if (server_parse(s) < 0)
             return;
         if (s->in.off == s->in.len)
@@ -690,7 +716,7 @@ static void server_connected(struct mc_server *s)
     s->state = MC_UP;
     /* A stopped server's kernel still completes the handshake: after a
      * timeout, wait for an answer before calling it up. */
-    if (!s->hung)
+    if (!s->health.hung)
         server_log_up(s);
     if (event_add(s->rev, NULL) != 0) {
         server_reset(s, "cannot wait for the socket", NULL, FP_CACHE_ERROR);
@@ -810,7 +836,7 @@ static void req_timer_cb(evutil_socket_t fd, short what, void *arg)
     }
     timeout_ms = (uint64_t)r->mc->timeout_tv.tv_sec * 1000u +
                  (uint64_t)r->mc->timeout_tv.tv_usec / 1000u;
-    if (s->last_rx_ms != 0 && mono_ms() - s->last_rx_ms < timeout_ms) {
+    if (!fp_health_silent(&s->health, (unsigned)timeout_ms)) {
         /* Answering, just not this one in time: it alone gets TIMEOUT and
          * keeps its place in the FIFO until its answer is read. */
         r->late = 1;
@@ -819,7 +845,7 @@ static void req_timer_cb(evutil_socket_t fd, short what, void *arg)
             r->cb(FP_CACHE_TIMEOUT, NULL, 0, r->arg);
         return;
     }
-    s->hung = 1;
+    fp_health_bad(&s->health);
     (void)snprintf(why, sizeof(why), "no answer within %ld ms, closing",
                    (long)timeout_ms);
     server_reset(s, why, r, FP_CACHE_TIMEOUT);
@@ -849,7 +875,7 @@ static int server_ready(const struct mc_server *s)
 {
     if (s->state == MC_DOWN || s->npending >= MC_MAX_PENDING)
         return 0;
-    return !(s->mc->replicas && s->hung && s->last_rx_ms == 0);
+    return !(s->mc->replicas && s->health.hung && s->health.last_rx_ms == 0);
 }
 
 /* In its recovery window (server_log_up): neither primary nor replica. */
@@ -857,7 +883,7 @@ static int server_recovering(struct mc_server *s)
 {
     if (s->recover_until_ms == 0)
         return 0;
-    if (mono_ms() < s->recover_until_ms)
+    if (fp_mono_ms() < s->recover_until_ms)
         return 1;
     s->recover_until_ms = 0;
     fp_stat_backend_recovering((size_t)(s - s->mc->servers), 0);

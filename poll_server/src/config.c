@@ -24,6 +24,7 @@
 
 #include <arpa/inet.h>
 #include <ini.h>
+#include <nettle/sha2.h>
 
 #include "config.h"
 #include "log.h"
@@ -838,6 +839,101 @@ out:
     return rc;
 }
 
+/* A name for the wire (AUTH user, SENTINEL master): printable, no spaces. */
+static int set_name(char **field, const char *v, size_t max, char *why,
+                    size_t whylen)
+{
+    size_t n = strlen(v);
+
+    if (n == 0) { /* empty: not set */
+        free(*field);
+        *field = NULL;
+        return 0;
+    }
+    if (n > max) {
+        fmt(why, whylen, "longer than %zu bytes", max);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if ((unsigned char)v[i] <= 0x20 || (unsigned char)v[i] > 0x7E) {
+            fmt(why, whylen, "only printable ASCII without spaces");
+            return -1;
+        }
+    }
+    return replace_str(field, v, why, whylen);
+}
+
+static int set_username(struct fp_settings *s, const struct option_def *o,
+                        const char *v, char *why, size_t whylen)
+{
+    (void)o;
+    return set_name(&s->redis_username, v, 256, why, whylen);
+}
+
+static int set_master_name(struct fp_settings *s, const struct option_def *o,
+                           const char *v, char *why, size_t whylen)
+{
+    (void)o;
+    return set_name(&s->redis_master_name, v, 128, why, whylen);
+}
+
+static void clear_sentinels(struct fp_settings *s)
+{
+    for (size_t i = 0; i < s->nredis_sentinels; i++)
+        addr_free(&s->redis_sentinels[i]);
+    s->nredis_sentinels = 0;
+}
+
+/* host:port list, space- or comma-separated; replaces the previous one. */
+static int set_sentinels(struct fp_settings *s, const struct option_def *o,
+                         const char *v, char *why, size_t whylen)
+{
+    const char *p = v;
+
+    (void)o;
+    clear_sentinels(s);
+    while (*p) {
+        const char *start;
+        char ewhy[160];
+
+        while (is_sep(*p))
+            p++;
+        if (*p == '\0')
+            break;
+        start = p;
+        while (*p && !is_sep(*p))
+            p++;
+        if (s->nredis_sentinels == FP_MAX_SENTINELS) {
+            fmt(why, whylen, "more than %d sentinels", FP_MAX_SENTINELS);
+            return -1;
+        }
+        if (parse_host_port(start, (size_t)(p - start),
+                            &s->redis_sentinels[s->nredis_sentinels], ewhy,
+                            sizeof(ewhy)) < 0) {
+            fmt(why, whylen, "%s", ewhy);
+            return -1;
+        }
+        s->nredis_sentinels++;
+    }
+    return 0;
+}
+
+static int set_log_file(struct fp_settings *s, const struct option_def *o,
+                        const char *v, char *why, size_t whylen)
+{
+    (void)o;
+    if (*v == '\0') { /* empty: stderr */
+        free(s->log_file);
+        s->log_file = NULL;
+        return 0;
+    }
+    if (v[0] != '/') {
+        fmt(why, whylen, "needs an absolute path");
+        return -1;
+    }
+    return replace_str(&s->log_file, v, why, whylen);
+}
+
 static const char *const level_names[] = { "debug", "info", "warn", "error" };
 
 const char *fp_config_level_name(int level)
@@ -887,11 +983,15 @@ static const struct option_def options[] = {
     { "redis", "server", set_redis_server, 0, 0, 0, false },
     { "redis", "password_file", set_password_file, 0, 0, 0, false },
     { "redis", "db", set_db, 0, 0, 65535, false },
+    { "redis", "username", set_username, 0, 0, 0, false },
+    { "redis", "sentinels", set_sentinels, 0, 0, 0, false },
+    { "redis", "master_name", set_master_name, 0, 0, 0, false },
     { "signing", "secret_file", set_sign_secret_file, 0, 0, 0, false },
     { "signing", "ttl", set_uint, NO_FIELD, 1, 31536000, false },
     { "admin", "listen", set_admin_listen, 0, 0, 0, false },
     { "admin", "port", set_uint, F(admin_port), 0, 65535, false },
     { "log", "level", set_level, 0, 0, 0, false },
+    { "log", "file", set_log_file, 0, 0, 0, false },
 };
 
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
@@ -932,6 +1032,10 @@ void fp_config_free(struct fp_settings *s)
     free(s->content_type);
     clear_servers(s);
     addr_free(&s->redis);
+    clear_sentinels(s);
+    free(s->redis_username);
+    free(s->redis_master_name);
+    free(s->log_file);
     clear_secrets(s);
     if (s->redis_password != NULL) {
         explicit_bzero(s->redis_password, strlen(s->redis_password));
@@ -1095,6 +1199,65 @@ fail:
     return 0;
 }
 
+/* Where the file set section/key, 0 if it did not. */
+static int line_of(const struct ini_ctx *c, const char *section,
+                   const char *key)
+{
+    const struct option_def *o = find_option(section, key);
+
+    return o != NULL ? c->set_line[o - options] : 0;
+}
+
+/* Rules between keys, once the whole file is read; the error names the
+ * line of the key that breaks the rule. Returns 0 or -1. */
+static int check_together(const struct ini_ctx *c)
+{
+    const struct fp_settings *s = c->s;
+    int lr = line_of(c, "server", "request_timeout_ms");
+    int lc = line_of(c, "cache", "timeout_ms");
+    int ls = line_of(c, "redis", "sentinels");
+    int lm = line_of(c, "redis", "master_name");
+    int lu = line_of(c, "redis", "username");
+
+    /* A request must be able to outlive its cache get: else evhttp would
+     * close the connection before the cache's 503 could reach nginx. */
+    if (s->request_timeout_ms < s->cache_timeout_ms) {
+        if (lr != 0)
+            fmt(c->err, c->errlen, "%s:%d: [server] request_timeout_ms = %u "
+                "is smaller than [cache] timeout_ms = %u%s", c->name, lr,
+                s->request_timeout_ms, s->cache_timeout_ms,
+                lc != 0 ? "" : " (the default)");
+        else
+            fmt(c->err, c->errlen, "%s:%d: [cache] timeout_ms = %u is larger "
+                "than [server] request_timeout_ms = %u (the default)",
+                c->name, lc, s->cache_timeout_ms, s->request_timeout_ms);
+        return -1;
+    }
+    /* With memcached replicas a get may fail over once: two cache timeouts. */
+    if (s->backend == FP_BACKEND_MEMCACHED &&
+        (s->mc_replicas < 0 ? s->nmc_servers >= 2 : s->mc_replicas == 1) &&
+        s->request_timeout_ms / 2 < s->cache_timeout_ms) {
+        fmt(c->err, c->errlen, "%s:%d: [server] request_timeout_ms = %u is "
+            "smaller than twice [cache] timeout_ms = %u (with [memcached] "
+            "replicas a get may fail over to the replica)", c->name,
+            lr != 0 ? lr : lc, s->request_timeout_ms, s->cache_timeout_ms);
+        return -1;
+    }
+    if ((s->nredis_sentinels > 0) != (s->redis_master_name != NULL)) {
+        fmt(c->err, c->errlen, "%s:%d: [redis] %s needs [redis] %s too",
+            c->name, ls != 0 ? ls : lm,
+            s->nredis_sentinels > 0 ? "sentinels" : "master_name",
+            s->nredis_sentinels > 0 ? "master_name" : "sentinels");
+        return -1;
+    }
+    if (s->redis_username != NULL && s->redis_password == NULL) {
+        fmt(c->err, c->errlen, "%s:%d: [redis] username needs [redis] "
+            "password_file (AUTH username password)", c->name, lu);
+        return -1;
+    }
+    return 0;
+}
+
 int fp_config_load_stream(struct fp_settings *s, FILE *f, const char *name,
                           char *err, size_t errlen)
 {
@@ -1127,6 +1290,24 @@ int fp_config_load_stream(struct fp_settings *s, FILE *f, const char *name,
         fmt(err, errlen, "%s: read error", name);
         return -1;
     }
+    return check_together(&c);
+}
+
+/* The hex SHA-256 of the whole stream, which is left rewound. */
+static int hash_stream(FILE *f, char hex[65])
+{
+    struct sha256_ctx ctx;
+    uint8_t buf[4096], d[SHA256_DIGEST_SIZE];
+    size_t n;
+
+    sha256_init(&ctx);
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+        sha256_update(&ctx, n, buf);
+    if (ferror(f) || fseek(f, 0, SEEK_SET) != 0)
+        return -1;
+    sha256_digest(&ctx, sizeof(d), d);
+    for (size_t i = 0; i < sizeof(d); i++)
+        (void)snprintf(hex + 2 * i, 3, "%02x", d[i]);
     return 0;
 }
 
@@ -1138,6 +1319,12 @@ int fp_config_load_file(struct fp_settings *s, const char *path,
 
     if (f == NULL) {
         fmt(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    /* The bytes hashed are the ones parsed: the same open file, rewound. */
+    if (hash_stream(f, s->config_sha256) != 0) {
+        fmt(err, errlen, "%s: read error", path);
+        (void)fclose(f);
         return -1;
     }
     rc = fp_config_load_stream(s, f, path, err, errlen);

@@ -9,14 +9,19 @@
  * ("adoption"). If evhttp already let go of the bufferevent (its callbacks
  * are cleared when it frees it), we drop our reference and track nothing.
  * From then on the same timer is the connection's deadline, and the
- * connection's close callback is ours whenever http.c holds no request. */
+ * connection's close callback is ours whenever http.c holds no request.
+ *
+ * Every connection tracked here is counted from its accept (the bevcb) to
+ * its close (fastpoll_open_connections), whatever the socket family. */
 #include <stdlib.h>
 #include <string.h>
 
 #include <event2/bufferevent.h>
 
 #include "deadline.h"
+#include "evcompat.h"
 #include "log.h"
+#include "stats.h"
 
 /* uthash: a failed allocation must not exit the server. */
 static int hash_oom;
@@ -39,6 +44,8 @@ struct fp_deadlines {
     struct dl_conn *table;              /* adopted, by evcon */
     struct dl_conn *all;
     unsigned long long expired;
+    void (*closed)(void *arg);          /* a connection closed, or NULL */
+    void *closed_arg;
 };
 
 /* Frees c without touching the list of all conns. */
@@ -50,11 +57,14 @@ static void conn_release(struct dl_conn *c)
         bufferevent_decref(c->bev);
     event_free(c->timer);
     free(c);
+    fp_stat_conn_closed();
 }
 
 static void conn_free(struct dl_conn *c)
 {
     struct fp_deadlines *d = c->d;
+    void (*closed)(void *) = d->closed;
+    void *closed_arg = d->closed_arg;
 
     if (c->prev != NULL)
         c->prev->next = c->next;
@@ -63,6 +73,8 @@ static void conn_free(struct dl_conn *c)
     if (c->next != NULL)
         c->next->prev = c->prev;
     conn_release(c);
+    if (closed != NULL)
+        closed(closed_arg);
 }
 
 static struct dl_conn *conn_find(struct fp_deadlines *d,
@@ -152,6 +164,7 @@ struct bufferevent *fp_deadline_bevcb(struct event_base *base, void *arg)
     }
     c->d = d;
     c->bev = bev;
+    fp_stat_conn_open();
     bufferevent_incref(bev);
     c->next = d->all;
     if (d->all != NULL)
@@ -218,6 +231,13 @@ void fp_deadlines_free(struct fp_deadlines *d)
         conn_release(c);
     }
     free(d);
+}
+
+void fp_deadlines_on_close(struct fp_deadlines *d, void (*closed)(void *arg),
+                           void *arg)
+{
+    d->closed = closed;
+    d->closed_arg = arg;
 }
 
 unsigned long long fp_deadline_expired(const struct fp_deadlines *d)

@@ -41,6 +41,10 @@ void fp_deadline_next(struct fp_deadlines *d, struct evhttp_connection *evcon);
 /* evcon is being freed while the caller held its close callback. */
 void fp_deadline_gone(struct fp_deadlines *d, struct evhttp_connection *evcon);
 
+/* closed(arg) runs after each connection tracked here is gone. */
+void fp_deadlines_on_close(struct fp_deadlines *d, void (*closed)(void *arg),
+                           void *arg);
+
 /* Connections closed because their clock ran out, since the start. */
 unsigned long long fp_deadline_expired(const struct fp_deadlines *d);
 

@@ -54,9 +54,11 @@
 #include <event2/http_struct.h> /* the request's HTTP version (2.1 has no getter) */
 #include <event2/keyvalq_struct.h>
 
+#include "accept.h"
 #include "cache.h"
 #include "coalesce.h"
 #include "deadline.h"
+#include "evcompat.h"
 #include "http.h"
 #include "keys.h"
 #include "log.h"
@@ -99,6 +101,7 @@ struct fp_http {
     struct fp_coalesce *co;
     struct fp_signer *signer;   /* NULL: poll URLs are not signed */
     struct fp_deadlines *dl;    /* total time limit per request (slowloris) */
+    struct fp_accept_guard *guard; /* pauses accepting on EMFILE */
     struct request *free_list;
     size_t nfree;
     unsigned long inflight;
@@ -529,6 +532,14 @@ static void on_request(struct evhttp_request *req, void *arg)
            r->head ? "HEAD" : cmd == EVHTTP_REQ_POST ? "POST" : "GET", key);
 }
 
+/* A descriptor is free again: accept now if EMFILE paused it. */
+static void on_conn_closed(void *arg)
+{
+    struct fp_http *h = arg;
+
+    fp_accept_guard_closed(h->guard);
+}
+
 /* A non-blocking listening socket on host:port, or -1 (logged). */
 static evutil_socket_t listen_on(const char *host, uint16_t port)
 {
@@ -718,6 +729,11 @@ struct fp_http *fp_http_start(struct event_base *base,
         fp_log(FP_LOG_WARN, "http: lingering close not supported");
     evhttp_set_gencb(h->http, on_request, h);
     evhttp_set_bevcb(h->http, fp_deadline_bevcb, h->dl);
+    if ((h->guard = fp_accept_guard_new(base, "http")) == NULL) {
+        fp_log(FP_LOG_ERROR, "http: out of memory");
+        goto fail;
+    }
+    fp_deadlines_on_close(h->dl, on_conn_closed, h);
 
     /* evhttp owns the sockets from here (closed by evhttp_del_accept_socket
      * or evhttp_free). */
@@ -730,6 +746,9 @@ struct fp_http *fp_http_start(struct event_base *base,
             close(fd);
             goto fail;
         }
+        if (fp_accept_guard_add(h->guard, evhttp_bound_socket_get_listener(h->bound)) != 0)
+            fp_log(FP_LOG_WARN, "http: accept errors on %s:%u are not guarded",
+                   s->listen, (unsigned)s->port);
     }
     if (s->listen_unix != NULL) {
         struct stat st;
@@ -743,6 +762,10 @@ struct fp_http *fp_http_start(struct event_base *base,
             close(fd);
             goto fail;
         }
+        if (fp_accept_guard_add(h->guard,
+                                evhttp_bound_socket_get_listener(h->bound_unix)) != 0)
+            fp_log(FP_LOG_WARN, "http: accept errors on unix:%s are not guarded",
+                   s->listen_unix);
     }
     return h;
 fail:
@@ -752,12 +775,14 @@ fail:
     fp_coalesce_free(h->co);
     fp_signer_free(h->signer);
     fp_deadlines_free(h->dl);
+    fp_accept_guard_free(h->guard);
     free(h);
     return NULL;
 }
 
 void fp_http_drain(struct fp_http *h, void (*done)(void *arg), void *arg)
 {
+    fp_accept_guard_stop(h->guard);
     if (h->bound != NULL) {
         evhttp_del_accept_socket(h->http, h->bound);
         h->bound = NULL;
@@ -800,9 +825,11 @@ void fp_http_free(struct fp_http *h)
         return;
     h->drained = NULL;
     unix_release(h);
+    fp_accept_guard_stop(h->guard);
     /* Runs on_close for every request still held, which detaches it. */
     evhttp_free(h->http);
     fp_deadlines_free(h->dl); /* after evhttp_free: its closes free ours */
+    fp_accept_guard_free(h->guard);
     fp_coalesce_free(h->co);
     fp_signer_free(h->signer);
     while ((r = h->free_list) != NULL) {

@@ -1,6 +1,10 @@
-/* log.c -- one line per event on stderr: time, pid, level, message.
- * The whole line is formatted first and written with one write(2), so lines
- * from several processes sharing a stderr do not interleave. */
+/* log.c -- one line per event on stderr, or appended to [log] file: time,
+ * pid, level, message. The whole line is formatted first and written with
+ * one write(2) (O_APPEND for a file), so lines from several processes
+ * sharing a log do not interleave. fp_log_reopen (SIGHUP) opens the file
+ * again after logrotate moved it. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -11,6 +15,8 @@
 #include "log.h"
 
 static int log_level = FP_LOG_INFO;
+static int log_fd = STDERR_FILENO;
+static const char *log_path;   /* NULL: stderr */
 
 static const char *const level_names[] = { "debug", "info", "warn", "error" };
 
@@ -65,7 +71,53 @@ void fp_log(int level, const char *fmt, ...)
         n = sizeof(line) - 2;
     line[n++] = '\n';
 
-    /* Nothing sensible to do if stderr is gone. */
-    if (write(STDERR_FILENO, line, n) < 0)
+    /* Nothing sensible to do if the log is gone. */
+    if (write(log_fd, line, n) < 0)
         return;
+}
+
+int fp_log_open(const char *path)
+{
+    int fd;
+
+    if (path == NULL)
+        return 0;
+    fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+    if (fd < 0) {
+        fp_log(FP_LOG_ERROR, "log: cannot open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (log_fd != STDERR_FILENO)
+        (void)close(log_fd);
+    log_fd = fd;
+    log_path = path;
+    return 0;
+}
+
+void fp_log_reopen(void)
+{
+    if (log_path == NULL) {
+        fp_log(FP_LOG_INFO, "log: SIGHUP: logging to stderr, nothing to reopen");
+        return;
+    }
+    /* On failure the old file stays in use: lines still go somewhere. */
+    if (fp_log_open(log_path) == 0)
+        fp_log(FP_LOG_INFO, "log: SIGHUP: reopened %s", log_path);
+}
+
+void fp_log_close(void)
+{
+    if (log_fd != STDERR_FILENO)
+        (void)close(log_fd);
+    log_fd = STDERR_FILENO;
+    log_path = NULL;
+}
+
+/* libevent's own messages (event_set_log_callback), at our levels. */
+void fp_log_libevent(int severity, const char *msg)
+{
+    int level = severity <= 0 ? FP_LOG_DEBUG : severity == 1 ? FP_LOG_INFO :
+                severity == 2 ? FP_LOG_WARN : FP_LOG_ERROR;
+
+    fp_log(level, "libevent: %s", msg);
 }

@@ -1,5 +1,6 @@
 /* main.c -- poll_server: configuration, one event loop, graceful shutdown.
  *
+ * SIGHUP: reopen [log] file (logrotate); nothing else changes.
  * SIGTERM/SIGINT: stop accepting, let the requests in flight finish (at
  * most shutdown_timeout_ms), then free everything and exit 0. A second
  * signal during the drain stops at once. */
@@ -14,6 +15,7 @@
 #include "admin.h"
 #include "cache.h"
 #include "config.h"
+#include "evcompat.h"
 #include "http.h"
 #include "log.h"
 #include "settings.h"
@@ -24,7 +26,7 @@ struct app {
     struct event_base *base;
     struct fp_http *http;
     struct fp_admin *admin;     /* NULL: [admin] port = 0 */
-    struct event *sigterm, *sigint, *drain_timer;
+    struct event *sigterm, *sigint, *sighup, *drain_timer;
     const struct fp_settings *s;
     int stopping, flushing;
 };
@@ -64,6 +66,30 @@ static void drain_timeout(evutil_socket_t fd, short what, void *arg)
         event_base_loopexit(a->base, NULL) != 0)
         fp_log(FP_LOG_ERROR, "shutdown: cannot leave the event loop");
     fp_http_abort_waiting(a->http); /* may call drained() */
+}
+
+static void on_hup(evutil_socket_t sig, short what, void *arg)
+{
+    (void)sig;
+    (void)what;
+    (void)arg;
+    fp_log_reopen();
+}
+
+/* The headers said 2.1.12 (evcompat.h); the library loaded must be the
+ * same, or the internals http.c relies on may not be what it expects. */
+static int libevent_matches(void)
+{
+    ev_uint32_t got = event_get_version_number();
+
+    if (got == (ev_uint32_t)LIBEVENT_VERSION_NUMBER)
+        return 1;
+    fp_log(FP_LOG_ERROR, "libevent %s (0x%08x) is loaded, but this poll_server "
+           "was built against %s (0x%08x) and relies on its evhttp internals "
+           "(docs/architecture.md): rebuild it against the installed libevent "
+           "after checking src/evcompat.h", event_get_version(),
+           (unsigned)got, LIBEVENT_VERSION, (unsigned)LIBEVENT_VERSION_NUMBER);
+    return 0;
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -110,6 +136,11 @@ static void log_startup(const struct fp_settings *s, const char *config)
         }
         if (n >= sizeof(servers))
             memcpy(servers + sizeof(servers) - 4, "...", 4);
+    } else if (s->nredis_sentinels > 0 && s->redis_master_name != NULL) {
+        (void)snprintf(servers, sizeof(servers), "master %s from %zu sentinels (first "
+                 "%s:%u) db %d%s", s->redis_master_name, s->nredis_sentinels,
+                 s->redis_sentinels[0].host, (unsigned)s->redis_sentinels[0].port,
+                 s->redis_db, s->redis_password ? " (AUTH)" : "");
     } else if (s->redis.unix_path != NULL) {
         (void)snprintf(servers, sizeof(servers), "unix:%s db %d%s", s->redis.unix_path,
                  s->redis_db, s->redis_password ? " (AUTH)" : "");
@@ -127,9 +158,9 @@ static void log_startup(const struct fp_settings *s, const char *config)
         (void)snprintf(where, sizeof(where), "unix:%s (mode %04o)", s->listen_unix,
                  s->unix_mode);
     fp_log(FP_LOG_INFO, "poll_server %s (libevent %s) listening on %s, "
-           "config %s, backend %s: %s, timeout %u ms, log level %s",
+           "config %s (sha256 %.12s), backend %s: %s, timeout %u ms, log level %s",
            FP_VERSION, event_get_version(), where,
-           config ? config : "(defaults)",
+           config ? config : "(defaults)", s->config_sha256,
            s->backend == FP_BACKEND_MEMCACHED ? "memcached" : "redis",
            servers, s->cache_timeout_ms, fp_config_level_name(s->log_level));
 }
@@ -170,6 +201,11 @@ int main(int argc, char **argv)
         goto out;
     }
     fp_log_set_level(s.log_level);
+    if (fp_log_open(s.log_file) != 0)
+        goto out;
+    event_set_log_callback(fp_log_libevent);
+    if (!libevent_matches())
+        goto out;
     a.s = &s;
 
     /* A client gone mid-write must be an error return, not a signal. */
@@ -200,9 +236,11 @@ int main(int argc, char **argv)
         goto out;
     a.sigterm = evsignal_new(a.base, SIGTERM, on_signal, &a);
     a.sigint = evsignal_new(a.base, SIGINT, on_signal, &a);
+    a.sighup = evsignal_new(a.base, SIGHUP, on_hup, &a);
     a.drain_timer = evtimer_new(a.base, drain_timeout, &a);
-    if (a.sigterm == NULL || a.sigint == NULL || a.drain_timer == NULL ||
-        evsignal_add(a.sigterm, NULL) != 0 || evsignal_add(a.sigint, NULL) != 0) {
+    if (a.sigterm == NULL || a.sigint == NULL || a.sighup == NULL ||
+        a.drain_timer == NULL || evsignal_add(a.sigterm, NULL) != 0 ||
+        evsignal_add(a.sigint, NULL) != 0 || evsignal_add(a.sighup, NULL) != 0) {
         fp_log(FP_LOG_ERROR, "cannot install signal handlers");
         goto out;
     }
@@ -223,6 +261,8 @@ out:
         event_free(a.drain_timer);
     if (a.sigint != NULL)
         event_free(a.sigint);
+    if (a.sighup != NULL)
+        event_free(a.sighup);
     if (a.sigterm != NULL)
         event_free(a.sigterm);
     if (a.base != NULL)
@@ -232,6 +272,7 @@ out:
     fp_stats_free();
     if (a.stopping)
         fp_log(FP_LOG_INFO, "shutdown: done, exit %d", rc);
+    fp_log_close();
     fp_config_free(&s);
     return rc;
 }

@@ -12,6 +12,7 @@
 #define FP_MAX_PARAM_LEN    64
 #define FP_MAX_SERVERS      64
 #define FP_MAX_SIGN_SECRETS 4    /* [signing]: the first signs, all verify */
+#define FP_MAX_SENTINELS    8
 
 enum fp_backend { FP_BACKEND_MEMCACHED, FP_BACKEND_REDIS };
 
@@ -55,7 +56,11 @@ struct fp_settings {
     /* [redis] */
     struct fp_server_addr redis;
     char *redis_password;        /* read from redis_password_file, or NULL */
+    char *redis_username;        /* ACL user for AUTH, or NULL (default user) */
     int redis_db;
+    struct fp_server_addr redis_sentinels[FP_MAX_SENTINELS]; /* none: no Sentinel */
+    size_t nredis_sentinels;
+    char *redis_master_name;     /* Sentinel's name of the master, or NULL */
 
     /* [signing] */
     char *sign_secrets[FP_MAX_SIGN_SECRETS]; /* secret_file lines; none: not signed */
@@ -67,6 +72,11 @@ struct fp_settings {
 
     /* [log] */
     int log_level;               /* FP_LOG_DEBUG .. FP_LOG_ERROR, default info */
+    char *log_file;              /* append here (reopened on SIGHUP), or NULL: stderr */
+
+    /* Not a key: the hex SHA-256 of the config file's bytes as loaded
+     * ("" without a file), for /metrics (fastpoll_config_info). */
+    char config_sha256[65];
 };
 
 #endif

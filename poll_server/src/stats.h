@@ -32,6 +32,12 @@ enum fp_stat_outcome {
     FP_STAT_NOUTCOMES
 };
 
+/* Why accept() failed (accept.c). */
+enum fp_stat_accept {
+    FP_STAT_ACCEPT_EMFILE, FP_STAT_ACCEPT_ENFILE, FP_STAT_ACCEPT_NOMEM,
+    FP_STAT_ACCEPT_OTHER, FP_STAT_NACCEPT
+};
+
 /* Backend latency buckets, upper bounds in microseconds (+Inf is implied). */
 #define FP_STAT_LATENCY_BUCKETS \
     { 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, \
@@ -57,6 +63,8 @@ struct fp_stats {
      * `registered` the descriptors in the epoll set at the call. */
     uint64_t loop_iterations, loop_active_fds, loop_registered_fds;
     uint64_t registered_fds_now;
+    uint64_t accept_errors[FP_STAT_NACCEPT];
+    uint64_t open_connections;  /* client connections accepted, not closed */
     struct fp_stat_backend backends[FP_MAX_SERVERS];
     size_t nbackends;
     struct timespec started;    /* CLOCK_MONOTONIC */
@@ -82,6 +90,9 @@ void fp_stats_backend_name(size_t i, const char *name);
 #define fp_stat_backend_done(i, st, t0) ((void)(i), (void)(st), (void)(t0))
 #define fp_stat_replica_read(i) ((void)(i))
 #define fp_stat_backend_recovering(i, until) ((void)(i), (void)(until))
+#define fp_stat_accept_error(r) ((void)(r))
+#define fp_stat_conn_open() ((void)0)
+#define fp_stat_conn_closed() ((void)0)
 
 #else
 
@@ -109,6 +120,22 @@ static inline void fp_stat_backend_recovering(size_t i, uint64_t until_ms)
 {
     if (i < FP_MAX_SERVERS)
         fp_stats.backends[i].recover_until_ms = until_ms;
+}
+
+static inline void fp_stat_accept_error(enum fp_stat_accept r)
+{
+    fp_stats.accept_errors[r]++;
+}
+
+static inline void fp_stat_conn_open(void)
+{
+    fp_stats.open_connections++;
+}
+
+static inline void fp_stat_conn_closed(void)
+{
+    if (fp_stats.open_connections > 0)
+        fp_stats.open_connections--;
 }
 
 /* Monotonic nanoseconds (vDSO clock_gettime: no system call). */
