@@ -81,7 +81,7 @@ test-monitoring: venv build deps-monitoring
 # The fleet test (docs/deploy.md): a real Ansible deploy to Debian 12 hosts booted here with
 # systemd-nspawn in network namespaces. Needs root.
 .PHONY: test-deploy deps-fleet
-FLEET_PACKAGES := debootstrap systemd-container openssh-client iproute2 util-linux
+FLEET_PACKAGES := debootstrap systemd-container openssh-client iproute2 util-linux openssl
 deps-fleet:
 	$(call apt_install,$(FLEET_PACKAGES))
 
