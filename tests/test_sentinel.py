@@ -17,7 +17,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -189,53 +188,22 @@ def test_sentinel_with_no_sentinel_answering_fails_fast(
     assert "no sentinel named the master" in p.log()
 
 
-@dataclass
-class SentinelStack(Stack):
-    """The local stack with its pollers on Sentinel: they read poller.ini (fastpoll.ini plus
-    [redis] sentinels and master_name), everything else reads fastpoll.ini."""
-
-    sentinel_ports: list[int] = field(default_factory=list)
-    _for_poller: bool = False
-
-    @property
-    def ini_path(self) -> Path:
-        return self.run_dir / ("poller.ini" if self._for_poller else "fastpoll.ini")
-
-    def write_config(self) -> None:
-        super().write_config()
-        self._for_poller = True
-        try:
-            sections = self.ini_sections()
-            sections["redis"]["sentinels"] = ",".join(
-                f"127.0.0.1:{p}" for p in self.sentinel_ports
-            )
-            sections["redis"]["master_name"] = MASTER
-            sections.pop("app", None)
-            text = "".join(
-                f"[{name}]\n" + "".join(f"{k} = {v}\n" for k, v in kv.items())
-                for name, kv in sections.items()
-            )
-            self.ini_path.write_text(text)
-        finally:
-            self._for_poller = False
-
-    def start_poller(self, i: int, binary: Path | None = None) -> None:
-        self._for_poller = True
-        try:
-            super().start_poller(i, binary)
-        finally:
-            self._for_poller = False
-
-
 def test_sentinel_failover_through_nginx(procs: Procs, tmp_path: Path) -> None:
     """The drill of issue 11: kill -9 the master under wrk through nginx. 0 failed requests
     (the polls of the failover go to the app), and the cached answers are served again from
     the promoted replica within the failover time."""
-    stack = SentinelStack(
+    sentinel_ports = [free_port() for _ in range(3)]
+    stack = Stack(
         run_dir=tmp_path / "stack",
         backend="redis",
         n_pollers=2,
-        sentinel_ports=[free_port() for _ in range(3)],
+        # The app (redis-py's Sentinel) and the pollers ask the same sentinels.
+        extra_ini={
+            "redis": {
+                "sentinels": ",".join(f"127.0.0.1:{p}" for p in sentinel_ports),
+                "master_name": MASTER,
+            }
+        },
     )
     stack.run_dir.mkdir()
     stack.redis_port = free_port()
@@ -248,7 +216,7 @@ def test_sentinel_failover_through_nginx(procs: Procs, tmp_path: Path) -> None:
             f"requirepass {password}",
         )
         ports = []
-        for port in stack.sentinel_ports:
+        for port in sentinel_ports:
             conf = procs.dir / f"sentinel-{port}.conf"
             conf.write_text(
                 f"port {port}\nbind 127.0.0.1\ndir {procs.dir}\n"
@@ -304,6 +272,16 @@ def test_sentinel_failover_through_nginx(procs: Procs, tmp_path: Path) -> None:
             assert time.monotonic() < deadline, (
                 "no hits from the new master within 10 s"
             )
+        # The app writes to the new master too: a publish after the failover is what the
+        # next poll serves, from the cache (no answer older than the last publish).
+        uid = int(urls[0].split("user_id=")[1].split("&")[0])
+        with stack.api() as api:
+            r_pub = api.post("/api/messages", json={"user_id": uid, "text": "after failover"})
+            assert r_pub.status_code == 201, r_pub.text
+        with httpx.Client(base_url=stack.base_url, timeout=5) as c:
+            got = c.get(urls[0])
+        assert got.status_code == 200 and "after failover" in got.text, got.text
+        assert got.headers["x-poll-source"] == "cache", got.headers
         print(
             f"master killed: promoted after {promoted:.1f} s, first hit again "
             f"{hits_again:.1f} s after the kill; {r.summary()}"
