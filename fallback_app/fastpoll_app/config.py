@@ -300,6 +300,8 @@ def _redis(sec: dict[str, list[_Entry]], rd: _Reader) -> RedisSettings:
         if any(not 0x21 <= ord(c) <= 0x7E for c in e.value):
             raise rd.error(e.line, "[redis] username must be printable ASCII without spaces")
         username = e.value
+        if password_file is None:  # as the poll server: AUTH needs both
+            raise rd.error(e.line, "[redis] username needs [redis] password_file")
     sentinels: list[str] = []
     for e in sec.get("sentinels", []):
         for spec in (s for s in _SPLIT_RE.split(e.value) if s):

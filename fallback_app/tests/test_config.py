@@ -95,6 +95,7 @@ max_body_size = 1024
         ("[redis]\nserver = nohost\n", 2, "host:port"),
         ("[redis]\npassword_file = /nonexistent/pw\n", 2, "password_file"),
         ("[redis]\ndb = x\n", 2, "db"),
+        ("[redis]\nusername = fp\n", 2, "username needs [redis] password_file"),
         ("[redis]\nsentinels = 127.0.0.1:26379\n", 2, "needs [redis] master_name"),
         ("[redis]\n\nmaster_name = m\n", 3, "needs [redis] sentinels"),
         ("[redis]\nmaster_name = m\nsentinels = a:1 nohost\n", 3, "sentinels: expected host:port"),
