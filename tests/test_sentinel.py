@@ -4,13 +4,16 @@ server asks the sentinels for the master. The drill kills the master under a lig
 every poll gets an answer (a hit, or a fast 503 that nginx hands to the app), caching comes
 back within the failover time, and what is served afterwards is the new master's data.
 
-The poll server is reached directly (no nginx, no app: the app's own Sentinel support is
-another part of the tree); its 503 is what nginx turns into a fallback.
+test_sentinel_failover_under_load reaches one poll server directly (its 503 is what nginx turns
+into a fallback); test_sentinel_failover_through_nginx runs the whole stack under wrk, the pollers
+on Sentinel (their own config file: the app does not read [redis] sentinels yet, and keeps
+writing to the server it was given).
 """
 
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +21,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from stack import free_port, tcp_ask, wait_for
+from loadgen import Load
+from stack import Stack, free_port, tcp_ask, wait_for
+from test_faults import assert_no_failures, at, prime
 from test_robustness import Procs, key, own_procs, redis_cmd
 
 MASTER = "fpmaster"
@@ -29,19 +34,31 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
     yield from own_procs(tmp_path)
 
 
-def sentinel(procs: Procs, master_port: int) -> int:
+def sentinel(procs: Procs, master_port: int, password: str = "") -> int:
     port = free_port()
     conf = procs.dir / f"sentinel-{port}.conf"  # sentinel rewrites its config: ours
     conf.write_text(
         f"port {port}\nbind 127.0.0.1\ndir {procs.dir}\n"
         f"sentinel monitor {MASTER} 127.0.0.1 {master_port} 2\n"
-        f"sentinel down-after-milliseconds {MASTER} 1000\n"
+        + (f"sentinel auth-pass {MASTER} {password}\n" if password else "")
+        + f"sentinel down-after-milliseconds {MASTER} 1000\n"
         f"sentinel failover-timeout {MASTER} 5000\n"
         f"sentinel parallel-syncs {MASTER} 1\n"
     )
     p = procs.spawn(f"sentinel-{port}", ["redis-server", str(conf), "--sentinel"])
     wait_for("sentinel", lambda: tcp_ask(port, b"PING\r\n", b"+PONG"), proc=p.popen)
     return port
+
+
+def wait_sentinels_ready(ports: list[int]) -> None:
+    """Every sentinel aware of the others and of the replica (else no failover can happen)."""
+    deadline = time.monotonic() + 30
+    while not all(
+        sentinel_knows(p, "replicas", 1) and sentinel_knows(p, "sentinels", 2)
+        for p in ports
+    ):
+        assert time.monotonic() < deadline, "the sentinels did not find each other"
+        time.sleep(0.2)
 
 
 def sentinel_master(port: int) -> int:
@@ -169,3 +186,125 @@ def test_sentinel_with_no_sentinel_answering_fails_fast(
     time.sleep(1.0)
     assert p.proc.popen.poll() is None
     assert "no sentinel named the master" in p.log()
+
+
+def test_sentinel_failover_through_nginx(procs: Procs, tmp_path: Path) -> None:
+    """The drill of issue 11: kill -9 the master under wrk through nginx. 0 failed requests
+    (the polls of the failover go to the app), and the cached answers are served again from
+    the promoted replica within the failover time."""
+    sentinel_ports = [free_port() for _ in range(3)]
+    stack = Stack(
+        run_dir=tmp_path / "stack",
+        backend="redis",
+        n_pollers=2,
+        # The app (redis-py's Sentinel) and the pollers ask the same sentinels.
+        extra_ini={
+            "redis": {
+                "sentinels": ",".join(f"127.0.0.1:{p}" for p in sentinel_ports),
+                "master_name": MASTER,
+            }
+        },
+    )
+    stack.run_dir.mkdir()
+    stack.redis_port = free_port()
+    try:
+        stack.start()  # the master is the stack's Redis
+        password = (stack.run_dir / "redis.pass").read_text().strip()
+        replica = procs.redis(
+            f"replicaof 127.0.0.1 {stack.redis_port}",
+            f"masterauth {password}",
+            f"requirepass {password}",
+        )
+        ports = []
+        for port in sentinel_ports:
+            conf = procs.dir / f"sentinel-{port}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {procs.dir}\n"
+                f"sentinel monitor {MASTER} 127.0.0.1 {stack.redis_port} 2\n"
+                f"sentinel auth-pass {MASTER} {password}\n"
+                f"sentinel down-after-milliseconds {MASTER} 1000\n"
+                f"sentinel failover-timeout {MASTER} 5000\n"
+            )
+            p = procs.spawn(
+                f"sentinel-{port}", ["redis-server", str(conf), "--sentinel"]
+            )
+            wait_for(
+                "sentinel",
+                lambda port=port: tcp_ask(port, b"PING\r\n", b"+PONG"),
+                proc=p.popen,
+            )
+            ports.append(port)
+        wait_sentinels_ready(ports)
+        urls = prime(stack, 50)  # cached on the master, replicated to the replica
+        auth = ["AUTH", password]
+        wait_for(
+            "replication",
+            lambda: redis_cmd_auth(replica, auth, "DBSIZE") >= 50,
+        )
+
+        load = Load(stack.base_url, urls, seconds=10, connections=4)
+        at(load, 2.0)
+        killed = time.monotonic()
+        stack.stop_proc("redis", signal.SIGKILL)
+        wait_for(
+            "the failover", lambda: sentinel_master(ports[0]) == replica, timeout=30
+        )
+        promoted = time.monotonic() - killed
+        # Under the load still running: when does a primed user get a cached answer again?
+        with httpx.Client(base_url=stack.base_url, timeout=5) as c:
+            while c.get(urls[0]).headers.get("x-poll-source") != "cache":
+                assert time.monotonic() - killed < 15, "no hit within 15 s of the kill"
+                time.sleep(0.05)
+        hits_again = time.monotonic() - killed
+        r = load.result()
+        assert_no_failures(r, "the master killed under load")
+        assert r.sources.get("app", 0) > 0 and r.sources.get("cache", 0) > 0, (
+            r.summary()
+        )
+
+        def hits_back() -> bool:
+            after = Load(stack.base_url, urls, seconds=1, connections=4).result()
+            assert_no_failures(after, "after the failover")
+            return after.sources.get("cache", 0) > 0.9 * after.requests
+
+        deadline = time.monotonic() + 10
+        while not hits_back():
+            assert time.monotonic() < deadline, (
+                "no hits from the new master within 10 s"
+            )
+        # The app writes to the new master too: a publish after the failover is what the
+        # next poll serves, from the cache (no answer older than the last publish).
+        uid = int(urls[0].split("user_id=")[1].split("&")[0])
+        with stack.api() as api:
+            r_pub = api.post("/api/messages", json={"user_id": uid, "text": "after failover"})
+            assert r_pub.status_code == 201, r_pub.text
+        with httpx.Client(base_url=stack.base_url, timeout=5) as c:
+            got = c.get(urls[0])
+        assert got.status_code == 200 and "after failover" in got.text, got.text
+        assert got.headers["x-poll-source"] == "cache", got.headers
+        print(
+            f"master killed: promoted after {promoted:.1f} s, first hit again "
+            f"{hits_again:.1f} s after the kill; {r.summary()}"
+        )
+    finally:
+        stack.stop()
+    reports = stack.sanitizer_reports()
+    assert not reports, "\n".join(reports[:20])
+
+
+def redis_cmd_auth(port: int, auth: list[str], *args: str) -> int:
+    """An integer reply to one command after AUTH (DBSIZE)."""
+    answer = redis_cmd_pipeline(port, [auth, list(args)])
+    return int(answer.rsplit(b":", 1)[1].split(b"\r\n")[0])
+
+
+def redis_cmd_pipeline(port: int, commands: list[list[str]]) -> bytes:
+    data = b"".join(
+        f"*{len(c)}\r\n".encode()
+        + b"".join(f"${len(a.encode())}\r\n{a}\r\n".encode() for a in c)
+        for c in commands
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+        s.sendall(data)
+        time.sleep(0.05)
+        return s.recv(65536)

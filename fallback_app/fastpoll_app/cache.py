@@ -28,6 +28,7 @@ import pylibmc
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from .config import CacheSettings, MemcachedSettings, RedisSettings, Settings, read_password
 
@@ -314,7 +315,16 @@ class RedisCache:
             # fails once, the retry reconnects. No backoff sleeps.
             "retry": Retry(NoBackoff(), 1),
         }
-        if (path := settings.unix_path) is not None:
+        if settings.sentinels and settings.master_name:
+            # The sentinels name the master; the client asks again after a failover (redis-py's
+            # SentinelConnectionPool re-resolves on a failed connection).
+            sentinel = Sentinel(
+                settings.sentinel_addrs,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+            )
+            self._r = sentinel.master_for(settings.master_name, **common)  # type: ignore[arg-type]
+        elif (path := settings.unix_path) is not None:
             self._r = redis.Redis(unix_socket_path=path, **common)  # type: ignore[arg-type]
         else:
             host, port = settings.host_port

@@ -82,6 +82,9 @@ class RedisSettings:
     password_file: str | None = None
     db: int = 0
     username: str | None = None  # a Redis ACL user (AUTH username password)
+    # With sentinels, `server` is not used: redis-py asks them for master_name's address.
+    sentinels: tuple[str, ...] = ()
+    master_name: str | None = None
 
     @property
     def unix_path(self) -> str | None:
@@ -91,6 +94,10 @@ class RedisSettings:
     def host_port(self) -> tuple[str, int]:
         host, _, port = self.server.rpartition(":")
         return host, int(port)
+
+    @property
+    def sentinel_addrs(self) -> list[tuple[str, int]]:
+        return [(h, int(p)) for h, _, p in (s.rpartition(":") for s in self.sentinels)]
 
 
 @dataclass(frozen=True)
@@ -151,7 +158,14 @@ _KNOWN: dict[str, dict[str, bool]] = {
         "replicas": False,
         "recovery_ms": False,
     },
-    "redis": {"server": False, "password_file": False, "db": False, "username": False},
+    "redis": {
+        "server": False,
+        "password_file": False,
+        "db": False,
+        "username": False,
+        "sentinels": True,
+        "master_name": False,
+    },
     "app": {
         "database": False,
         "max_body_size": False,
@@ -320,7 +334,25 @@ def _redis(sec: dict[str, list[_Entry]], rd: _Reader) -> RedisSettings:
         if any(not 0x21 <= ord(c) <= 0x7E for c in e.value):
             raise rd.error(e.line, "[redis] username must be printable ASCII without spaces")
         username = e.value
-    return RedisSettings(server, password_file, db, username)
+        if password_file is None:  # as the poll server: AUTH needs both
+            raise rd.error(e.line, "[redis] username needs [redis] password_file")
+    sentinels: list[str] = []
+    for e in sec.get("sentinels", []):
+        for spec in (s for s in _SPLIT_RE.split(e.value) if s):
+            if not _host_port(spec):
+                raise rd.error(e.line, f"[redis] sentinels: expected host:port, got {spec!r}")
+            sentinels.append(spec)
+    master_name = None
+    if (e := _one(sec, "master_name")) and e.value:
+        if any(not 0x21 <= ord(c) <= 0x7E for c in e.value):
+            raise rd.error(e.line, "[redis] master_name must be printable ASCII without spaces")
+        master_name = e.value
+    if sentinels and master_name is None:
+        line = sec["sentinels"][0].line
+        raise rd.error(line, "[redis] sentinels needs [redis] master_name")
+    if master_name is not None and not sentinels:
+        raise rd.error(sec["master_name"][0].line, "[redis] master_name needs [redis] sentinels")
+    return RedisSettings(server, password_file, db, username, tuple(sentinels), master_name)
 
 
 def is_postgresql_url(database: str) -> bool:

@@ -211,9 +211,12 @@ def test_config_sha256_in_healthz_and_metrics(tmp_path: Path, memcached: object)
         assert f'fastpoll_config_info{{sha256="{want}"}} 1\n' in c.get("/metrics").text
 
 
-def test_new_config_keys() -> None:
+def test_new_config_keys(tmp_path: Path) -> None:
+    pw = tmp_path / "redis.pass"
+    pw.write_text("secret\n")
     s = parse(
-        "[redis]\nusername = fastpoll\n[app]\ndatabase = postgresql://fp@10.0.0.5:5432/fastpoll\n"
+        f"[redis]\npassword_file = {pw}\nusername = fastpoll\n"
+        "[app]\ndatabase = postgresql://fp@10.0.0.5:5432/fastpoll\n"
     )
     assert s.redis.username == "fastpoll" and s.app.is_postgresql
     assert parse("").redis.username is None

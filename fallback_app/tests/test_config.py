@@ -95,6 +95,10 @@ max_body_size = 1024
         ("[redis]\nserver = nohost\n", 2, "host:port"),
         ("[redis]\npassword_file = /nonexistent/pw\n", 2, "password_file"),
         ("[redis]\ndb = x\n", 2, "db"),
+        ("[redis]\nusername = fp\n", 2, "username needs [redis] password_file"),
+        ("[redis]\nsentinels = 127.0.0.1:26379\n", 2, "needs [redis] master_name"),
+        ("[redis]\n\nmaster_name = m\n", 3, "needs [redis] sentinels"),
+        ("[redis]\nmaster_name = m\nsentinels = a:1 nohost\n", 3, "sentinels: expected host:port"),
         ("[app]\nmax_body_size = 0\n", 2, "max_body_size"),
         ("[app]\ndatabase =\n", 2, "database"),
         ("[memcached]\nservers = " + "h:1 " * 50 + "\n", 2, "longer than 198 bytes"),
@@ -106,6 +110,13 @@ def test_errors_name_line_and_key(text: str, line: int, words: str) -> None:
     msg = str(info.value)
     assert msg.startswith(f"x.ini:{line}: "), msg
     assert words in msg, msg
+
+
+def test_sentinels() -> None:
+    s = parse("[redis]\nsentinels = 10.0.0.1:26379, 10.0.0.2:26379\nmaster_name = fp\n")
+    assert s.redis.sentinels == ("10.0.0.1:26379", "10.0.0.2:26379")
+    assert s.redis.sentinel_addrs == [("10.0.0.1", 26379), ("10.0.0.2", 26379)]
+    assert s.redis.master_name == "fp"
 
 
 def test_password_file(tmp_path: Path) -> None:

@@ -213,6 +213,35 @@ static void test_bad_values(void **state)
     expect_error("[redis]\npassword_file = /nonexistent/fastpoll-pw\n", ":2:",
                  "password_file", "cannot read");
     expect_error("[log]\nlevel = verbose\n", ":2:", "level", "debug, info");
+    expect_error("[log]\nfile = relative.log\n", ":2:", "file", "absolute");
+    expect_error("[redis]\nusername = has space\n", ":2:", "username", "printable");
+    expect_error("[redis]\nsentinels = 127.0.0.1\n", ":2:", "sentinels", "host:port");
+    expect_error("[redis]\nmaster_name = m\n", ":2:", "master_name", "sentinels");
+    /* rules between keys: the line of the key that breaks them */
+    expect_error("[server]\nrequest_timeout_ms = 99\n", ":2:",
+                 "request_timeout_ms = 99 is smaller than [cache] timeout_ms = 100",
+                 "(the default)");
+    expect_error("[cache]\ntimeout_ms = 300\n[server]\nrequest_timeout_ms = 200\n",
+                 ":4:", "request_timeout_ms = 200", NULL);
+}
+
+/* The Sentinel keys, the ACL user, the log file; the config's hash. */
+static void test_redis_sentinel_and_log_file(void **state)
+{
+    struct fp_settings s;
+
+    (void)state;
+    assert_int_equal(load(&s, "[redis]\nsentinels = 127.0.0.1:26379, "
+                              "10.0.0.2:26380\nmaster_name = mymaster\n"
+                              "[log]\nfile = /var/log/fp.log\n"), 0);
+    assert_int_equal(s.nredis_sentinels, 2);
+    assert_string_equal(s.redis_sentinels[1].host, "10.0.0.2");
+    assert_int_equal(s.redis_sentinels[1].port, 26380);
+    assert_string_equal(s.redis_master_name, "mymaster");
+    assert_string_equal(s.log_file, "/var/log/fp.log");
+    assert_null(s.redis_username);
+    assert_string_equal(s.config_sha256, ""); /* a stream: no file, no hash */
+    fp_config_free(&s);
 }
 
 /* [server] listen: an address, a unix socket, or one of each; unix_mode. */
@@ -537,6 +566,7 @@ int main(void)
         cmocka_unit_test(test_password_file),
         cmocka_unit_test(test_flags),
         cmocka_unit_test(test_example_file),
+        cmocka_unit_test(test_redis_sentinel_and_log_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
