@@ -70,8 +70,13 @@ test: test-unit test-integration test-monitoring bench-quick test-security test-
 .PHONY: test-monitoring deps-monitoring
 MONITORING_PACKAGES := prometheus prometheus-node-exporter prometheus-nginx-exporter \
 	prometheus-redis-exporter prometheus-postgres-exporter mtail
-deps-monitoring:
+deps-monitoring: $(VENV)/.monitoring
 	$(call apt_install,$(MONITORING_PACKAGES))
+
+# tests/test_monitoring.py reads the rules and the role defaults (YAML).
+$(VENV)/.monitoring: $(VENV)/.done
+	$(PIP) install -q pyyaml
+	touch $@
 
 test-monitoring: venv build deps-monitoring
 	promtool check rules monitoring/rules/fastpoll.rules.yml

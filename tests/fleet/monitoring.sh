@@ -54,9 +54,9 @@ no_answer() {
     local from=$1 addr=$2 port=$3 rc=0
     if [ "$from" = control ]; then
         assert_route "$addr"
-        curl -sS -m 3 -o /dev/null "http://$addr:$port/metrics" 2>/dev/null || rc=$?
+        curl -sS -m 2 -o /dev/null "http://$addr:$port/metrics" 2>/dev/null || rc=$?
     else
-        on "$from" "curl -sS -m 3 -o /dev/null http://$addr:$port/metrics" 2>/dev/null || rc=$?
+        on "$from" "curl -sS -m 2 -o /dev/null http://$addr:$port/metrics" 2>/dev/null || rc=$?
     fi
     # 7: refused, 28: no answer in time (dropped by the firewall). Anything else answered.
     [ "$rc" = 7 ] || [ "$rc" = 28 ] || die "$from reached $addr:$port (curl rc $rc); want no connection"
