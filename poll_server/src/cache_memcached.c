@@ -1031,9 +1031,9 @@ int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
         } else {
             i = replica_of(mc, key, keylen, p);
             s = &mc->servers[i];
-            r->srv_index = i;
             if (!server_ready(s) || server_recovering(s))
-                goto fail_fast;
+                goto fail_fast; /* counted on the primary */
+            r->srv_index = i;
             fp_stat_replica_read(i);
         }
     } else if (!server_ready(s)) {
