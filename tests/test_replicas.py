@@ -272,6 +272,41 @@ def test_sigstop_publish_during_hang_resume_never_the_old_answer(
         assert metric(stack, i, "fastpoll_backend_recovering", node) == 0
 
 
+def test_a_hang_no_poll_saw_is_still_followed_by_the_recovery_window(
+    make_stack: MakeStack,
+) -> None:
+    """No poll reaches the node while it is stopped: the poll server's idle probe (a get of a key
+    no one writes, every second) sees the hang, so after SIGCONT it still reads the node's keys
+    from their replicas while the outbox rewrites it. Without the probe the first polls after the
+    resume read the old answer from the node."""
+    stack = make_stack(n_pollers=1)
+    u = users_by_primary(stack, 30)[0][0]
+    prime(stack, [u])
+    node = servers(stack)[0]
+    pid = stack.procs["memcached-0"].pid
+    time.sleep(1.5)  # idle
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(2.5)  # no polls: only the probe can notice
+        with stack.api() as api:
+            r = api.post("/api/messages", json={"user_id": u, "text": "unseen hang"})
+        assert r.headers["x-cache-publish"] == "pending", r.headers
+        want = r.json()["id"]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    resumed = time.monotonic()
+    seen: list[tuple[float, int]] = []
+    with http_client(stack, stack.poller_ports[0]) as direct:
+        while time.monotonic() - resumed < 3.0:
+            p = direct.get(f"/getMessages?user_id={u}")
+            assert p.status_code == 200, p.status_code
+            seen.append((round(time.monotonic() - resumed, 2), newest_id(p.content)))
+            time.sleep(0.02)
+    stale = [x for x in seen if x[1] != want]
+    assert not stale, f"{len(stale)} of {len(seen)} stale after the resume: {stale[:5]}"
+    assert metric(stack, 0, "fastpoll_backend_recovering", node) == 1
+
+
 # ---- the recovery window ------------------------------------------------------------------------
 
 

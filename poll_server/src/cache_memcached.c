@@ -82,6 +82,8 @@
 #define MC_OUT_MAX        ((size_t)MC_MAX_PENDING * MC_CMD_MAX)
 #define MC_READS_PER_CB   8             /* reads per event when they fill up */
 #define MC_FREE_REQ_MAX   4096          /* recycled request objects kept */
+#define MC_PROBE_MS       1000          /* replicas: an idle node is asked this often */
+#define MC_PROBE_KEY      "fastpoll:probe" /* a key no one writes */
 
 enum mc_conn_state { MC_DOWN, MC_CONNECTING, MC_UP };
 enum mc_log_state { MC_LOG_NONE, MC_LOG_UP, MC_LOG_DOWN };
@@ -149,6 +151,7 @@ struct mc_server {
     enum mc_proto logged_proto;
     uint64_t recover_until_ms;      /* fp_mono_ms(): read through replicas
                                      * until then; 0: not recovering */
+    struct event *probe;            /* replicas: asks it when idle */
 };
 
 struct fp_mc {
@@ -1000,6 +1003,41 @@ static int req_failover(struct mc_req *r)
     return 0;
 }
 
+static void probe_done(enum fp_cache_status st, const char *val, size_t len,
+                       void *arg)
+{
+    (void)st;
+    (void)val;
+    (void)len;
+    (void)arg;
+}
+
+/* With replicas a node must be seen to hang even when no poll asks it: a
+ * poll server that sent it nothing during a hang would not start its
+ * recovery window, and could read answers older than publishes made
+ * meanwhile. So an idle node gets a get of a key no one writes every
+ * MC_PROBE_MS; its timeout is the hang detection. Not counted in stats. */
+static void server_probe_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct mc_server *s = arg;
+    struct mc_req *r;
+
+    (void)fd;
+    (void)what;
+    if (s->mc->closing || s->state != MC_UP || s->npending > 0 ||
+        !server_ready(s) || (r = req_alloc(s->mc)) == NULL)
+        return;
+    r->cb = probe_done;
+    r->arg = NULL;
+    r->keylen = sizeof(MC_PROBE_KEY) - 1;
+    memcpy(r->key, MC_PROBE_KEY, r->keylen);
+    if (req_queue(r, s) != 0) {
+        req_release(s->mc, r);
+        return;
+    }
+    r->srv_index = SIZE_MAX; /* not a poll: no stats */
+}
+
 int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
               fp_cache_cb *cb, void *arg)
 {
@@ -1173,6 +1211,14 @@ struct fp_mc *fp_mc_create(struct event_base *base, const struct fp_settings *st
         if (s->retry == NULL || s->flush == NULL ||
             server_resolve(s, &st->mc_servers[i]) != 0)
             goto fail;
+        if (mc->replicas) {
+            struct timeval tv = { MC_PROBE_MS / 1000,
+                                  (suseconds_t)(MC_PROBE_MS % 1000) * 1000 };
+
+            s->probe = event_new(base, -1, EV_PERSIST, server_probe_cb, s);
+            if (s->probe == NULL || event_add(s->probe, &tv) != 0)
+                goto fail;
+        }
     }
     /* Start connecting now (non-blocking) so the first poll finds a
      * connection; a failure just arms the retry timer. */
@@ -1199,6 +1245,8 @@ void fp_mc_free(struct fp_mc *mc)
             server_reset(s, NULL, NULL, FP_CACHE_ERROR);
         if (s->retry != NULL)
             event_free(s->retry);
+        if (s->probe != NULL)
+            event_free(s->probe);
         if (s->flush != NULL)
             event_free(s->flush);
         free(s->in.data);
