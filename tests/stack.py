@@ -141,6 +141,12 @@ def memcached_ask(port: int, command: bytes) -> bytes:
     return data
 
 
+def memcached_argv(port: int, *extra: str) -> list[str]:
+    """A memcached on 127.0.0.1:port, TCP only, 64 MB; as nobody when we are root."""
+    argv = ["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-m", "64", *extra]
+    return argv + ["-u", "nobody"] if os.geteuid() == 0 else argv
+
+
 def memcached_stats(port: int) -> dict[str, int]:
     """One memcached node's numeric `stats` counters."""
     stats: dict[str, int] = {}
@@ -483,22 +489,7 @@ class Stack:
 
     def start_memcached(self, i: int) -> None:
         port = self.memcached_ports[i]
-        argv = [
-            "memcached",
-            "-l",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-U",
-            "0",
-            "-m",
-            "64",
-            "-c",
-            "4096",
-            *self.memcached_args,
-        ]
-        if os.geteuid() == 0:
-            argv += ["-u", "nobody"]
+        argv = memcached_argv(port, "-c", "4096", *self.memcached_args)
         name = f"memcached-{i}"
         self._spawn(name, argv, port)
         wait_for(

@@ -105,6 +105,34 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+
+def mtail_one_shot(log: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
+    """The edge SLI program run once over `log`, its metrics printed in Prometheus's format."""
+    progs = tmp / "mtail-progs"
+    progs.mkdir()
+    shutil.copy(MTAIL_PROG, progs)
+    return subprocess.run(
+        [
+            binary("mtail"),
+            "--progs",
+            str(progs),
+            "--logs",
+            str(log),
+            "--one_shot",
+            "--address",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+            "--one_shot_format",
+            "prometheus",
+            "--logtostderr",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
 def test_metric_names_parser() -> None:
     got = metric_names(
         'sum by (host, le) (rate(fastpoll_x_bucket{route="poll",host=~"$host"}[$__rate_interval]))'
@@ -255,30 +283,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exported]:
         wait_for(
             "the access log", lambda: log.exists() and log.read_text().count("\n") >= 5
         )
-        progs = tmp / "mtail-progs"
-        progs.mkdir()
-        shutil.copy(MTAIL_PROG, progs)
-        run = subprocess.run(
-            [
-                binary("mtail"),
-                "--progs",
-                str(progs),
-                "--logs",
-                str(log),
-                "--one_shot",
-                "--address",
-                "127.0.0.1",
-                "--port",
-                str(free_port()),
-                "--one_shot_format",
-                "prometheus",
-                "--logtostderr",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        run = mtail_one_shot(log, tmp)
         assert run.returncode == 0, run.stderr[-2000:]
         out.mtail = run.stdout
         out.names |= exposition_names(run.stdout)
@@ -403,30 +408,7 @@ def test_mtail_counts_the_edge_exactly(exported: Exported) -> None:
 def test_mtail_counts_a_line_it_cannot_parse(tmp_path: Path) -> None:
     log = tmp_path / "access.log"
     log.write_text("GET /Poll/x 200\n")
-    progs = tmp_path / "progs"
-    progs.mkdir()
-    shutil.copy(MTAIL_PROG, progs)
-    run = subprocess.run(
-        [
-            binary("mtail"),
-            "--progs",
-            str(progs),
-            "--logs",
-            str(log),
-            "--one_shot",
-            "--address",
-            "127.0.0.1",
-            "--port",
-            str(free_port()),
-            "--one_shot_format",
-            "prometheus",
-            "--logtostderr",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    run = mtail_one_shot(log, tmp_path)
     assert sample(run.stdout, "fastpoll_edge_log_unparsed_lines_total") == 1, run.stdout
 
 

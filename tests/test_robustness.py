@@ -25,6 +25,7 @@ from stack import (
     POLL_WRAPPER,
     SANITIZER_REPORT,
     free_port,
+    memcached_argv,
     tcp_ask,
     wait_for,
 )
@@ -60,21 +61,7 @@ class Procs:
 
     def memcached(self, *extra: str) -> int:
         port = free_port()
-        argv = [
-            "memcached",
-            "-l",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-U",
-            "0",
-            "-m",
-            "64",
-            *extra,
-        ]
-        if os.geteuid() == 0:
-            argv += ["-u", "nobody"]
-        p = self.spawn(f"memcached-{port}", argv)
+        p = self.spawn(f"memcached-{port}", memcached_argv(port, *extra))
         wait_for(
             "memcached", lambda: tcp_ask(port, b"version\r\n", b"VERSION"), proc=p.popen
         )

@@ -10,6 +10,9 @@
 #   fp-poll1 10.77.0.11  pollers
 #   fp-poll2 10.77.0.12  pollers, memcached
 #   fp-data1 10.77.0.21  memcached, redis, app
+#   fp-app2  10.77.0.22  app (a second app host: both on PostgreSQL)
+#   fp-db1   10.77.0.23  postgresql
+#   fp-mon1  10.77.0.24  monitoring (tests/fleet/monitoring.sh, if present, checks it)
 # and, deployed alongside with its own inventory (the single-host example's layout):
 #   fp-solo  10.77.0.31  every group, services on loopback
 #
@@ -35,9 +38,11 @@ BRIDGE_ADDR=$NET.1
 STATE=/var/tmp/fastpoll-fleet
 RUN=$STATE/run
 LOGS=$STATE/logs
-NAMES=(fp-poll1 fp-poll2 fp-data1 fp-solo)
-declare -A IP=([fp-poll1]=$NET.11 [fp-poll2]=$NET.12 [fp-data1]=$NET.21 [fp-solo]=$NET.31)
-FLEET=(fp-poll1 fp-poll2 fp-data1)
+NAMES=(fp-poll1 fp-poll2 fp-data1 fp-app2 fp-db1 fp-mon1 fp-solo)
+declare -A IP=([fp-poll1]=$NET.11 [fp-poll2]=$NET.12 [fp-data1]=$NET.21 [fp-app2]=$NET.22 [fp-db1]=$NET.23
+               [fp-mon1]=$NET.24 [fp-solo]=$NET.31)
+FLEET=(fp-poll1 fp-poll2 fp-data1 fp-app2 fp-db1 fp-mon1)
+APPS=(fp-data1 fp-app2)
 POLLERS=(fp-poll1 fp-poll2)
 declare -A PID=()
 
@@ -155,17 +160,21 @@ phase "network: $BRIDGE $BRIDGE_ADDR/24"
 ROOTFS=$("$HERE/image.sh")
 phase "image: $ROOTFS"
 
+# Releases (ansible/build.sh) in a build directory of the fleet test's own, kept between runs so
+# the wheelhouse is rebuilt only when fallback_app/ changed.
+export FASTPOLL_BUILD_DIR=$STATE/build
 if [ -n "${FLEET_POLL_SERVER_BIN:-}" ]; then
     POLL_SERVER_BIN=$FLEET_POLL_SERVER_BIN
-    FASTPOLL_BUILD_POLL_SERVER=0 "$REPO/ansible/build.sh" > "$LOGS/build.log" 2>&1 \
-        || { cat "$LOGS/build.log"; die "ansible/build.sh failed"; }
 else
-    "$REPO/ansible/build.sh" > "$LOGS/build.log" 2>&1 || { cat "$LOGS/build.log"; die "ansible/build.sh failed"; }
+    make -s -C "$REPO/poll_server" > "$LOGS/build-poll_server.log" 2>&1 || { cat "$LOGS/build-poll_server.log"; die "poll_server build failed"; }
     # A snapshot: a rebuild in the work tree during the test must not look like a new version.
     cp "$REPO/poll_server/build/poll_server" "$RUN/poll_server"
     POLL_SERVER_BIN=$RUN/poll_server
 fi
-phase "artifacts: $POLL_SERVER_BIN and ansible/build/wheelhouse"
+FASTPOLL_POLL_SERVER_BIN=$POLL_SERVER_BIN "$REPO/ansible/build.sh" > "$LOGS/build.log" 2>&1 \
+    || { cat "$LOGS/build.log"; die "ansible/build.sh failed"; }
+RELEASE_A=$(cat "$FASTPOLL_BUILD_DIR/current/RELEASE")
+phase "artifacts: release $RELEASE_A in $FASTPOLL_BUILD_DIR"
 
 # ---- 3. boot the hosts ------------------------------------------------------------------------
 ssh-keygen -q -N '' -t ed25519 -C fastpoll-fleet-test -f "$RUN/id_ed25519"
@@ -244,6 +253,20 @@ all:
     fallback_app_limit_nofile: 20000
     nginx_worker_rlimit_nofile: 20000
     nginx_worker_connections: 4096
+    nginx_http_mode: serve
+    # TLS with the test's own certificate (put on the pollers before the deploy); plain HTTP is
+    # served too so the checks below can use it (fp-solo: redirect, the default).
+    nginx_tls_certificate: /etc/ssl/fastpoll-test.pem
+    nginx_tls_certificate_key: /etc/ssl/private/fastpoll-test.key
+    # The control node plays the site's backend: it calls the app's write API.
+    firewall_api_clients: ["$BRIDGE_ADDR"]
+    # Monitoring (tests/fleet/monitoring.sh): the control node queries Prometheus's API; a short
+    # scrape interval and PollerDown window keep the alert check short.
+    fastpoll_prometheus_clients: ["$BRIDGE_ADDR"]
+    monitoring_scrape_interval: 2s
+    monitoring_scrape_timeout: 2s
+    monitoring_evaluation_interval: 2s
+    monitoring_alert_for: {PollerDown: 10s}
     fallback_app_workers: 2
     memcached_memory_mb: 32
     redis_maxmemory: 32mb
@@ -274,6 +297,13 @@ cat >> "$RUN/inventory.yml" <<EOF
     app:
       hosts:
         fp-data1:
+        fp-app2:
+    postgresql:
+      hosts:
+        fp-db1:
+    monitoring:
+      hosts:
+        fp-mon1:
 EOF
 # The one-host layout of ansible/inventories/single: everything on loopback, one instance per
 # vCPU (poll_server_instances unset).
@@ -294,12 +324,23 @@ EOF
     > "$RUN/secrets.yml"
   # The signing secret, also per run; the control node keeps a copy to sign the test's poll URLs.
   "$REPO/.venv/bin/python" -c 'import secrets; print(secrets.token_hex(32))' > "$RUN/signing.key"
-  printf 'fastpoll_signing_secrets: ["%s"]\n' "$(cat "$RUN/signing.key")" >> "$RUN/secrets.yml" )
+  printf 'fastpoll_signing_secrets: ["%s"]\n' "$(cat "$RUN/signing.key")" >> "$RUN/secrets.yml"
+  head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$RUN/api.token"
+  printf 'fastpoll_api_token: "%s"\n' "$(cat "$RUN/api.token")" >> "$RUN/secrets.yml"
+  printf 'fastpoll_db_password: "%s"\n' "$(head -c 24 /dev/urandom | base64 | tr -d '/+=')" >> "$RUN/secrets.yml" )
+# The TLS certificate: self-signed, made here, for the pollers' names and addresses.
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=fastpoll-fleet-test \
+    -addext "subjectAltName=DNS:fp-poll1,DNS:fp-poll2,DNS:fp-solo,IP:${IP[fp-poll1]},IP:${IP[fp-poll2]},IP:${IP[fp-solo]}" \
+    -keyout "$RUN/tls.key" -out "$RUN/tls.pem" 2>/dev/null || die "openssl req failed"
+for n in fp-poll1 fp-poll2 fp-solo; do
+    on "$n" 'cat > /etc/ssl/fastpoll-test.pem' < "$RUN/tls.pem"
+    on "$n" 'umask 077; cat > /etc/ssl/private/fastpoll-test.key' < "$RUN/tls.key"
+done
 
 export ANSIBLE_CONFIG=$REPO/ansible/ansible.cfg ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0
 export ANSIBLE_HOME=$RUN/ansible-home ANSIBLE_LOCAL_TEMP=$RUN/ansible-tmp
 export ANSIBLE_SSH_CONTROL_PATH_DIR=$RUN/cp
-EXTRA=(-e "@$RUN/secrets.yml" -e "poll_server_binary_src=$POLL_SERVER_BIN")
+EXTRA=(-e "@$RUN/secrets.yml" -e "fastpoll_release_dir=$FASTPOLL_BUILD_DIR/current")
 
 run_no=0
 # playbook LABEL [args...]: runs site.yml on the fleet, keeps the log, fails the test if ansible
@@ -389,6 +430,33 @@ http() {
     echo "$status ${source:--}"
 }
 expect() { [ "$1" = "$2" ] || die "$3: got '$1', want '$2'"; }
+# publish APPHOST USER TEXT: POST /api/messages to an app host's private listener with the write
+# API's bearer token (the public edge has no write API); prints the status.
+publish() {
+    local n=$1 body="{\"user_id\": $2, \"text\": \"$3\"}"
+    if [ "$n" = fp-solo ]; then
+        on fp-solo curl -sS -m 10 -o /dev/null -w '%{http_code}' -X POST -H "'Authorization: Bearer $(cat "$RUN/api.token")'" \
+            -H "'Content-Type: application/json'" --data "'$body'" http://127.0.0.1:8000/api/messages
+        return
+    fi
+    assert_route "${IP[$n]}"
+    curl -sS -m 10 -o /dev/null -w '%{http_code}' -X POST -H "Authorization: Bearer $(cat "$RUN/api.token")" \
+        -H 'Content-Type: application/json' --data "$body" "http://${IP[$n]}:8000/api/messages"
+}
+# poll_url APPHOST USER: a poll URL issued by the app (POST /api/poll-url), path and query. While
+# that app host restarts (a rollout), the other app host issues it.
+poll_url() {
+    local n=$1 try url
+    for try in $(seq 1 20); do
+        assert_route "${IP[$n]}"
+        url=$(curl -sS -m 5 -X POST -H "Authorization: Bearer $(cat "$RUN/api.token")" -H 'Content-Type: application/json' \
+            --data "{\"user_id\": $2}" "http://${IP[$n]}:8000/api/poll-url" 2>/dev/null \
+            | python3 -c 'import json,sys; print(json.load(sys.stdin)["url"])' 2>/dev/null) && [ -n "$url" ] && { echo "$url"; return; }
+        if [ "$n" = "${APPS[0]}" ]; then n=${APPS[1]}; else n=${APPS[0]}; fi
+        sleep 0.5
+    done
+    die "no app host issues a poll URL for user $2"
+}
 
 # ---- 5. the data host: private binds, the Redis password, one memcached list everywhere --------
 redis_pass=$(sed -n 's/^fastpoll_redis_password: "\(.*\)"$/\1/p' "$RUN/secrets.yml")
@@ -420,8 +488,7 @@ say "memcached, redis and the app listen on the private address only; redis want
 # Messages API through poller 1 (location / -> app); the poll of that user is then a cache hit
 # on both pollers (the app wrote the key with ketama over the same two memcached nodes).
 seed_user=$((RANDOM % 9000 + 1000))
-expect "$(http POST fp-poll1 /api/messages -H 'Content-Type: application/json' \
-    --data "{\"user_id\": $seed_user, \"text\": \"hello fleet\"}" | cut -d' ' -f1)" 201 "publish"
+expect "$(publish fp-data1 "$seed_user" "hello fleet")" 201 "publish"
 for n in "${POLLERS[@]}"; do
     expect "$(http GET "$n" "/Poll/getMessages?user_id=$seed_user")" "200 cache" "$n: hit after publish"
     grep -q 'hello fleet' "$RUN/body" || die "$n: hit body lacks the message: $(cat "$RUN/body")"
@@ -496,8 +563,7 @@ check_instances 2
 
 # fp-solo, the one-host layout: one instance per vCPU, everything on loopback behind nginx.
 u=$((RANDOM % 9000 + 60000))
-expect "$(http POST fp-solo /api/messages -H 'Content-Type: application/json' \
-    --data "{\"user_id\": $u, \"text\": \"hello solo\"}" | cut -d' ' -f1)" 201 "fp-solo: publish"
+expect "$(publish fp-solo "$u" "hello solo")" 201 "fp-solo: publish"
 expect "$(http GET fp-solo "/Poll/getMessages?user_id=$u")" "200 cache" "fp-solo: hit after publish"
 expect "$(http GET fp-solo "/Poll/getMessages?user_id=$((u + 1))")" "200 app" "fp-solo: miss"
 expect "$(http GET fp-solo "/Poll/getMessages?user_id=$((u + 1))")" "200 cache" "fp-solo: hit after the fill"
@@ -520,8 +586,9 @@ curl -fsS http://127.0.0.1:8090/nginx_status | grep -q '^Active connections' || 
 EOF
     for port in 9101 8090; do
         assert_route "${IP[$n]}"
-        rc=0; curl -sS -m 5 -o /dev/null "http://${IP[$n]}:$port/" 2>/dev/null || rc=$?
-        [ "$rc" = 7 ] || die "$n:$port answered (or timed out, curl rc $rc) from another host; want connection refused"
+        rc=0; curl -sS -m 3 -o /dev/null "http://${IP[$n]}:$port/" 2>/dev/null || rc=$?
+        # Refused (loopback listener) or dropped (the host firewall): never an answer.
+        [ "$rc" = 7 ] || [ "$rc" = 28 ] || die "$n:$port answered (curl rc $rc) from another host; want no connection"
     done
     expect "$(http GET "$n" /metrics | cut -d' ' -f1)" 404 "$n: /metrics through the public server"
 done
@@ -530,9 +597,9 @@ if [ -f "$REPO/tools/fastpoll_status.py" ]; then
     assert_all_routes
     via="ssh -i $RUN/id_ed25519 -o UserKnownHostsFile=$RUN/known_hosts -o StrictHostKeyChecking=yes"
     via="$via -o BatchMode=yes -o ConnectTimeout=5 -o LogLevel=ERROR root@{host} python3 -"
-    python3 "$REPO/tools/fastpoll_status.py" --hosts "${IP[fp-poll1]},${IP[fp-poll2]},${IP[fp-data1]},${IP[fp-solo]}" \
+    python3 "$REPO/tools/fastpoll_status.py" --hosts "${IP[fp-poll1]},${IP[fp-poll2]},${IP[fp-data1]},${IP[fp-app2]},${IP[fp-solo]}" \
         --via "$via" > "$LOGS/status.txt" 2>&1 || { cat "$LOGS/status.txt"; die "the status command says not all up"; }
-    say "status command: $(tail -1 "$LOGS/status.txt") on 4 hosts"
+    say "status command: $(tail -1 "$LOGS/status.txt") on 5 hosts"
 fi
 # A memcached node going down shows on every instance's metrics, and comes back.
 # expect_backend_up WANT TRIES WHAT: every poller's fastpoll_backend_up for fp-data1's memcached
@@ -554,8 +621,7 @@ expect_backend_up 1 40 "after memcached is back"
 # The restart emptied that node: publish again so the seeded key is a hit wherever it lives.
 # The app's client may still hold the node as failed for a moment (its publish is then
 # "pending" and repaired later, and a miss fills it): poll until the answer comes from the cache.
-expect "$(http POST fp-poll2 /api/messages -H 'Content-Type: application/json' \
-    --data "{\"user_id\": $seed_user, \"text\": \"hello again\"}" | cut -d' ' -f1)" 201 "publish again"
+expect "$(publish fp-app2 "$seed_user" "hello again")" 201 "publish again"
 for _ in $(seq 1 40); do
     got=$(http GET fp-poll1 "/Poll/getMessages?user_id=$seed_user")
     [ "$got" = "200 cache" ] && break; sleep 0.5
@@ -597,7 +663,11 @@ done
 # The upgrade runs in the background; ab runs bounded rounds (2000 requests, 10 concurrent, 10 s
 # timeout each) against both pollers, alternating, until it is done. Every round must have 0
 # failed and 0 non-2xx requests.
-EXTRA=(-e "@$RUN/secrets.yml" -e "poll_server_binary_src=$NEW_BIN")
+# Release B: the new binary with the same wheelhouse; build/current now names it.
+FASTPOLL_POLL_SERVER_BIN=$NEW_BIN "$REPO/ansible/build.sh" > "$LOGS/build-v2.log" 2>&1 \
+    || { cat "$LOGS/build-v2.log"; die "build.sh (release B) failed"; }
+RELEASE_B=$(cat "$FASTPOLL_BUILD_DIR/current/RELEASE")
+[ "$RELEASE_B" != "$RELEASE_A" ] || die "release B has the id of release A"
 assert_all_routes
 "$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" "${EXTRA[@]}" --limit pollers \
     > "$LOGS/ansible-upgrade.log" 2>&1 &
@@ -629,12 +699,217 @@ done
 check_instances 2
 phase "rolling upgrade: $total requests in $rounds ab rounds, 0 failed, every instance restarted"
 
-# ---- 10. switch the cache backend to Redis ------------------------------------------------------
+# ---- 10. the edge: TLS, the LB health check, the firewall ------------------------------------------
+for n in "${POLLERS[@]}"; do
+    assert_route "${IP[$n]}"
+    v=$(curl -sS -m 10 --cacert "$RUN/tls.pem" --http2 -o "$RUN/body" -w '%{http_code} %{http_version}' \
+        "https://${IP[$n]}$(signed "/Poll/getMessages?user_id=$seed_user")") || die "$n: TLS request failed"
+    expect "$v" "200 2" "$n: a poll over TLS with the test certificate, HTTP/2"
+    grep -q 'hello' "$RUN/body" || die "$n: TLS answer lacks the message"
+done
+# /healthz follows this host's pollers: healthy with every app down, 503 with its pollers down.
+for a in "${APPS[@]}"; do on "$a" systemctl stop fastpoll-app; done
+expect "$(http GET fp-poll1 /healthz | cut -d' ' -f1)" 200 "fp-poll1: /healthz with every app host down"
+for a in "${APPS[@]}"; do on "$a" systemctl start fastpoll-app; done
+on fp-poll1 systemctl stop fastpoll-poller@8101 fastpoll-poller@8102
+expect "$(http GET fp-poll1 /healthz | cut -d' ' -f1)" 503 "fp-poll1: /healthz with its pollers down"
+expect "$(http GET fp-poll2 /healthz | cut -d' ' -f1)" 200 "fp-poll2: /healthz while fp-poll1's pollers are down"
+on fp-poll1 systemctl start fastpoll-poller@8101 fastpoll-poller@8102
+for _ in $(seq 1 20); do [ "$(http GET fp-poll1 /healthz | cut -d' ' -f1)" = 200 ] && break; sleep 0.5; done
+expect "$(http GET fp-poll1 /healthz | cut -d' ' -f1)" 200 "fp-poll1: /healthz with its pollers back"
+app_up() {
+    local a
+    for a in "${APPS[@]}"; do
+        for _ in $(seq 1 60); do on "$a" curl -fsS -m 2 -o /dev/null "http://${IP[$a]}:8000/healthz" 2>/dev/null && break; sleep 1; done
+    done
+}
+app_up
+# The firewall (from inside the test network only): PostgreSQL answers app hosts, not a poller;
+# memcached answers a poller, not the database host.
+port_open() { on "$1" timeout 3 bash -c "'</dev/tcp/$2/$3'" 2>/dev/null; }
+port_open fp-data1 "${IP[fp-db1]}" 5432 || die "fp-data1 (app) cannot reach PostgreSQL"
+if port_open fp-poll1 "${IP[fp-db1]}" 5432; then die "fp-poll1 (not an app host) reaches PostgreSQL through the firewall"; fi
+port_open fp-poll1 "${IP[fp-data1]}" 11211 || die "fp-poll1 cannot reach memcached on fp-data1"
+if port_open fp-db1 "${IP[fp-data1]}" 11211; then die "fp-db1 reaches memcached through the firewall"; fi
+phase "edge: TLS + HTTP/2 with the test certificate, /healthz follows the pollers, firewall closes 5432 and 11211 to outsiders"
+
+# ---- 11. two app hosts on PostgreSQL ------------------------------------------------------------
+u=$((RANDOM % 9000 + 70000))
+expect "$(publish fp-data1 "$u" "hello from app1")" 201 "publish through fp-data1"
+assert_route "${IP[fp-app2]}"
+body=$(curl -sS -m 10 "http://${IP[fp-app2]}:8000$(poll_url fp-app2 "$u")") || die "poll through fp-app2 failed"
+case "$body" in *"hello from app1"*) ;; *) die "fp-app2 does not see fp-data1's message: $body";; esac
+# One app host stops under load: misses of fresh users (each one goes to an app) through a poller.
+# 3,000 fresh users (more than the run polls), signed in one go.
+"$REPO/.venv/bin/python" - "$RUN/signing.key" "$((u + 1000))" > "$RUN/miss-urls" <<'PY'
+import sys, time
+from fastpoll_app.keys import derive_key
+from fastpoll_app.signing import load_secrets, signed_query
+secret = load_secrets(sys.argv[1])[0]
+for uid in range(int(sys.argv[2]), int(sys.argv[2]) + 3000):
+    target = b"/Poll/getMessages?user_id=%d" % uid
+    q = signed_query(secret, derive_key(b"/Poll", target[len(b"/Poll"):], [b"user_id"]), int(time.time()) + 3600)
+    print((target + b"&" + q).decode())
+PY
+printf '%s\n' "local urls = {}" "for l in io.lines(\"$RUN/miss-urls\") do table.insert(urls, l) end" "local i = 0" \
+    "request = function() i = i + 1; return wrk.format(\"GET\", urls[(i % #urls) + 1]) end" > "$RUN/miss.lua"
+assert_route "${IP[fp-poll1]}"
+( sleep 1; on fp-app2 systemctl stop fastpoll-app ) &
+stopper=$!
+wrk -t1 -c8 -d6s --timeout 5s -s "$RUN/miss.lua" "http://${IP[fp-poll1]}" > "$RUN/wrk-app.txt" 2>&1 || die "wrk failed"
+wait "$stopper"
+if grep -q "Socket errors\|Non-2xx" "$RUN/wrk-app.txt"; then cat "$RUN/wrk-app.txt"; die "requests failed while fp-app2 stopped"; fi
+reqs=$(awk '/requests in/{print $1}' "$RUN/wrk-app.txt")
+on fp-app2 systemctl start fastpoll-app
+app_up
+phase "two app hosts on PostgreSQL: published through one, seen by the other; $reqs requests while one stopped, 0 failed"
+
+# ---- 12. an interrupted run, then a re-run: every instance runs the new config -------------------
+# check_converged: on every poller and app host, each running instance reports the sha256 of the
+# fastpoll.ini on its host (fastpoll_config_info), and nothing on disk is newer than it.
+check_converged() {
+    local n out
+    for n in "${POLLERS[@]}" "${APPS[@]}"; do
+        out=$(on "$n" /usr/local/libexec/fastpoll-stale --config /etc/fastpoll/fastpoll.ini \
+            fastpoll-poller@8101.service=http://127.0.0.1:9101/metrics fastpoll-poller@8102.service=http://127.0.0.1:9102/metrics \
+            "fastpoll-app.service=http://${IP[$n]}:8000/metrics")
+        echo "$out" | sed "s/^/  $n: /"
+        if echo "$out" | grep -q ' stale '; then die "$n runs an old config after the re-run"; fi
+        if echo "$out" | grep -q ' unknown '; then
+            # Only a poll server built before fastpoll_config_info (the C side's part) may say so.
+            if echo "$out" | grep ' unknown ' | grep -qv '^fastpoll-poller@' \
+                    || on "$n" grep -qa fastpoll_config_info /usr/local/bin/poll_server 2>/dev/null; then
+                die "$n: a service reports no config hash"
+            fi
+            say "$n: this poll server has no fastpoll_config_info yet: its instances are not checked"
+        fi
+    done
+}
+assert_all_routes
+"$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" "${EXTRA[@]}" \
+    -e fastpoll_cache_ttl=299 > "$LOGS/ansible-interrupted.log" 2>&1 &
+ip_pid=$!
+# Interrupted once the config files are written everywhere and the first app host is being handled.
+for _ in $(seq 1 400); do grep -q 'PLAY \[Fallback app' "$LOGS/ansible-interrupted.log" && break; sleep 0.5; done
+kill -INT "$ip_pid" 2>/dev/null || true
+sleep 2
+kill -TERM "$ip_pid" 2>/dev/null || true
+wait "$ip_pid" || true
+if grep -q 'PLAY \[Poll servers' "$LOGS/ansible-interrupted.log"; then die "the interrupted run got to the pollers: interrupt earlier"; fi
+left=$(on fp-poll1 /usr/local/libexec/fastpoll-stale --config /etc/fastpoll/fastpoll.ini \
+    fastpoll-poller@8101.service=http://127.0.0.1:9101/metrics)
+say "after the interrupted run, fp-poll1: $left"
+playbook rerun -e fastpoll_cache_ttl=299
+check_converged
+phase "interrupted run + re-run: every instance runs the new config"
+
+# ---- 13. signing-key rotation in two phases under load -------------------------------------------
+new_key=$("$REPO/.venv/bin/python" -c 'import secrets; print(secrets.token_hex(32))')
+old_key=$(cat "$RUN/signing.key")
+grep -v '^fastpoll_signing_secrets' "$RUN/secrets.yml" > "$RUN/secrets-rot.yml"
+rot_u=$((RANDOM % 9000 + 80000))
+expect "$(publish fp-data1 "$rot_u" "rotation")" 201 "publish before the rotation"
+rounds=0 per_phase=""
+# ab_rounds PID: bounded ab rounds (at most 150 per phase) against both pollers until PID ends,
+# each on a URL an app host issues right then and on the URL issued before the phase: every
+# answer 2xx. At least one round must overlap each phase.
+ab_rounds() {
+    local pid=$1 url n mine=0
+    while kill -0 "$pid" 2>/dev/null && [ "$mine" -lt 150 ]; do
+        n=${POLLERS[$((rounds % 2))]}
+        for url in "$(poll_url "${APPS[$((rounds % 2))]}" "$rot_u")" "$first_url"; do
+            assert_route "${IP[$n]}"
+            ab -q -n 300 -c 5 -s 10 "http://${IP[$n]}$url" > "$RUN/ab.txt" 2>&1 || { cat "$RUN/ab.txt"; die "ab failed"; }
+            if [ "$(awk '/^Failed requests:/{print $3}' "$RUN/ab.txt")" != 0 ] || grep -q '^Non-2xx' "$RUN/ab.txt"; then
+                cat "$RUN/ab.txt"; die "rotation: a valid URL failed on $n (round $rounds): $url"
+            fi
+        done
+        rounds=$((rounds + 1)); mine=$((mine + 1))
+    done
+    [ "$mine" -ge 1 ] || die "no ab round overlapped this rotation phase"
+    per_phase="$per_phase $mine"
+}
+first_url=$(poll_url fp-data1 "$rot_u")
+for rot_phase in 1 2; do
+    # 1: every poller accepts the new key (the app still signs with the old one, listed first);
+    # 2: the app signs with the new one.
+    printf 'fastpoll_signing_secrets: ["%s", "%s"]\nfastpoll_signing_current: %s\n' "$old_key" "$new_key" \
+        "$((rot_phase - 1))" > "$RUN/rot.yml"
+    assert_all_routes
+    "$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" -e "@$RUN/secrets-rot.yml" \
+        -e "@$RUN/rot.yml" -e "fastpoll_release_dir=$FASTPOLL_BUILD_DIR/current" -e fastpoll_cache_ttl=299 \
+        --limit 'pollers:app' > "$LOGS/ansible-rotation-$rot_phase.log" 2>&1 &
+    rot_pid=$!
+    ab_rounds "$rot_pid"
+    wait "$rot_pid" || { tail -40 "$LOGS/ansible-rotation-$rot_phase.log"; die "rotation phase $rot_phase failed"; }
+    first_url=$(poll_url fp-app2 "$rot_u")
+done
+# The app now signs with the new key: a URL it issues verifies under the new key alone.
+"$REPO/.venv/bin/python" - "$new_key" "$first_url" <<'PY' || die "a URL issued after phase 2 is not signed with the new key"
+import sys, time
+from fastpoll_app.keys import derive_key
+from fastpoll_app.signing import verify
+key, url = sys.argv[1].encode(), sys.argv[2].encode()
+path, query = url.split(b"?", 1)
+uid = query.split(b"&")[0]
+k = derive_key(b"/Poll", path[len(b"/Poll"):] + b"?" + uid, [b"user_id"])
+sys.exit(0 if verify([key], k, query, time.time()) else 1)
+PY
+# 3, after the longest URL lifetime in production: the old key is dropped.
+echo "$new_key" > "$RUN/signing.key"
+{ cat "$RUN/secrets-rot.yml"; printf 'fastpoll_signing_secrets: ["%s"]\n' "$new_key"; } > "$RUN/secrets.yml"
+assert_all_routes
+"$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" "${EXTRA[@]}" -e fastpoll_cache_ttl=299 \
+    --limit 'pollers:app' > "$LOGS/ansible-rotation-3.log" 2>&1 &
+rot_pid=$!
+ab_rounds "$rot_pid"
+wait "$rot_pid" || { tail -40 "$LOGS/ansible-rotation-3.log"; die "rotation phase 3 failed"; }
+expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$rot_u" | cut -d' ' -f1)" 200 "a URL signed with the new key"
+phase "signing-key rotation (accept the new, sign with it, drop the old) under load: $rounds ab rounds (per phase:$per_phase), 0 non-2xx"
+
+# ---- 14. rollback to the previous release --------------------------------------------------------
+assert_all_routes
+(cd "$REPO/ansible" && PATH="$ANSIBLE_BIN:$PATH" ./rollback.sh -i "$RUN/inventory.yml" -e "@$RUN/secrets.yml" \
+    -e fastpoll_cache_ttl=299) > "$LOGS/ansible-rollback.log" 2>&1 \
+    || { tail -40 "$LOGS/ansible-rollback.log"; die "rollback.sh failed"; }
+old_sum=$(sha256sum < "$POLL_SERVER_BIN" | cut -d' ' -f1)
+for n in "${POLLERS[@]}"; do
+    expect "$(on "$n" sha256sum /usr/local/bin/poll_server | cut -d' ' -f1)" "$old_sum" "$n: binary after the rollback"
+    expect "$(on "$n" cat /etc/fastpoll/installed/poll_server)" "$RELEASE_A" "$n: release after the rollback"
+done
+check_converged
+expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$seed_user" | cut -d' ' -f1)" 200 "a poll after the rollback"
+phase "rollback: $RELEASE_B -> $RELEASE_A with ansible/rollback.sh, every instance on the old binary"
+
+# ---- 15. backup and restore of PostgreSQL ----------------------------------------------------------
+bu=$((RANDOM % 9000 + 90000))
+expect "$(publish fp-data1 "$bu" "in the backup")" 201 "publish before the backup"
+on fp-db1 systemctl start fastpoll-pg-backup.service
+dump=$(on fp-db1 'ls -1t /var/backups/fastpoll/fastpoll-*.dump | head -1')
+[ -n "$dump" ] || die "no dump after fastpoll-pg-backup"
+expect "$(publish fp-data1 "$bu" "after the backup")" 201 "publish after the backup"
+for a in "${APPS[@]}"; do on "$a" systemctl stop fastpoll-app; done
+on fp-db1 "runuser -u postgres -- pg_restore --clean --if-exists --single-transaction -d fastpoll '$dump'" \
+    || die "pg_restore failed"
+for a in "${APPS[@]}"; do on "$a" systemctl start fastpoll-app; done
+app_up
+body=$(curl -sS -m 10 "http://${IP[fp-app2]}:8000$(poll_url fp-app2 "$bu")")
+case "$body" in *"in the backup"*) ;; *) die "restored database lacks the message: $body";; esac
+case "$body" in *"after the backup"*) die "restored database has a message published after the backup";; esac
+phase "backup ($dump) and restore: the restored database holds what the dump held"
+
+if [ -f "$HERE/monitoring.sh" ]; then
+    # shellcheck source=/dev/null
+    . "$HERE/monitoring.sh"
+    fleet_monitoring_checks
+    phase "monitoring checks (tests/fleet/monitoring.sh)"
+fi
+
+# ---- 16. switch the cache backend to Redis ------------------------------------------------------
 # fastpoll.ini changes on every host: the app restarts, the pollers restart one by one.
-playbook redis-backend -e fastpoll_cache_backend=redis
+playbook redis-backend -e fastpoll_cache_backend=redis -e fastpoll_cache_ttl=299
 u=$((RANDOM % 9000 + 40000))
-expect "$(http POST fp-poll2 /api/messages -H 'Content-Type: application/json' \
-    --data "{\"user_id\": $u, \"text\": \"hello redis\"}" | cut -d' ' -f1)" 201 "publish (redis)"
+expect "$(publish fp-data1 "$u" "hello redis")" 201 "publish (redis)"
 for n in "${POLLERS[@]}"; do
     expect "$(http GET "$n" "/Poll/getMessages?user_id=$u")" "200 cache" "$n: hit from Redis"
     grep -q 'hello redis' "$RUN/body" || die "$n: Redis hit lacks the message"
