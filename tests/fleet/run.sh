@@ -810,12 +810,12 @@ grep -v '^fastpoll_signing_secrets' "$RUN/secrets.yml" > "$RUN/secrets-rot.yml"
 rot_u=$((RANDOM % 9000 + 80000))
 expect "$(publish fp-data1 "$rot_u" "rotation")" 201 "publish before the rotation"
 rounds=0 per_phase=""
-# ab_rounds PID: bounded ab rounds (at most 150 per phase) against both pollers until PID ends,
+# ab_rounds PID: bounded ab rounds (at most 400 per phase) against both pollers until PID ends,
 # each on a URL an app host issues right then and on the URL issued before the phase: every
 # answer 2xx. At least one round must overlap each phase.
 ab_rounds() {
     local pid=$1 url n mine=0
-    while kill -0 "$pid" 2>/dev/null && [ "$mine" -lt 150 ]; do
+    while kill -0 "$pid" 2>/dev/null && [ "$mine" -lt 400 ]; do
         n=${POLLERS[$((rounds % 2))]}
         for url in "$(poll_url "${APPS[$((rounds % 2))]}" "$rot_u")" "$first_url"; do
             assert_route "${IP[$n]}"
@@ -869,8 +869,9 @@ phase "signing-key rotation (accept the new, sign with it, drop the old) under l
 
 # ---- 14. rollback to the previous release --------------------------------------------------------
 assert_all_routes
+# Only the pollers and the app hosts run a release's artifacts.
 (cd "$REPO/ansible" && PATH="$ANSIBLE_BIN:$PATH" ./rollback.sh -i "$RUN/inventory.yml" -e "@$RUN/secrets.yml" \
-    -e fastpoll_cache_ttl=299) > "$LOGS/ansible-rollback.log" 2>&1 \
+    -e fastpoll_cache_ttl=299 --limit 'pollers:app') > "$LOGS/ansible-rollback.log" 2>&1 \
     || { tail -40 "$LOGS/ansible-rollback.log"; die "rollback.sh failed"; }
 old_sum=$(sha256sum < "$POLL_SERVER_BIN" | cut -d' ' -f1)
 for n in "${POLLERS[@]}"; do
