@@ -68,15 +68,22 @@ def _add_config_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _load(path: str | None) -> config.Settings | None:
+    """The settings, or None after printing the error (key and line) once."""
+    try:
+        return config.load(path)
+    except config.ConfigError as exc:
+        print(f"fastpoll_app: {exc}", file=sys.stderr)
+        return None
+
+
 def migrate(argv: list[str]) -> int:
     """Bring the database named by [app] database to this app's schema; idempotent."""
     p = argparse.ArgumentParser(prog="fastpoll_app migrate", description=migrate.__doc__)
     _add_config_arg(p)
     args = p.parse_args(argv)
-    try:
-        settings = config.load(args.config)
-    except config.ConfigError as exc:
-        print(f"fastpoll_app: {exc}", file=sys.stderr)
+    settings = _load(args.config)
+    if settings is None:
         return 1
     from .store import SCHEMA_VERSION, StoreError, open_store
 
@@ -111,10 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     # Validate here, before any worker starts, so a bad file fails once, clearly.
-    try:
-        settings = config.load(args.config)
-    except config.ConfigError as exc:
-        print(f"fastpoll_app: {exc}", file=sys.stderr)
+    settings = _load(args.config)
+    if settings is None:
         return 1
     if args.workers < 1:
         p.error("--workers must be at least 1")
