@@ -37,6 +37,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
+from procs import freeze  # noqa: E402
 from stack import Stack  # noqa: E402  (the one stack harness)
 
 import clients  # noqa: E402
@@ -223,7 +224,10 @@ def node_loss(args: argparse.Namespace) -> dict[str, object]:
         time.sleep(args.seconds / 3)
         victim = stack.procs["memcached-0"].pid
         fault_at = time.time()
-        os.kill(victim, signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP)
+        if args.fault == "kill":
+            os.kill(victim, signal.SIGKILL)
+        else:
+            freeze(victim)
         if args.fault == "stop":
             time.sleep(max(0.0, start + args.seconds * 2 / 3 - time.time()))
             os.kill(victim, signal.SIGCONT)

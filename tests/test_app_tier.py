@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 from conftest import Cache, http_client, new_uid, poll_key
+from procs import freeze
 from stack import Stack, memcached_ask
 
 
@@ -107,7 +108,7 @@ def test_outbox_survives_an_app_restart(tier_stack: Stack) -> None:
     stack = tier_stack
     uid = users_by_node(stack, 1).popitem()[1][0]
     node = f"memcached-{node_of(stack, poll_key(uid))}"
-    os.kill(stack.procs[node].pid, signal.SIGSTOP)
+    freeze(stack.procs[node].pid)
     try:
         with stack.api() as api:
             r = api.post("/api/messages", json={"user_id": uid, "text": "while hung"})
@@ -164,7 +165,7 @@ def test_hung_node_does_not_slow_publishes_to_other_nodes(tier_stack: Stack) -> 
                 i += 1
 
     pid = stack.procs["memcached-0"].pid
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     threads = [threading.Thread(target=publish_to_hung) for _ in range(4)]
     try:
         for t in threads:

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from conftest import Cache, http_client, new_uid, poll_key
 from loadgen import KeepAliveClients, Load, LoadResult
+from procs import freeze
 from stack import Stack, memcached_ask
 
 MakeStack = Callable[..., Stack]
@@ -50,7 +51,10 @@ def _signal(stack: Stack, name: str, sig: int) -> None:
     proc = stack.procs.get(name)
     if proc is not None:
         try:
-            os.kill(proc.pid, sig)
+            if sig == signal.SIGSTOP:
+                freeze(proc.pid)
+            else:
+                os.kill(proc.pid, sig)
         except ProcessLookupError:
             pass
 

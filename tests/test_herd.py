@@ -21,6 +21,7 @@ import httpx
 import pytest
 from conftest import new_uid
 from loadgen import run as load
+from procs import freeze
 from stack import Stack
 
 CAP = 4
@@ -53,7 +54,7 @@ def test_over_the_cap_a_poll_is_shed_at_once_with_retry_after(herd_stack: Stack)
     pid = _app_pid(stack)
     urls = [stack.poll_url(new_uid()) for _ in range(CAP + 1)]
     held: list[httpx.Response] = []
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     try:
         threads = [
             threading.Thread(

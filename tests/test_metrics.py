@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import Cache, http_client, new_uid, poll_key
+from procs import freeze
 from stack import POLL_SERVER, ROOT, Stack, free_port, http_status, wait_for
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -171,7 +172,7 @@ def test_coalesced_counter_moves(unsigned: Poller, cache: Cache) -> None:
     n = 10
     before = scrape(unsigned.admin_port)
     request = f"GET /getMessages?user_id={uid} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
-    os.kill(unsigned.proc.pid, signal.SIGSTOP)
+    freeze(unsigned.proc.pid)
     try:
         socks = [
             socket.create_connection(("127.0.0.1", unsigned.port), timeout=10)

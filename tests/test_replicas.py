@@ -23,6 +23,7 @@ import pytest
 from conftest import http_client, new_uid, poll_key
 from fastpoll_app.cache import MemcachedCache, Placement
 from loadgen import Load, LoadResult
+from procs import freeze
 from stack import Stack, free_port, memcached_ask
 
 MakeStack = Callable[..., Stack]
@@ -204,7 +205,7 @@ def test_sigstop_publish_during_hang_resume_never_the_old_answer(
 
     load = Load(stack.base_url, list(urls.values()), seconds=12, connections=8)
     time.sleep(max(0.0, load.started + 1.0 - time.monotonic()))
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     try:
         newest: dict[int, int] = {}
 
@@ -285,7 +286,7 @@ def test_a_hang_no_poll_saw_is_still_followed_by_the_recovery_window(
     node = servers(stack)[0]
     pid = stack.procs["memcached-0"].pid
     time.sleep(1.5)  # idle
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     try:
         time.sleep(2.5)  # no polls: only the probe can notice
         with stack.api() as api:

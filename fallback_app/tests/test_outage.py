@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 from fastpoll_app.app import create_app
 
-from .conftest import Server, make_settings, start_memcached, start_redis
+from .conftest import Server, freeze, make_settings, start_memcached, start_redis
 
 KEY = b"/Poll/getMessages?user_id=9"
 
@@ -91,7 +91,7 @@ def test_hung_cache_publish_is_repaired(
     c.get("/Poll/getMessages?user_id=9")
     assert fp._fill.get(KEY) == b""
     assert srv.proc is not None
-    os.kill(srv.proc.pid, signal.SIGSTOP)
+    freeze(srv.proc.pid)
     try:
         r = c.post("/api/messages", json={"user_id": 9, "text": "during hang"})
         assert r.status_code == 201
@@ -132,7 +132,7 @@ def test_a_hung_node_does_not_hold_up_repairs_on_another(
                 break
         for n in nodes:
             assert n.proc is not None
-            os.kill(n.proc.pid, signal.SIGSTOP)
+            freeze(n.proc.pid)
         try:
             fp.publish(users[1], "on the node that stays hung")  # claimed first (older row)
             fp.publish(users[0], "on the node that comes back")

@@ -24,6 +24,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from procs import freeze  # after the path: a SIGSTOP that has taken effect
 
 TIMEOUT_MS = 100
 SLACK_MS = 40  # timer slack + scheduling on a loaded 2-core box
@@ -76,8 +80,12 @@ class Server:
         self.proc = None
 
     def sig(self, s: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(s)
+        if self.proc is None:
+            raise RuntimeError("signal to a server that is not running")
+        if s == signal.SIGSTOP:
+            freeze(self.proc.pid)
+        else:
+            self.proc.send_signal(s)
 
 
 def memcached(tmp: str) -> Server:
