@@ -349,24 +349,34 @@ def _memcached(sec: dict[str, list[_Entry]], rd: _Reader, backend: str) -> Memca
     return MemcachedSettings(servers, replicas, recovery_ms, previous)
 
 
+def _redis_address(e: _Entry, rd: _Reader, section: str) -> str:
+    """A Redis `server`: host:port or unix:/absolute/path."""
+    if e.value.startswith("unix:"):
+        if not e.value[5:].startswith("/"):
+            raise rd.error(e.line, f"[{section}] server: unix: needs an absolute path")
+    elif not _host_port(e.value):
+        msg = f"[{section}] server: expected host:port or unix:/path, got {e.value!r}"
+        raise rd.error(e.line, msg)
+    return e.value
+
+
+def _readable(e: _Entry, rd: _Reader, section: str) -> str:
+    """A `password_file` that can be read now (the error names it, never its content)."""
+    try:
+        Path(e.value).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        msg = f"[{section}] password_file: cannot read {e.value!r}: {exc}"
+        raise rd.error(e.line, msg) from None
+    return e.value
+
+
 def _redis(sec: dict[str, list[_Entry]], rd: _Reader) -> RedisSettings:
     d = RedisSettings()
     server, password_file, db = d.server, d.password_file, d.db
     if e := _one(sec, "server"):
-        if e.value.startswith("unix:"):
-            if not e.value[5:].startswith("/"):
-                raise rd.error(e.line, "[redis] server: unix: needs an absolute path")
-        elif not _host_port(e.value):
-            msg = f"[redis] server: expected host:port or unix:/path, got {e.value!r}"
-            raise rd.error(e.line, msg)
-        server = e.value
+        server = _redis_address(e, rd, "redis")
     if (e := _one(sec, "password_file")) and e.value:
-        try:
-            Path(e.value).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            msg = f"[redis] password_file: cannot read {e.value!r}: {exc}"
-            raise rd.error(e.line, msg) from None
-        password_file = e.value
+        password_file = _readable(e, rd, "redis")
     if e := _one(sec, "db"):
         db = _int(e, rd, "[redis] db", 0, 65535)
     username = None
@@ -510,20 +520,9 @@ def _announce(sec: dict[str, list[_Entry]], rd: _Reader) -> AnnounceSettings:
     d = AnnounceSettings()
     server, password_file, username, channel = d.server, None, None, d.channel
     if (e := _one(sec, "server")) and e.value:
-        if e.value.startswith("unix:"):
-            if not e.value[5:].startswith("/"):
-                raise rd.error(e.line, "[announce] server: unix: needs an absolute path")
-        elif not _host_port(e.value):
-            msg = f"[announce] server: expected host:port or unix:/path, got {e.value!r}"
-            raise rd.error(e.line, msg)
-        server = e.value
+        server = _redis_address(e, rd, "announce")
     if (e := _one(sec, "password_file")) and e.value:
-        try:
-            Path(e.value).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            msg = f"[announce] password_file: cannot read {e.value!r}: {exc}"
-            raise rd.error(e.line, msg) from None
-        password_file = e.value
+        password_file = _readable(e, rd, "announce")
     if (e := _one(sec, "username")) and e.value:
         if any(not 0x21 <= ord(c) <= 0x7E for c in e.value):
             raise rd.error(e.line, "[announce] username must be printable ASCII without spaces")
