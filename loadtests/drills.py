@@ -195,17 +195,19 @@ class StaleChecker:
         }
 
 
-def node_loss(args: argparse.Namespace) -> dict[str, object]:
+def drill_stack(**kw: object) -> tuple[Path, tuple[float, float, float], Stack]:
+    """A fresh stack with nginx's access log (the drills' timeline), and the load average before."""
     run_dir = Path(tempfile.mkdtemp(prefix="fastpoll-drill-"))
     load_avg = os.getloadavg()
-    stack = Stack(
-        run_dir=run_dir,
-        backend="memcached",
-        n_memcached=args.nodes,
-        access_log=True,
-        extra_ini={"memcached": {"replicas": str(args.replicas)}},
-    )
+    stack = Stack(run_dir=run_dir, backend="memcached", access_log=True, **kw)  # type: ignore[arg-type]
     stack.start()
+    return run_dir, load_avg, stack
+
+
+def node_loss(args: argparse.Namespace) -> dict[str, object]:
+    run_dir, load_avg, stack = drill_stack(
+        n_memcached=args.nodes, extra_ini={"memcached": {"replicas": str(args.replicas)}}
+    )
     checker: StaleChecker | None = None
     resumed_at: float | None = None
     try:
@@ -289,16 +291,9 @@ def _quantile(xs: list[float], q: float) -> float | None:
 
 
 def herd(args: argparse.Namespace) -> dict[str, object]:
-    run_dir = Path(tempfile.mkdtemp(prefix="fastpoll-drill-"))
-    load_avg = os.getloadavg()
-    stack = Stack(
-        run_dir=run_dir,
-        backend="memcached",
-        n_memcached=1,
-        access_log=True,
-        nginx_vars={"fastpoll_fallback_max_conns": args.cap},
+    run_dir, load_avg, stack = drill_stack(
+        n_memcached=1, nginx_vars={"fastpoll_fallback_max_conns": args.cap}
     )
-    stack.start()
     try:
         users = 1_000_000  # random users: with the cache gone every poll is a miss anyway
         uids = (str(u) for u in range(1, 20001))
