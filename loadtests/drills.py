@@ -5,6 +5,7 @@ while wrk polls random users, and what the clients and the app saw.
                                                    [--users 20000] [--conns 200] [--nodes 3]
                                                    [--replicas 0|1] [--no-check-stale]
     .venv/bin/python loadtests/drills.py herd [--seconds 20] [--conns 400] [--cap 64]
+    .venv/bin/python loadtests/drills.py edge [--seconds 20] [--conns 10000 15000]
 
 A fresh stack on free loopback ports (tests/stack.py) with `--nodes` memcached nodes, the answers
 of `--users` users cached (on both copies with replicas, the default), wrk with `--conns`
@@ -25,6 +26,11 @@ is gone and wrk polls through nginx with `--conns` connections, far more than ng
 errors (both must be 0), answers by status and source (200 from the app, 503 shed with
 Retry-After), the rate the app was given against its capacity, and the app's latency behind the
 cap (nginx's upstream time) against its latency when measured alone.
+
+The edge drill: `make up`'s defaults (nothing tuned for the run) hold `--conns` keep-alive clients
+each (wrk, all connecting at once, random users with cached answers): requests over wrk's 10 s
+timeout, socket errors and non-2xx must all be 0. Also the kernel's listen-queue overflows during
+the run (TcpExtListenOverflows: a SYN dropped because an accept queue was full).
 """
 
 from __future__ import annotations
@@ -360,6 +366,55 @@ def herd(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def listen_overflows() -> int:
+    """TcpExtListenOverflows, the whole network namespace's count since boot."""
+    with open("/proc/net/netstat", encoding="ascii") as f:
+        lines = f.read().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=True):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split(), values.split(), strict=True))["ListenOverflows"])
+    raise RuntimeError("/proc/net/netstat has no TcpExt line")
+
+
+def edge(args: argparse.Namespace) -> dict[str, object]:
+    users = 5000
+    run_dir, load_avg, stack = drill_stack()
+    runs = []
+    try:
+        preload.preload([f"127.0.0.1:{p}" for p in stack.memcached_ports], users)
+        uids = (str(u) for u in range(1, users + 1))
+        targets = Signer(stack).write(run_dir / "targets.txt", uids)
+        env = {"FP_TARGETS": str(targets), "FP_USERS": str(users)}
+        for conns in args.conns:
+            before = listen_overflows()
+            r = clients.run_wrk(f"{stack.base_url}/Poll/getMessages", conns, args.seconds, env=env)
+            runs.append(
+                {
+                    "conns": conns,
+                    "requests": r.requests,
+                    "rps": round(r.rps),
+                    "timeouts": r.errors.get("timeout", 0),
+                    "socket_errors": sum(v for k, v in r.errors.items() if k != "timeout"),
+                    "non2xx": r.non2xx,
+                    "p99_ms": r.p99_ms,
+                    "max_ms": r.max_ms,
+                    "listen_overflows": listen_overflows() - before,
+                }
+            )
+        errors = (run_dir / "nginx" / "error.log").read_text(errors="replace").splitlines()
+    finally:
+        stack.stop()
+    return {
+        "drill": "edge",
+        "load_average_at_start": [round(x, 2) for x in load_avg],
+        "seconds": args.seconds,
+        "users": users,
+        "runs": runs,
+        "nginx_error_log": [line for line in errors if "[warn]" in line or "[error]" in line][:5],
+        "run_dir": str(run_dir),
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="drill", required=True)
@@ -378,8 +433,12 @@ def main() -> int:
     hd.add_argument("--seconds", type=float, default=20)
     hd.add_argument("--conns", type=int, default=400)
     hd.add_argument("--cap", type=int, default=64, help="fastpoll_fallback_max_conns")
+    ed = sub.add_parser("edge", help="make up's defaults at 10,000 and 15,000 keep-alive clients")
+    ed.add_argument("--seconds", type=float, default=20)
+    ed.add_argument("--conns", type=int, nargs="+", default=[10000, 15000])
     args = p.parse_args()
-    out = node_loss(args) if args.drill == "node-loss" else herd(args)
+    drills = {"node-loss": node_loss, "herd": herd, "edge": edge}
+    out = drills[args.drill](args)
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     what = f"-{args.fault}" if args.drill == "node-loss" else ""
