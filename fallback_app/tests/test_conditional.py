@@ -19,7 +19,7 @@ from fastpoll_app import conditional
 from fastpoll_app.app import create_app
 from fastpoll_app.config import ConfigError, PollSettings
 
-from .conftest import Server, make_settings
+from .conftest import Server, make_settings, start_memcached
 
 URL = "/Poll/getMessages?user_id=42"
 CHANNEL = "fastpoll:announce"
@@ -272,3 +272,26 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_a_repaired_write_is_announced(redis_server: Server, tmp_path: Path) -> None:
+    """A publish whose cache write failed is not announced (the cache still has the old
+    answer); the repair that rewrites the key announces it."""
+    mc = start_memcached()
+    sub = _subscriber(redis_server)
+    try:
+        text = f"[memcached]\nservers = {mc.addr}\n[announce]\nserver = {redis_server.addr}\n"
+        with TestClient(create_app(make_settings(tmp_path, text))) as c:
+            mc.stop()
+            r = c.post("/api/messages", json={"user_id": 42, "text": "pending"})
+            assert r.status_code == 201 and r.headers["x-cache-publish"] == "pending"
+            assert sub.get_message(timeout=0.3) is None
+            mc.start()
+            fp = c.app.state.fastpoll  # type: ignore[attr-defined]
+            deadline = time.monotonic() + 10
+            while fp.repair(42) != "rewritten" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _next(sub) == b"/Poll/getMessages?user_id=42"
+    finally:
+        sub.close()
+        mc.stop()
