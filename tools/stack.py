@@ -71,18 +71,25 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
     """A TCP port nobody uses right now, below the kernel's ephemeral range: a port from that
     range can be taken between now and the server's bind() by any outgoing connection (the
-    pollers' to memcached, say), and the server then fails with EADDRINUSE."""
+    pollers' to memcached, say), and the server then fails with EADDRINUSE. Never the same port
+    twice in one process: a stack picks all its ports before its servers bind them."""
     low = _ephemeral_low()
     for _ in range(200 if low > 11000 else 0):
         port = random.randrange(10000, low)
+        if port in _handed_out:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _handed_out.add(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
