@@ -436,9 +436,9 @@ static int keep_rest(struct conn *c, const char *head, size_t hlen,
     }
     if (sent < hlen) {
         memcpy(c->out, head + sent, hlen - sent);
-        if (blen > 0)
+        if (blen > 0 && body != NULL)
             memcpy(c->out + hlen - sent, body, blen);
-    } else {
+    } else if (body != NULL) { /* never NULL: something is left */
         memcpy(c->out, body + (sent - hlen), need);
     }
     c->out_off = 0;
@@ -1095,14 +1095,16 @@ void fp_http_coalesce_stats(const struct fp_http *h,
 
 void fp_http_free(struct fp_http *h)
 {
-    struct conn *c;
+    struct conn *c, *next;
 
     if (h == NULL)
         return;
     h->drained = NULL;
     stop_listening(h);
-    while (h->conns != NULL)
-        conn_close(h->conns); /* detaches a waiting request */
+    for (c = h->conns; c != NULL; c = next) {
+        next = c->next;
+        conn_close(c); /* detaches a waiting request */
+    }
     if (h->inflight != 0)
         fp_log(FP_LOG_WARN, "http: %lu requests still in flight at exit",
                h->inflight);

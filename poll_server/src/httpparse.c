@@ -39,14 +39,25 @@ static int eq_lower(const char *a, size_t n, const char *b)
 
 size_t fp_http_head_end(const char *buf, size_t len, size_t from)
 {
-    const char *p;
+    const char *p, *lf;
 
-    /* The end may straddle the previous look: back up 3 bytes. */
+    /* An end may straddle the previous look: back up 3 bytes. */
     from = from > 3 ? from - 3 : 0;
-    if (len < 4 || from > len - 4)
+    if (from >= len)
         return 0;
-    p = memmem(buf + from, len - from, "\r\n\r\n", 4);
-    return p == NULL ? 0 : (size_t)(p - buf) + 4;
+    p = buf + from;
+    while ((lf = memchr(p, '\n', len - (size_t)(p - buf))) != NULL) {
+        size_t i = (size_t)(lf - buf);
+
+        /* A bare LF ends the head too: the parser refuses it (400) now,
+         * rather than when the request time limit runs out. */
+        if (i == 0 || buf[i - 1] != '\r')
+            return i + 1;
+        if (i >= 3 && buf[i - 2] == '\n' && buf[i - 3] == '\r')
+            return i + 1;
+        p = lf + 1;
+    }
+    return 0;
 }
 
 /* Connection: a comma-separated list of tokens; close and keep-alive
@@ -140,7 +151,7 @@ int fp_http_parse_head(const char *buf, size_t len, struct fp_http_head *out)
         v = i;
         while (i < len && is_vbyte((unsigned char)buf[i]))
             i++;
-        if (len - i < 2 || buf[i] != '\r' || buf[i + 1] != '\n')
+        if (i + 1 >= len || buf[i] != '\r' || buf[i + 1] != '\n')
             return 400;
         ve = i;
         while (ve > v && (buf[ve - 1] == ' ' || buf[ve - 1] == '\t'))
@@ -229,14 +240,10 @@ ssize_t fp_chunked_feed(struct fp_chunked *c, const char *p, size_t len,
                 if (++c->ndigits > 15) /* no overflow, and far past any limit */
                     return -1;
                 c->left = c->left * 16 + (unsigned long long)h;
-            } else if (c->ndigits == 0) {
-                return -1;
-            } else if (ch == ';') {
-                c->state = CH_EXT;
-            } else if (ch == '\r') {
-                c->state = CH_SIZE_LF;
+            } else if (c->ndigits > 0 && (ch == ';' || ch == '\r')) {
+                c->state = ch == ';' ? CH_EXT : CH_SIZE_LF;
             } else {
-                return -1;
+                return -1; /* no digits, or not a size */
             }
             i++;
             break;

@@ -30,8 +30,9 @@ struct fp_http_head {
 };
 
 /* Where the head that starts at buf ends: the offset just past its empty
- * line, or 0 if it is not all in buf[0..len). `from` is how far an earlier
- * call looked (0 at first): the search resumes there. */
+ * line, or just past a bare LF (which fp_http_parse_head refuses), or 0 if
+ * it is not all in buf[0..len). `from` is how far an earlier call looked
+ * (0 at first): the search resumes there. */
 size_t fp_http_head_end(const char *buf, size_t len, size_t from);
 
 /* Parses the head buf[0..len) (len from fp_http_head_end). Returns 0, or
