@@ -694,6 +694,12 @@ def main() -> int:
         f"(default {TUNING['fastpoll_upstream_keepalive']})",
     )
     ap.add_argument(
+        "--memcached-threads",
+        type=int,
+        default=None,
+        help="memcached -t (default: memcached's own, 4); the peer at its best on 2 cores",
+    )
+    ap.add_argument(
         "--pollers",
         type=int,
         default=None,
@@ -755,6 +761,7 @@ def main() -> int:
             cache_timeout_ms=1000 if quick else None,
             poller_unix=not args.poller_tcp,
             n_pollers=args.pollers,
+            memcached_args=["-t", str(args.memcached_threads)] if args.memcached_threads else None,
         )
         print(
             f"  stack up at {target.base_url}: {len(target.poller_ports)} poll servers "

@@ -89,6 +89,7 @@ def start(
     n_pollers: int | None = None,
     cache_timeout_ms: int | None = None,
     poller_unix: bool = True,
+    memcached_args: list[str] | None = None,
 ) -> Target:
     """A fresh stack on free loopback ports with the bench's nginx tuning; nginx reaches the
     poll servers through unix sockets when the harness and the poll server support it."""
@@ -99,6 +100,8 @@ def start(
         stack.poller_unix = poller_unix
     if n_pollers:
         stack.n_pollers = n_pollers
+    if memcached_args:
+        stack.memcached_args = memcached_args
     via = _apply_nginx_vars(stack, nginx_vars)
     stack.start()
     t = _target(stack, started_here=True)

@@ -35,6 +35,10 @@ struct fp_fetch {
 
 struct fp_coalesce {
     struct fp_cache *cache;
+    /* Always in the table, under the empty key (no request has one): uthash
+     * frees its table when the last item goes and allocates it again with
+     * the next, two allocations per get at concurrency 1. */
+    struct fp_fetch sentinel;
     fp_coalesce_deliver *deliver;
     void *arg;
     struct fp_fetch *table;     /* uthash head */
@@ -167,6 +171,15 @@ struct fp_coalesce *fp_coalesce_new(struct fp_cache *cache,
     co->cache = cache;
     co->deliver = deliver;
     co->arg = arg;
+    co->sentinel.co = co;
+    co->sentinel.cur.co = co;
+    co->sentinel.next.co = co;
+    hash_oom = 0;
+    HASH_ADD(hh, co->table, key, 0, &co->sentinel);
+    if (hash_oom) {
+        free(co);
+        return NULL;
+    }
     return co;
 }
 
@@ -175,7 +188,7 @@ int fp_coalesce_get(struct fp_coalesce *co, const char *key, size_t keylen,
 {
     struct fp_fetch *f;
 
-    if (keylen > FP_MAX_KEY_LEN)
+    if (keylen == 0 || keylen > FP_MAX_KEY_LEN)
         return -1;
     HASH_FIND(hh, co->table, key, keylen, f);
     if (f != NULL) {
@@ -229,7 +242,7 @@ void fp_coalesce_stats(const struct fp_coalesce *co,
 {
     out->gets = co->gets;
     out->requests = co->requests;
-    out->keys = HASH_COUNT(co->table);
+    out->keys = HASH_COUNT(co->table) - 1; /* not the sentinel */
     out->waiting = co->waiting;
 }
 
@@ -239,6 +252,7 @@ void fp_coalesce_free(struct fp_coalesce *co)
 
     if (co == NULL)
         return;
+    HASH_DELETE(hh, co->table, &co->sentinel);
     if (co->table != NULL) {
         fp_log(FP_LOG_ERROR, "coalesce: freed with %u gets in flight",
                HASH_COUNT(co->table));

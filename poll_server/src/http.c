@@ -1,41 +1,43 @@
-/* http.c -- the poll server's HTTP side on libevent 2.1 evhttp.
+/* http.c -- the poll server's HTTP front, on libevent's event loop and its
+ * public API only (event_assign, evconnlistener, common timeouts).
  *
- * Every request we are handed gets a `struct request` (from a free list)
- * that lives until its answer has been written or its connection is gone:
+ * Why not evhttp: a keep-alive hit cost it 14 mallocs, 7 callocs and 21
+ * frees (request, header lists, evbuffers, URI copies), 8 system calls at
+ * concurrency 1 (an ioctl(FIONREAD) per read, an epoll_ctl pair per
+ * request) and 3-4 timer heap operations; working around it took three
+ * reliances on libevent 2.1.12 internals (docs/benchmarks.md, "Hit path").
+ * What nginx sends is small and regular, so here:
  *
- *   on_request   -> 405 / 404 right away, or WAITING on the coalescer
- *   on_answer    -> WAITING -> ANSWERED: written at once (send_now)
- *   on_complete  -> reply written (evhttp_send_done): release
- *   on_close     -> connection freed first: detach, release
- *
- * Why this never touches a freed evhttp_request (libevent 2.1.12 http.c):
- * - While a request waits for the cache, its connection is still read,
- *   with no read callback (keep_reading): a client's FIN/RST or the read
- *   timeout fails the connection at once. evhttp then unlinks the request,
- *   which is not answered yet (userdone == 0), sets req->evcon = NULL and
- *   frees the connection; on_close sees that orphan, detaches it from the
- *   coalescer and frees it. Verified with clients that close or reset
- *   mid-wait under ASan (tests/http_check.py).
- * - An answer from the loop is written by send_now and completed at once
- *   by evhttp_send_reply_end (evhttp_send_done frees the request, with
- *   on_complete just before); what the kernel did not take is written by
- *   the bufferevent, and evhttp_send_done or, if the write fails,
- *   evhttp_connection_free (with on_close just before) follow as after
- *   evhttp_send_reply, which the answers made inside on_request still use.
- * - evhttp_free (shutdown) frees every connection, each running on_close
- *   first, with the request still queued on it.
- * In every case on_close detaches the request from the coalescer, which
- * only ever knows our struct, never the evhttp_request.
- *
- * Timeouts: libevent 2.1.12 has one inactivity timeout per connection (the
- * bufferevent's read/write timeout, evhttp_connection_set_timeout_tv), and
- * no hook for "the first byte of the next request". So: a new connection
- * runs under request_timeout_ms (no pause longer than that until its first
- * request is in, and while its reply is written); once a reply is written
- * the connection switches to idle_timeout_ms, which then also bounds pauses
- * inside later requests on that keep-alive connection. */
+ * - A connection is a `struct conn` from a free list, with its three
+ *   events (read, write, timer) and a fixed input buffer of max_header_size
+ *   bytes: nothing is allocated per request. An answer the socket does not
+ *   take at once is the one exception (a copy of what is left, then freed).
+ * - One read per readiness; a request head is parsed in place once its
+ *   empty line is in (httpparse.c); a body is read and discarded as it
+ *   comes. One request per connection at a time: pipelined ones wait in
+ *   the buffer, answered in order.
+ * - An answer is one writev of the head (formatted into a stack buffer) and
+ *   the value, straight from the cache's buffer.
+ * - The connection stays in the epoll set from accept to close (EV_PERSIST):
+ *   no epoll_ctl per request, and a client that hangs up while its request
+ *   waits for the cache is seen at once (EOF) and let go.
+ * - One timer per connection, on libevent's common timeouts (a queue per
+ *   duration, O(1) to re-arm): the first request must be in within
+ *   request_timeout_ms of the accept, each later one within idle_timeout_ms
+ *   + request_timeout_ms of the previous answer (a total limit, so a
+ *   slowloris client cannot hold a connection by trickling bytes); a
+ *   blocked write and a lingering close get request_timeout_ms. While a
+ *   request waits for the cache the timer is ignored: the cache's own
+ *   timeout bounds the wait.
+ * - An answer that ends the connection (an error, Connection: close, a
+ *   drain) is followed by a lingering close: shutdown(SHUT_WR), then input
+ *   is read and dropped until the client closes or request_timeout_ms, so
+ *   that unread bytes do not turn our close into a reset that destroys the
+ *   answer before the client reads it. */
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,70 +47,90 @@
 #include <sys/time.h>
 #include <sys/uio.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
-#include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <event2/http.h>
-#include <event2/http_struct.h> /* the request's HTTP version (2.1 has no getter) */
-#include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
+#include <event2/util.h>
 
 #include "accept.h"
 #include "cache.h"
 #include "coalesce.h"
-#include "deadline.h"
-#include "evcompat.h"
 #include "http.h"
+#include "httpparse.h"
 #include "keys.h"
 #include "log.h"
 #include "settings.h"
 #include "sign.h"
 #include "stats.h"
 
-#define FREE_REQ_MAX 4096 /* recycled request objects kept */
-/* evhttp_bind_socket listens with a backlog of 128: when nginx opens
- * hundreds of upstream connections at once, SYNs beyond it are dropped and
- * retried after a second. The kernel caps this at net.core.somaxconn. */
+#define FREE_CONN_MAX 4096 /* recycled connections kept */
+/* The kernel caps this at net.core.somaxconn. When nginx opens hundreds of
+ * upstream connections at once, SYNs beyond the backlog are dropped and
+ * retried after a second. */
 #define LISTEN_BACKLOG 4096
+#define OUT_KEEP 65536     /* a slow answer's buffer is kept up to this */
 /* A poll URL without a valid signature (docs/security.md). */
 static const char forbidden_body[] =
     "{\"error\":\"missing, invalid or expired signature\"}\n";
 
-enum req_state { REQ_IDLE, REQ_WAITING, REQ_ANSWERED };
+enum conn_state {
+    C_HEAD,     /* reading a request head */
+    C_BODY,     /* reading (and discarding) its body */
+    C_WAIT,     /* the request waits for the cache */
+    C_WRITE,    /* its answer is being written */
+    C_LINGER    /* answered, closing: input is dropped until EOF */
+};
 
-struct request {
-    struct fp_waiter w;            /* first: the coalescer's handle */
-    struct evhttp_request *req;
+struct conn {
+    struct fp_waiter w;             /* first: the coalescer's handle */
     struct fp_http *h;
-    struct request *free_next;
-    enum req_state state;
-    int head;                      /* HEAD: headers only */
-    int from_loop;                 /* answered from the loop (the cache), not
-                                    * from inside evhttp's read callback */
-    enum fp_stat_method method;    /* for the request counters */
+    struct conn *prev, *next;       /* open connections, or the free list */
+    evutil_socket_t fd;
+    struct event *rev, *wev, *timer;
+    enum conn_state state;
+    int reading;                    /* rev is added */
+    int resume;                     /* rev was activated to parse, not read */
+    int counted;                    /* the request is in h->inflight */
+    /* The request being read or answered. */
+    enum fp_stat_method method;
+    int head_only, keep_alive, minor, chunked, too_large;
+    int verdict;                    /* 0: ask the cache; else answer this */
+    enum fp_stat_outcome outcome;   /* ... counted as this */
+    unsigned long long body_left;   /* Content-Length bytes to read */
+    struct fp_chunked ch;
+    size_t keylen;
+    char key[FP_MAX_KEY_LEN + 1];
+    /* Input: in[in_off, in_len) not parsed yet; `scanned` bytes of it were
+     * searched for the end of a head already. */
+    size_t in_off, in_len, scanned;
+    /* What the socket did not take of an answer (the slow path). */
+    char *out;
+    size_t out_off, out_len, out_cap;
+    char in[];                      /* h->in_cap bytes */
 };
 
 struct fp_http {
     struct event_base *base;
     const struct fp_settings *s;
-    struct evhttp *http;
-    struct evhttp_bound_socket *bound;      /* TCP listener, or NULL */
-    struct evhttp_bound_socket *bound_unix; /* unix socket listener, or NULL */
+    struct evconnlistener *lev;       /* TCP listener, or NULL */
+    struct evconnlistener *lev_unix;  /* unix socket listener, or NULL */
     const char *unix_path;      /* ours to unlink at exit, or NULL */
     dev_t unix_dev;             /* ... if it is still the one we bound */
     ino_t unix_ino;
     struct fp_coalesce *co;
     struct fp_signer *signer;   /* NULL: poll URLs are not signed */
-    struct fp_deadlines *dl;    /* total time limit per request (slowloris) */
     struct fp_accept_guard *guard; /* pauses accepting on EMFILE */
-    struct request *free_list;
-    size_t nfree;
+    struct conn *conns;         /* open */
+    struct conn *free_list;
+    size_t nfree, in_cap;
     unsigned long inflight;
     int draining;
     void (*drained)(void *arg);
     void *drained_arg;
-    struct timeval request_tv, idle_tv;
+    /* Common timeouts (event_base_init_common_timeout): O(1) timers. */
+    const struct timeval *request_tv, *next_tv;
     time_t date_sec;            /* date holds this second's Date header */
     char date[64];
 };
@@ -117,41 +139,6 @@ static void ms_to_tv(unsigned ms, struct timeval *tv)
 {
     tv->tv_sec = (time_t)(ms / 1000);
     tv->tv_usec = (suseconds_t)(ms % 1000) * 1000;
-}
-
-static struct request *request_get(struct fp_http *h)
-{
-    struct request *r = h->free_list;
-
-    if (r != NULL) {
-        h->free_list = r->free_next;
-        h->nfree--;
-    } else if ((r = malloc(sizeof(*r))) == NULL) {
-        return NULL;
-    }
-    memset(r, 0, sizeof(*r));
-    r->h = h;
-    h->inflight++;
-    return r;
-}
-
-static void request_put(struct request *r)
-{
-    struct fp_http *h = r->h;
-
-    if (h->nfree < FREE_REQ_MAX) {
-        r->free_next = h->free_list;
-        h->free_list = r;
-        h->nfree++;
-    } else {
-        free(r);
-    }
-    h->inflight--;
-    if (h->draining && h->inflight == 0 && h->drained != NULL) {
-        void (*cb)(void *) = h->drained;
-        h->drained = NULL;
-        cb(h->drained_arg);
-    }
 }
 
 /* The Date header, formatted once a second. */
@@ -195,85 +182,288 @@ static char *put_num(char *p, const char *end, size_t v)
     return put(p, end, digits + i, sizeof(digits) - i);
 }
 
-/* Writes an answer made from the loop (the cache's, or a shutdown 503)
- * straight to the socket, and completes the request on the spot.
- *
- * evhttp_send_reply would only queue it: its bufferevent enables EV_WRITE
- * (epoll_ctl), waits a loop turn for it (epoll_wait), writes and disables
- * it again; and building the answer costs an allocation per header and a
- * printf per line. Here the status line and headers are formatted into one
- * buffer and sent with the value in one writev, the value straight from
- * the cache's buffer. Then evhttp_send_reply_end, finding the connection's
- * output empty, runs evhttp_send_done: on_complete, the request is freed,
- * the next one is read (libevent 2.1.12 http.c). The answer is the one
- * evhttp would make (its status line, Date, Content-Length, our headers);
- * the keep-alive decision stays evhttp's, so "Connection" is written here
- * to match it: close when the client asked for it, when we drain (also
- * set on the request, which evhttp checks), or on HTTP/1.0 without
- * keep-alive; keep-alive on HTTP/1.0 with it.
- * What the kernel does not take goes to the connection's output, written
- * by the bufferevent; evhttp's write callback then completes the request,
- * as after evhttp_send_reply. A write error takes the same way, and the
- * bufferevent reports it through the usual close path.
- * Returns -1 (nothing sent) if the answer does not fit our buffer. */
-static int send_now(struct request *r, int code, const char *reason,
-                    const char *body, size_t len, int from_cache)
+static void on_read(evutil_socket_t fd, short what, void *arg);
+static void on_write(evutil_socket_t fd, short what, void *arg);
+static void on_timer(evutil_socket_t fd, short what, void *arg);
+static void process(struct conn *c);
+
+static void arm(struct conn *c, const struct timeval *tv)
 {
-    struct evhttp_request *req = r->req;
-    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
-    struct bufferevent *bev;
-    const char *conn, *date;
-    char head[1024], *p = head;
-    const char *end = head + sizeof(head);
-    struct iovec iov[2];
-    size_t hlen, blen = r->head ? 0 : len;
-    ssize_t n;
-    int before_11, keep_alive, close_it;
+    if (evtimer_add(c->timer, tv) != 0)
+        fp_log(FP_LOG_ERROR, "http: cannot arm a connection timer");
+}
 
-    if (evcon == NULL || (bev = evhttp_connection_get_bufferevent(evcon)) == NULL)
-        return -1;
-    /* evhttp_send_done's rule: close after HTTP/1.0 (or older) without
-     * keep-alive, or when either side says "Connection: close". */
-    conn = evhttp_find_header(evhttp_request_get_input_headers(req), "Connection");
-    before_11 = req->major < 1 || (req->major == 1 && req->minor < 1);
-    keep_alive = conn != NULL && evutil_ascii_strncasecmp(conn, "keep-alive", 10) == 0;
-    close_it = r->h->draining || (before_11 && !keep_alive) ||
-               (conn != NULL && evutil_ascii_strcasecmp(conn, "close") == 0);
-    /* evhttp_send_done decides on the request's headers: tell it. */
-    if (r->h->draining &&
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection",
-                          "close") != 0)
-        return -1;
+static void read_on(struct conn *c)
+{
+    if (c->reading)
+        return;
+    if (event_add(c->rev, NULL) != 0) {
+        fp_log(FP_LOG_ERROR, "http: cannot read a connection");
+        return;
+    }
+    c->reading = 1;
+}
 
-    p = put(p, end, "HTTP/", 5);
-    p = put_num(p, end, (size_t)(unsigned char)req->major);
-    p = put(p, end, ".", 1);
-    p = put_num(p, end, (size_t)(unsigned char)req->minor);
-    p = put(p, end, " ", 1);
+static void read_off(struct conn *c)
+{
+    if (!c->reading)
+        return;
+    if (event_del(c->rev) != 0)
+        fp_log(FP_LOG_ERROR, "http: cannot stop reading a connection");
+    c->reading = 0;
+}
+
+/* A connection for fd, from the free list or new; NULL if out of memory. */
+static struct conn *conn_get(struct fp_http *h, evutil_socket_t fd)
+{
+    struct conn *c = h->free_list;
+
+    if (c != NULL) {
+        h->free_list = c->next;
+        h->nfree--;
+    } else {
+        if ((c = malloc(sizeof(*c) + h->in_cap)) == NULL)
+            return NULL;
+        memset(c, 0, sizeof(*c));
+        c->rev = event_new(h->base, -1, 0, on_read, c);
+        c->wev = event_new(h->base, -1, 0, on_write, c);
+        c->timer = evtimer_new(h->base, on_timer, c);
+        if (c->rev == NULL || c->wev == NULL || c->timer == NULL) {
+            if (c->rev != NULL)
+                event_free(c->rev);
+            if (c->wev != NULL)
+                event_free(c->wev);
+            if (c->timer != NULL)
+                event_free(c->timer);
+            free(c);
+            return NULL;
+        }
+    }
+    /* Events not pending (conn_put deleted them) may be reassigned. */
+    if (event_assign(c->rev, h->base, fd, EV_READ | EV_PERSIST, on_read, c) != 0 ||
+        event_assign(c->wev, h->base, fd, EV_WRITE | EV_PERSIST, on_write, c) != 0) {
+        event_free(c->rev);
+        event_free(c->wev);
+        event_free(c->timer);
+        free(c);
+        return NULL;
+    }
+    c->h = h;
+    c->fd = fd;
+    c->state = C_HEAD;
+    c->reading = c->resume = c->counted = 0;
+    c->in_off = c->in_len = c->scanned = 0;
+    c->out_off = c->out_len = 0;
+    memset(&c->w, 0, sizeof(c->w));
+    c->prev = NULL;
+    c->next = h->conns;
+    if (h->conns != NULL)
+        h->conns->prev = c;
+    h->conns = c;
+    return c;
+}
+
+static void conn_destroy(struct conn *c)
+{
+    event_free(c->rev);
+    event_free(c->wev);
+    event_free(c->timer);
+    free(c->out);
+    free(c);
+}
+
+static void check_drained(struct fp_http *h)
+{
+    if (h->draining && h->inflight == 0 && h->drained != NULL) {
+        void (*cb)(void *) = h->drained;
+        h->drained = NULL;
+        cb(h->drained_arg);
+    }
+}
+
+static void request_done(struct conn *c)
+{
+    if (!c->counted)
+        return;
+    c->counted = 0;
+    c->h->inflight--;
+    check_drained(c->h);
+}
+
+/* Closes the connection and recycles it. c is gone after this. */
+static void conn_close(struct conn *c)
+{
+    struct fp_http *h = c->h;
+
+    if (c->state == C_WAIT) {
+        fp_stat_request(c->method, FP_STAT_CLIENT_CLOSED);
+        fp_coalesce_detach(&c->w);
+        fp_log(FP_LOG_DEBUG, "http: connection closed with a request waiting "
+               "for the cache");
+    }
+    /* Deleting events that are not pending is a no-op. */
+    if (event_del(c->rev) != 0 || event_del(c->wev) != 0 ||
+        event_del(c->timer) != 0)
+        fp_log(FP_LOG_ERROR, "http: cannot remove a connection's events");
+    if (evutil_closesocket(c->fd) != 0)
+        fp_log(FP_LOG_DEBUG, "http: close: %s", strerror(errno));
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        h->conns = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    fp_stat_conn_closed();
+    if (c->out_cap > OUT_KEEP) {
+        free(c->out);
+        c->out = NULL;
+        c->out_cap = 0;
+    }
+    {
+        int counted = c->counted;
+
+        c->counted = 0;
+        if (h->nfree < FREE_CONN_MAX) {
+            c->next = h->free_list;
+            h->free_list = c;
+            h->nfree++;
+        } else {
+            conn_destroy(c);
+        }
+        if (counted) {
+            h->inflight--;
+            check_drained(h);
+        }
+    }
+    fp_accept_guard_closed(h->guard); /* a descriptor is free again */
+}
+
+/* The answer is out and the connection ends: see the top of the file. */
+static void linger(struct conn *c)
+{
+    if (shutdown(c->fd, SHUT_WR) != 0) {
+        conn_close(c);
+        return;
+    }
+    c->state = C_LINGER;
+    c->in_off = c->in_len = 0;
+    read_on(c);
+    arm(c, c->h->request_tv);
+}
+
+/* The answer is written. Returns 0 if the connection goes on with its next
+ * request, 1 if not (it lingers, or is gone). */
+static int answered(struct conn *c)
+{
+    int keep = c->keep_alive && !c->h->draining;
+
+    request_done(c);
+    if (!keep) {
+        linger(c);
+        return 1;
+    }
+    c->state = C_HEAD;
+    c->scanned = 0;
+    read_on(c);
+    arm(c, c->h->next_tv);
+    return 0;
+}
+
+static const char *reason_of(int code)
+{
+    switch (code) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 413: return "Payload Too Large";
+    case 431: return "Request Header Fields Too Large";
+    case 501: return "Not Implemented";
+    default: return "Service Unavailable";
+    }
+}
+
+/* Formats the head of an answer into buf. Returns its length, 0 if it
+ * does not fit. */
+static size_t format_head(struct conn *c, char *buf, size_t cap, int code,
+                          size_t len, int from_cache)
+{
+    const char *end = buf + cap, *date;
+    char *p = buf;
+    int close_it = !c->keep_alive || c->h->draining;
+
+    p = put(p, end, c->minor == 0 ? "HTTP/1.0 " : "HTTP/1.1 ", 9);
     p = put_num(p, end, (size_t)code);
     p = put(p, end, " ", 1);
-    p = put_str(p, end, reason);
+    p = put_str(p, end, reason_of(code));
     p = put(p, end, "\r\nContent-Length: ", 18);
     p = put_num(p, end, len);
     if (from_cache) {
         p = put(p, end, "\r\nContent-Type: ", 16);
-        p = put_str(p, end, r->h->s->content_type);
+        p = put_str(p, end, c->h->s->content_type);
         p = put(p, end, "\r\nX-Poll-Source: cache", 22);
+    } else if (code == 403) {
+        p = put_str(p, end, "\r\nContent-Type: application/json");
+    } else if (code == 405) {
+        p = put_str(p, end, "\r\nAllow: GET, HEAD, POST");
     }
-    if ((date = date_now(r->h)) != NULL) {
+    if ((date = date_now(c->h)) != NULL) {
         p = put(p, end, "\r\nDate: ", 8);
         p = put_str(p, end, date);
     }
     if (close_it)
         p = put(p, end, "\r\nConnection: close", 19);
-    else if (before_11)
+    else if (c->minor == 0)
         p = put(p, end, "\r\nConnection: keep-alive", 24);
     p = put(p, end, "\r\n\r\n", 4);
-    if (p == NULL)
-        return -1;
-    hlen = (size_t)(p - head);
+    return p == NULL ? 0 : (size_t)(p - buf);
+}
 
-    r->state = REQ_ANSWERED;
+/* Keeps what the socket did not take of head + body (from `sent` on), to
+ * be written when it can. -1 if out of memory. */
+static int keep_rest(struct conn *c, const char *head, size_t hlen,
+                     const char *body, size_t blen, size_t sent)
+{
+    size_t need = hlen + blen - sent;
+
+    if (need > c->out_cap) {
+        char *p = realloc(c->out, need);
+        if (p == NULL)
+            return -1;
+        c->out = p;
+        c->out_cap = need;
+    }
+    if (sent < hlen) {
+        memcpy(c->out, head + sent, hlen - sent);
+        if (blen > 0 && body != NULL)
+            memcpy(c->out + hlen - sent, body, blen);
+    } else if (body != NULL) { /* never NULL: something is left */
+        memcpy(c->out, body + (sent - hlen), need);
+    }
+    c->out_off = 0;
+    c->out_len = need;
+    return 0;
+}
+
+/* Writes an answer: one writev of the head and the body. Returns 0 if the
+ * connection goes on with its next request, 1 if not (the answer is still
+ * being written, or the connection lingers or is gone). */
+static int answer(struct conn *c, int code, const char *body, size_t len,
+                  int from_cache)
+{
+    char head[1024];
+    struct iovec iov[2];
+    size_t hlen, blen = c->head_only ? 0 : len;
+    ssize_t n;
+
+    if ((hlen = format_head(c, head, sizeof(head), code, len, from_cache)) == 0) {
+        /* Never with a content_type of at most 255 bytes (config.c). */
+        fp_log(FP_LOG_ERROR, "http: an answer's head does not fit");
+        c->keep_alive = 0;
+        hlen = format_head(c, head, sizeof(head), 503, 0, 0);
+        blen = 0;
+    }
     iov[0].iov_base = head;
     iov[0].iov_len = hlen;
     /* iovec has no const; writev only reads it.
@@ -281,263 +471,356 @@ static int send_now(struct request *r, int code, const char *reason,
     iov[1].iov_base = (void *)(uintptr_t)body;
     iov[1].iov_len = blen;
     do
-        n = writev(bufferevent_getfd(bev), iov, blen > 0 ? 2 : 1);
+        n = writev(c->fd, iov, blen > 0 ? 2 : 1);
     while (n < 0 && errno == EINTR);
-    if (n < 0)
-        n = 0; /* EAGAIN, or an error the bufferevent will meet again */
-    if ((size_t)n < hlen + blen) {
-        /* The rest is evhttp's to write (it then calls evhttp_send_done),
-         * as evhttp_write_buffer would set it up: no read callback while
-         * writing, EV_WRITE on. */
-        struct evbuffer *out = bufferevent_get_output(bev);
-        bufferevent_data_cb wcb;
-        bufferevent_event_cb ecb;
-        void *cbarg;
-        int ok;
-
-        if ((size_t)n < hlen)
-            ok = evbuffer_add(out, head + n, hlen - (size_t)n) == 0 &&
-                 evbuffer_add(out, body, blen) == 0;
-        else
-            ok = evbuffer_add(out, body + ((size_t)n - hlen),
-                              blen - ((size_t)n - hlen)) == 0;
-        if (!ok) {
-            /* Half an answer went out: the connection cannot be reused. */
-            fp_log(FP_LOG_ERROR, "http: out of memory writing an answer");
-            evhttp_connection_free(evcon); /* on_close releases r */
-            return 0;
-        }
-        bufferevent_getcb(bev, NULL, &wcb, &ecb, &cbarg);
-        bufferevent_setcb(bev, NULL, wcb, ecb, cbarg);
-        if (bufferevent_enable(bev, EV_WRITE) != 0)
-            fp_log(FP_LOG_ERROR, "http: cannot wait to write an answer");
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+        fp_log(FP_LOG_DEBUG, "http: write: %s", strerror(errno));
+        conn_close(c);
+        return 1;
     }
-    evhttp_send_reply_end(req);
-    return 0;
+    if (n < 0)
+        n = 0;
+    if ((size_t)n == hlen + blen)
+        return answered(c);
+    if (keep_rest(c, head, hlen, body, blen, (size_t)n) != 0) {
+        /* Half an answer went out: the connection cannot be reused. */
+        fp_log(FP_LOG_ERROR, "http: out of memory writing an answer");
+        conn_close(c);
+        return 1;
+    }
+    c->state = C_WRITE;
+    if (event_add(c->wev, NULL) != 0) {
+        fp_log(FP_LOG_ERROR, "http: cannot wait to write an answer");
+        conn_close(c);
+        return 1;
+    }
+    arm(c, c->h->request_tv); /* a write that makes no progress ends */
+    return 1;
 }
 
-/* Queues the answer. Content-Length is always ours: evhttp leaves it out
- * for HEAD, where it must still be the length of the body GET would get. */
-static void reply(struct request *r, int code, const char *reason,
-                  const char *body, size_t len, int from_cache)
+/* A request we will not serve: answered, then the connection ends. */
+static void refuse(struct conn *c, int code)
 {
-    struct evhttp_request *req = r->req;
-    struct evkeyvalq *hdr = evhttp_request_get_output_headers(req);
-    char clen[24];
-    int ok;
+    fp_log(FP_LOG_DEBUG, "http: refusing a request: %d", code);
+    c->keep_alive = 0;
+    c->head_only = 0;
+    (void)answer(c, code, NULL, 0, 0);
+}
 
-    if (r->from_loop && send_now(r, code, reason, body, len, from_cache) == 0)
+static void on_write(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+    ssize_t n;
+
+    (void)what;
+    n = write(fd, c->out + c->out_off, c->out_len - c->out_off);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
         return;
-    ok = snprintf(clen, sizeof(clen), "%zu", len) > 0 &&
-         evhttp_add_header(hdr, "Content-Length", clen) == 0;
-    if (ok && from_cache)
-        ok = evhttp_add_header(hdr, "Content-Type", r->h->s->content_type) == 0 &&
-             evhttp_add_header(hdr, "X-Poll-Source", "cache") == 0;
-    if (ok && code == 405)
-        ok = evhttp_add_header(hdr, "Allow", "GET, HEAD, POST") == 0;
-    if (ok && code == 403)
-        ok = evhttp_add_header(hdr, "Content-Type", "application/json") == 0;
-    if (ok && r->h->draining)
-        ok = evhttp_add_header(hdr, "Connection", "close") == 0;
-    if (ok && !r->head && len > 0)
-        ok = evbuffer_add(evhttp_request_get_output_buffer(req), body, len) == 0;
-    if (!ok) {
-        /* Out of memory: an empty 503 still lets nginx fall back. */
-        evhttp_clear_headers(hdr);
-        if (evbuffer_drain(evhttp_request_get_output_buffer(req),
-                           evbuffer_get_length(evhttp_request_get_output_buffer(req))) < 0 ||
-            evhttp_add_header(hdr, "Connection", "close") < 0)
-            fp_log(FP_LOG_ERROR, "http: out of memory building a reply");
-        code = 503;
-        reason = "Service Unavailable";
+    if (n < 0) {
+        fp_log(FP_LOG_DEBUG, "http: write: %s", strerror(errno));
+        conn_close(c);
+        return;
     }
-    r->state = REQ_ANSWERED;
-    evhttp_send_reply(req, code, reason, NULL);
+    c->out_off += (size_t)n;
+    if (c->out_off < c->out_len)
+        return;
+    c->out_off = c->out_len = 0;
+    if (event_del(c->wev) != 0)
+        fp_log(FP_LOG_ERROR, "http: cannot stop writing a connection");
+    if (c->out_cap > OUT_KEEP) {
+        free(c->out);
+        c->out = NULL;
+        c->out_cap = 0;
+    }
+    if (answered(c) == 0)
+        process(c);
 }
 
 static void on_answer(struct fp_waiter *w, enum fp_cache_status st,
                       const char *value, size_t len, void *arg)
 {
-    struct request *r = (struct request *)(void *)w;
+    struct conn *c = (struct conn *)(void *)w;
+    int code = 503;
 
     (void)arg;
-    r->from_loop = 1;
     switch (st) {
     case FP_CACHE_HIT:
-        fp_stat_request(r->method, FP_STAT_HIT);
-        reply(r, 200, "OK", value, len, 1);
+        fp_stat_request(c->method, FP_STAT_HIT);
+        code = 200;
         break;
     case FP_CACHE_MISS:
-        fp_stat_request(r->method, FP_STAT_MISS);
-        reply(r, 404, "Not Found", NULL, 0, 0);
+        fp_stat_request(c->method, FP_STAT_MISS);
+        code = 404;
         break;
     case FP_CACHE_TIMEOUT:
-        fp_stat_request(r->method, FP_STAT_TIMEOUT);
-        reply(r, 503, "Service Unavailable", NULL, 0, 0);
+        fp_stat_request(c->method, FP_STAT_TIMEOUT);
         break;
     case FP_CACHE_ERROR:
     default:
-        fp_stat_request(r->method, FP_STAT_BACKEND_ERROR);
-        reply(r, 503, "Service Unavailable", NULL, 0, 0);
+        fp_stat_request(c->method, FP_STAT_BACKEND_ERROR);
         break;
     }
-}
-
-/* The reply has been written: evhttp frees req right after this. */
-static void on_complete(struct evhttp_request *req, void *arg)
-{
-    struct request *r = arg;
-    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
-
-    if (evcon != NULL) {
-        struct bufferevent *bev = evhttp_connection_get_bufferevent(evcon);
-
-        /* keep_reading's watermark bounds the wait only: evhttp moves a
-         * body once all of it is in, so a body larger than that mark on
-         * the next request would stall (test_bad_input.py,
-         * test_keepalive_request_then_large_post). */
-        if (bev != NULL)
-            bufferevent_setwatermark(bev, EV_READ, 0, 0);
-        /* The next request's clock starts; the close callback is its. */
-        fp_deadline_next(r->h->dl, evcon);
-        /* Idle until the next request: the keep-alive limit applies. */
-        evhttp_connection_set_timeout_tv(evcon, &r->h->idle_tv);
-    }
-    request_put(r);
-}
-
-/* The connection is being freed while we still hold its request. */
-static void on_close(struct evhttp_connection *evcon, void *arg)
-{
-    struct request *r = arg;
-
-    fp_log(FP_LOG_DEBUG, "http: connection closed with a request %s",
-           r->state == REQ_WAITING ? "waiting for the cache" :
-           r->state == REQ_ANSWERED ? "answered, not yet written" : "new");
-    if (r->state == REQ_WAITING) {
-        fp_stat_request(r->method, FP_STAT_CLIENT_CLOSED);
-        fp_coalesce_detach(&r->w);
-        if (evhttp_request_get_connection(r->req) != evcon)
-            evhttp_request_free(r->req); /* orphaned: ours to free */
-    }
-    /* ANSWERED (or never attached): still queued on evcon, evhttp frees it. */
-    evhttp_connection_set_closecb(evcon, NULL, NULL);
-    fp_deadline_gone(r->h->dl, evcon);
-    request_put(r);
-}
-
-/* evhttp stops reading a connection when it hands us a request and starts
- * again once the answer is written: an epoll_ctl DEL and ADD per request,
- * in different loop turns, so the changelist cannot merge them. Instead the
- * connection goes on reading while its request waits, with no read
- * callback, exactly as evhttp itself does while it writes an answer
- * (evhttp_write_buffer, libevent 2.1.12): evhttp_read_cb must not run now,
- * it aborts in this state. Bytes that come meanwhile (a pipelined request)
- * wait in the input, bounded by the read watermark, until evhttp_start_read_
- * restores its callback and reads them. EOF, an error or the read timeout
- * now fail the connection at once: evhttp detaches the request (it is not
- * answered yet, userdone == 0) and frees the connection; on_close sees an
- * orphaned request and frees it. Called within evhttp's read callback, so
- * the DEL it queued and this ADD cancel out in the changelist. */
-static void keep_reading(struct fp_http *h, struct evhttp_connection *evcon)
-{
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(evcon);
-    bufferevent_data_cb wcb;
-    bufferevent_event_cb ecb;
-    void *cbarg;
-
-    if (bev == NULL)
+    c->state = C_HEAD; /* not waiting any more (conn_close must not detach) */
+    if (answer(c, code, code == 200 ? value : NULL, code == 200 ? len : 0,
+               code == 200) != 0)
         return;
-    bufferevent_getcb(bev, NULL, &wcb, &ecb, &cbarg);
-    bufferevent_setcb(bev, NULL, wcb, ecb, cbarg);
-    bufferevent_setwatermark(bev, EV_READ, 0, h->s->max_header_size + 4096);
-    if (bufferevent_enable(bev, EV_READ) != 0)
-        fp_log(FP_LOG_DEBUG, "http: cannot keep reading a connection");
+    /* Pipelined requests are parsed from the loop, not from inside the
+     * coalescer's delivery. */
+    if (c->in_len > c->in_off) {
+        c->resume = 1;
+        event_active(c->rev, EV_READ, 1);
+    }
 }
 
-static void on_request(struct evhttp_request *req, void *arg)
+/* The request is in (head and body): answer it, or ask the cache. Returns
+ * 0 if the connection goes on with its next request, 1 if not. */
+static int dispatch(struct conn *c)
 {
-    struct fp_http *h = arg;
+    struct fp_http *h = c->h;
+
+    c->counted = 1;
+    h->inflight++;
+    if (c->verdict != 0) {
+        fp_stat_request(c->method, c->outcome);
+        return answer(c, c->verdict, c->verdict == 403 ? forbidden_body : NULL,
+                      c->verdict == 403 ? sizeof(forbidden_body) - 1 : 0, 0);
+    }
+    c->state = C_WAIT;
+    if (fp_coalesce_get(h->co, c->key, c->keylen, &c->w) < 0) {
+        fp_log(FP_LOG_DEBUG, "http: cache get failed for %s", c->key);
+        fp_stat_request(c->method, FP_STAT_BACKEND_ERROR);
+        c->state = C_HEAD;
+        return answer(c, 503, NULL, 0, 0);
+    }
+    fp_log(FP_LOG_DEBUG, "http: %s waits for %s", c->head_only ? "HEAD" :
+           c->method == FP_STAT_POST ? "POST" : "GET", c->key);
+    return 1;
+}
+
+/* The head buf[0..len) is in: parse it and decide the answer (before the
+ * body, which is dropped: the head's bytes may go with it). Returns 0, or
+ * the status to refuse the request with. */
+static int start_request(struct conn *c, const char *buf, size_t len)
+{
+    struct fp_http *h = c->h;
     const struct fp_settings *s = h->s;
-    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
-    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
-    char key[FP_MAX_KEY_LEN + 1];
-    const char *uri;
-    struct request *r;
+    struct fp_http_head hd;
     ssize_t keylen;
+    int st;
 
-    if ((r = request_get(h)) == NULL) {
-        fp_log(FP_LOG_ERROR, "http: out of memory");
-        evhttp_send_error(req, 503, NULL);
-        return;
+    c->minor = 1;
+    if ((st = fp_http_parse_head(buf, len, &hd)) != 0)
+        return st;
+    c->minor = hd.minor;
+    c->keep_alive = hd.keep_alive;
+    c->head_only = hd.method == FP_HM_HEAD;
+    c->method = hd.method == FP_HM_GET ? FP_STAT_GET :
+                hd.method == FP_HM_HEAD ? FP_STAT_HEAD :
+                hd.method == FP_HM_POST ? FP_STAT_POST : FP_STAT_OTHER;
+    c->chunked = hd.chunked;
+    c->body_left = hd.has_length ? hd.content_length : 0;
+    c->too_large = hd.has_length && hd.content_length > s->max_body_size;
+    if (c->chunked)
+        fp_chunked_init(&c->ch);
+    c->verdict = 0;
+    if (hd.method == FP_HM_OTHER) {
+        c->verdict = 405;
+        c->outcome = FP_STAT_METHOD_NOT_ALLOWED;
+        return 0;
     }
-    r->req = req;
-    r->head = cmd == EVHTTP_REQ_HEAD;
-    fp_deadline_request_in(h->dl, evcon);
-    r->method = cmd == EVHTTP_REQ_GET ? FP_STAT_GET :
-                cmd == EVHTTP_REQ_HEAD ? FP_STAT_HEAD :
-                cmd == EVHTTP_REQ_POST ? FP_STAT_POST : FP_STAT_OTHER;
-    evhttp_connection_set_closecb(evcon, on_close, r);
-    evhttp_request_set_on_complete_cb(req, on_complete, r);
-    /* Until the answer is written, the request limit applies. */
-    evhttp_connection_set_timeout_tv(evcon, &h->request_tv);
-
-    if (cmd != EVHTTP_REQ_GET && cmd != EVHTTP_REQ_HEAD &&
-        cmd != EVHTTP_REQ_POST) {
-        fp_stat_request(r->method, FP_STAT_METHOD_NOT_ALLOWED);
-        reply(r, 405, "Method Not Allowed", NULL, 0, 0);
-        return;
-    }
-    if (cmd == EVHTTP_REQ_POST) { /* read (bounded by evhttp), unused */
-        struct evbuffer *in = evhttp_request_get_input_buffer(req);
-        if (evbuffer_drain(in, evbuffer_get_length(in)) < 0)
-            fp_log(FP_LOG_DEBUG, "http: cannot drain a POST body");
-    }
-
-    uri = evhttp_request_get_uri(req);
-    keylen = uri == NULL ? -1 :
-        key_derive(s->key_prefix, s->key_params, s->nkey_params, uri,
-                   strlen(uri), key, sizeof(key));
+    keylen = key_derive(s->key_prefix, s->key_params, s->nkey_params,
+                        hd.target, hd.target_len, c->key, sizeof(c->key));
     if (h->signer != NULL) {
         /* Before the cache: a request without a key cannot be signed. */
         struct timeval now;
-        if (keylen < 0 ||
-            event_base_gettimeofday_cached(h->base, &now) != 0 ||
-            fp_sign_check(h->signer, uri, strlen(uri), key, (size_t)keylen,
-                          (long long)now.tv_sec) != 0) {
-            fp_log(FP_LOG_DEBUG, "http: no valid signature on %.200s",
-                   uri ? uri : "(null)");
-            fp_stat_request(r->method, FP_STAT_FORBIDDEN);
-            reply(r, 403, "Forbidden", forbidden_body,
-                  sizeof(forbidden_body) - 1, 0);
-            return;
+        if (keylen < 0 || event_base_gettimeofday_cached(h->base, &now) != 0 ||
+            fp_sign_check(h->signer, hd.target, hd.target_len, c->key,
+                          (size_t)keylen, (long long)now.tv_sec) != 0) {
+            fp_log(FP_LOG_DEBUG, "http: no valid signature on %.*s",
+                   (int)(hd.target_len > 200 ? 200 : hd.target_len), hd.target);
+            c->verdict = 403;
+            c->outcome = FP_STAT_FORBIDDEN;
+            return 0;
         }
     }
     if (keylen < 0) {
         /* Never sent to a cache: the app is the authority on odd requests. */
-        fp_log(FP_LOG_DEBUG, "http: no key for %.200s", uri ? uri : "(null)");
-        fp_stat_request(r->method, FP_STAT_INVALID_KEY);
-        reply(r, 404, "Not Found", NULL, 0, 0);
-        return;
+        fp_log(FP_LOG_DEBUG, "http: no key for %.*s",
+               (int)(hd.target_len > 200 ? 200 : hd.target_len), hd.target);
+        c->verdict = 404;
+        c->outcome = FP_STAT_INVALID_KEY;
+        return 0;
     }
-    r->state = REQ_WAITING;
-    if (fp_coalesce_get(h->co, key, (size_t)keylen, &r->w) < 0) {
-        fp_log(FP_LOG_DEBUG, "http: cache get failed for %s", key);
-        fp_stat_request(r->method, FP_STAT_BACKEND_ERROR);
-        reply(r, 503, "Service Unavailable", NULL, 0, 0);
-        return;
-    }
-    keep_reading(h, evcon);
-    fp_log(FP_LOG_DEBUG, "http: %s waits for %s",
-           r->head ? "HEAD" : cmd == EVHTTP_REQ_POST ? "POST" : "GET", key);
+    c->keylen = (size_t)keylen;
+    return 0;
 }
 
-/* A descriptor is free again: accept now if EMFILE paused it. */
-static void on_conn_closed(void *arg)
+/* Parses and serves what the input holds, request after request, until it
+ * runs out, a request waits, or the connection ends. */
+static void process(struct conn *c)
+{
+    struct fp_http *h = c->h;
+
+    while (c->state == C_HEAD || c->state == C_BODY) {
+        const char *p = c->in + c->in_off;
+        size_t avail = c->in_len - c->in_off, end;
+        int done, st;
+
+        if (avail == 0) {
+            c->in_off = c->in_len = 0;
+            return;
+        }
+        if (c->state == C_HEAD) {
+            /* RFC 9112 2.2: empty lines before a request are ignored. */
+            if (c->scanned == 0 && avail >= 2 && p[0] == '\r' && p[1] == '\n') {
+                c->in_off += 2;
+                continue;
+            }
+            if ((end = fp_http_head_end(p, avail, c->scanned)) == 0) {
+                if (avail >= h->in_cap) {
+                    refuse(c, 431);
+                    return;
+                }
+                c->scanned = avail;
+                return;
+            }
+            c->scanned = 0;
+            st = start_request(c, p, end);
+            c->in_off += end;
+            if (st != 0) {
+                refuse(c, st);
+                return;
+            }
+            if (c->chunked || c->body_left > 0) {
+                c->state = C_BODY;
+                continue;
+            }
+        } else if (c->chunked) {
+            ssize_t n = fp_chunked_feed(&c->ch, p, avail, &done);
+
+            if (n < 0) {
+                refuse(c, 400);
+                return;
+            }
+            c->in_off += (size_t)n;
+            if (c->ch.total > h->s->max_body_size)
+                c->too_large = 1;
+            if (!done)
+                continue;
+        } else {
+            size_t n = avail < c->body_left ? avail : (size_t)c->body_left;
+
+            c->in_off += n;
+            c->body_left -= n;
+            if (c->body_left > 0)
+                continue;
+        }
+        /* Head and body are in. A body over the limit was read to the end
+         * so that the client sees the 413, not a reset. */
+        if (c->too_large) {
+            refuse(c, 413);
+            return;
+        }
+        c->state = C_HEAD;
+        if (dispatch(c) != 0)
+            return;
+    }
+}
+
+static void on_read(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+    struct fp_http *h = c->h;
+    ssize_t n;
+
+    (void)what;
+    if (c->resume) {
+        /* on_answer activated us: parse what came pipelined. */
+        c->resume = 0;
+        if (c->in_len > c->in_off) {
+            process(c);
+            return;
+        }
+    }
+    if (c->in_off > 0) {
+        memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
+        c->in_len -= c->in_off;
+        c->in_off = 0;
+    }
+    if (c->in_len == h->in_cap) {
+        /* Full while a request waits or is written: read again once it is
+         * answered (answered() turns reading back on). */
+        read_off(c);
+        return;
+    }
+    n = read(fd, c->in + c->in_len, h->in_cap - c->in_len);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return;
+    if (n <= 0) {
+        /* EOF or an error: the client is gone, whatever it had sent. */
+        if (n < 0)
+            fp_log(FP_LOG_DEBUG, "http: read: %s", strerror(errno));
+        conn_close(c);
+        return;
+    }
+    if (c->state == C_LINGER) {
+        c->in_len = 0;
+        return;
+    }
+    c->in_len += (size_t)n;
+    process(c);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+
+    (void)fd;
+    (void)what;
+    switch (c->state) {
+    case C_WAIT:
+        return; /* the cache's timeout bounds it; re-armed once answered */
+    case C_HEAD:
+    case C_BODY:
+        /* Not in within the limit: closed, as evhttp did (no answer). */
+        fp_log(FP_LOG_DEBUG, "http: request not received within the limit, "
+               "closing the connection");
+        break;
+    case C_WRITE:
+        fp_log(FP_LOG_DEBUG, "http: answer not written within the limit, "
+               "closing the connection");
+        break;
+    case C_LINGER:
+    default:
+        break;
+    }
+    conn_close(c);
+}
+
+static void on_accept(struct evconnlistener *lev, evutil_socket_t fd,
+                      struct sockaddr *sa, int salen, void *arg)
 {
     struct fp_http *h = arg;
+    struct conn *c;
 
-    fp_accept_guard_closed(h->guard);
+    (void)lev;
+    (void)salen;
+    if ((c = conn_get(h, fd)) == NULL) {
+        fp_log(FP_LOG_ERROR, "http: out of memory for a connection");
+        evutil_closesocket(fd);
+        return;
+    }
+    fp_stat_conn_open();
+    if (sa != NULL && sa->sa_family != AF_UNIX) {
+        /* Answers are written whole: never hold one back for an ACK. */
+        int one = 1;
+        if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0)
+            fp_log(FP_LOG_DEBUG, "http: TCP_NODELAY: %s", strerror(errno));
+    }
+    read_on(c);
+    arm(c, h->request_tv);
+    if (!c->reading)
+        conn_close(c);
 }
 
 /* A non-blocking listening socket on host:port, or -1 (logged). */
@@ -679,12 +962,26 @@ static void unix_release(struct fp_http *h)
     h->unix_path = NULL;
 }
 
+/* Accepts on fd (listening already) into on_accept; closed with the
+ * listener. NULL on error (fd is then closed). */
+static struct evconnlistener *accept_on(struct fp_http *h, evutil_socket_t fd)
+{
+    struct evconnlistener *lev;
+
+    /* backlog 0: the socket listens already (with LISTEN_BACKLOG). */
+    lev = evconnlistener_new(h->base, on_accept, h,
+                             LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 0, fd);
+    if (lev == NULL)
+        evutil_closesocket(fd);
+    return lev;
+}
+
 struct fp_http *fp_http_start(struct event_base *base,
                               const struct fp_settings *s,
                               struct fp_cache *cache)
 {
     struct fp_http *h = calloc(1, sizeof(*h));
-    struct timeval tv;
+    struct timeval req, idle, next;
     evutil_socket_t fd;
 
     if (h == NULL) {
@@ -693,60 +990,38 @@ struct fp_http *fp_http_start(struct event_base *base,
     }
     h->base = base;
     h->s = s;
-    ms_to_tv(s->request_timeout_ms, &h->request_tv);
-    ms_to_tv(s->idle_timeout_ms, &h->idle_tv);
+    h->in_cap = s->max_header_size;
+    ms_to_tv(s->request_timeout_ms, &req);
+    ms_to_tv(s->idle_timeout_ms, &idle);
     /* A first request must be in within request_timeout_ms of the accept,
      * a later one within idle + request of the previous answer. */
-    timeradd(&h->request_tv, &h->idle_tv, &tv);
-    if ((h->dl = fp_deadlines_new(base, &h->request_tv, &tv)) == NULL) {
-        fp_log(FP_LOG_ERROR, "http: out of memory");
+    timeradd(&req, &idle, &next);
+    if ((h->request_tv = event_base_init_common_timeout(base, &req)) == NULL ||
+        (h->next_tv = event_base_init_common_timeout(base, &next)) == NULL) {
+        fp_log(FP_LOG_ERROR, "http: cannot set up the connection timers");
         free(h);
         return NULL;
     }
     if ((h->co = fp_coalesce_new(cache, on_answer, h)) == NULL ||
-        (h->http = evhttp_new(base)) == NULL ||
         (s->nsign_secrets > 0 &&
-         (h->signer = fp_signer_new(s->sign_secrets, s->nsign_secrets)) == NULL)) {
+         (h->signer = fp_signer_new(s->sign_secrets, s->nsign_secrets)) == NULL) ||
+        (h->guard = fp_accept_guard_new(base, "http")) == NULL) {
         fp_log(FP_LOG_ERROR, "http: out of memory");
         goto fail;
     }
     if (h->signer == NULL)
         fp_log(FP_LOG_WARN, "http: no [signing] secret_file: poll URLs are "
                "not checked, any client can read any user's answers");
-    evhttp_set_max_headers_size(h->http, (ev_ssize_t)s->max_header_size);
-    evhttp_set_max_body_size(h->http, (ev_ssize_t)s->max_body_size);
-    /* A new connection starts under the request limit; see on_request and
-     * on_complete for the switches between request and idle limits. */
-    tv = h->request_tv;
-    evhttp_set_timeout_tv(h->http, &tv);
-    /* Every method reaches on_request, which answers 405 itself. */
-    evhttp_set_allowed_methods(h->http, 0xFFFF);
-    /* No text/html on our empty 404/503; hits set their own type. */
-    evhttp_set_default_content_type(h->http, NULL);
-    /* Read the rest of an oversized body before answering 413, so the
-     * client sees the 413 rather than a reset. */
-    if (evhttp_set_flags(h->http, EVHTTP_SERVER_LINGERING_CLOSE) != 0)
-        fp_log(FP_LOG_WARN, "http: lingering close not supported");
-    evhttp_set_gencb(h->http, on_request, h);
-    evhttp_set_bevcb(h->http, fp_deadline_bevcb, h->dl);
-    if ((h->guard = fp_accept_guard_new(base, "http")) == NULL) {
-        fp_log(FP_LOG_ERROR, "http: out of memory");
-        goto fail;
-    }
-    fp_deadlines_on_close(h->dl, on_conn_closed, h);
 
-    /* evhttp owns the sockets from here (closed by evhttp_del_accept_socket
-     * or evhttp_free). */
     if (s->listen != NULL) {
         if ((fd = listen_on(s->listen, s->port)) < 0)
             goto fail;
-        if ((h->bound = evhttp_accept_socket_with_handle(h->http, fd)) == NULL) {
+        if ((h->lev = accept_on(h, fd)) == NULL) {
             fp_log(FP_LOG_ERROR, "http: cannot accept on %s:%u", s->listen,
                    (unsigned)s->port);
-            close(fd);
             goto fail;
         }
-        if (fp_accept_guard_add(h->guard, evhttp_bound_socket_get_listener(h->bound)) != 0)
+        if (fp_accept_guard_add(h->guard, h->lev) != 0)
             fp_log(FP_LOG_WARN, "http: accept errors on %s:%u are not guarded",
                    s->listen, (unsigned)s->port);
     }
@@ -757,48 +1032,49 @@ struct fp_http *fp_http_start(struct event_base *base,
         h->unix_path = s->listen_unix;
         h->unix_dev = st.st_dev;
         h->unix_ino = st.st_ino;
-        if ((h->bound_unix = evhttp_accept_socket_with_handle(h->http, fd)) == NULL) {
+        if ((h->lev_unix = accept_on(h, fd)) == NULL) {
             fp_log(FP_LOG_ERROR, "http: cannot accept on unix:%s", s->listen_unix);
-            close(fd);
             goto fail;
         }
-        if (fp_accept_guard_add(h->guard,
-                                evhttp_bound_socket_get_listener(h->bound_unix)) != 0)
+        if (fp_accept_guard_add(h->guard, h->lev_unix) != 0)
             fp_log(FP_LOG_WARN, "http: accept errors on unix:%s are not guarded",
                    s->listen_unix);
     }
     return h;
 fail:
     unix_release(h);
-    if (h->http != NULL)
-        evhttp_free(h->http);
+    if (h->lev != NULL)
+        evconnlistener_free(h->lev);
+    if (h->lev_unix != NULL)
+        evconnlistener_free(h->lev_unix);
     fp_coalesce_free(h->co);
     fp_signer_free(h->signer);
-    fp_deadlines_free(h->dl);
     fp_accept_guard_free(h->guard);
     free(h);
     return NULL;
 }
 
-void fp_http_drain(struct fp_http *h, void (*done)(void *arg), void *arg)
+static void stop_listening(struct fp_http *h)
 {
     fp_accept_guard_stop(h->guard);
-    if (h->bound != NULL) {
-        evhttp_del_accept_socket(h->http, h->bound);
-        h->bound = NULL;
+    if (h->lev != NULL) {
+        evconnlistener_free(h->lev);
+        h->lev = NULL;
     }
-    if (h->bound_unix != NULL) {
-        evhttp_del_accept_socket(h->http, h->bound_unix);
-        h->bound_unix = NULL;
+    if (h->lev_unix != NULL) {
+        evconnlistener_free(h->lev_unix);
+        h->lev_unix = NULL;
     }
     unix_release(h); /* nginx gets ECONNREFUSED/ENOENT: the next poller */
+}
+
+void fp_http_drain(struct fp_http *h, void (*done)(void *arg), void *arg)
+{
+    stop_listening(h);
     h->draining = 1;
     h->drained = done;
     h->drained_arg = arg;
-    if (h->inflight == 0 && done != NULL) {
-        h->drained = NULL;
-        done(arg);
-    }
+    check_drained(h);
 }
 
 void fp_http_abort_waiting(struct fp_http *h)
@@ -819,25 +1095,25 @@ void fp_http_coalesce_stats(const struct fp_http *h,
 
 void fp_http_free(struct fp_http *h)
 {
-    struct request *r;
+    struct conn *c, *next;
 
     if (h == NULL)
         return;
     h->drained = NULL;
-    unix_release(h);
-    fp_accept_guard_stop(h->guard);
-    /* Runs on_close for every request still held, which detaches it. */
-    evhttp_free(h->http);
-    fp_deadlines_free(h->dl); /* after evhttp_free: its closes free ours */
-    fp_accept_guard_free(h->guard);
-    fp_coalesce_free(h->co);
-    fp_signer_free(h->signer);
-    while ((r = h->free_list) != NULL) {
-        h->free_list = r->free_next;
-        free(r);
+    stop_listening(h);
+    for (c = h->conns; c != NULL; c = next) {
+        next = c->next;
+        conn_close(c); /* detaches a waiting request */
     }
     if (h->inflight != 0)
         fp_log(FP_LOG_WARN, "http: %lu requests still in flight at exit",
                h->inflight);
+    while ((c = h->free_list) != NULL) {
+        h->free_list = c->next;
+        conn_destroy(c);
+    }
+    fp_accept_guard_free(h->guard);
+    fp_coalesce_free(h->co);
+    fp_signer_free(h->signer);
     free(h);
 }

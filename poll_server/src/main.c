@@ -15,7 +15,6 @@
 #include "admin.h"
 #include "cache.h"
 #include "config.h"
-#include "evcompat.h"
 #include "http.h"
 #include "log.h"
 #include "settings.h"
@@ -74,22 +73,6 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
     (void)what;
     (void)arg;
     fp_log_reopen();
-}
-
-/* The headers said 2.1.12 (evcompat.h); the library loaded must be the
- * same, or the internals http.c relies on may not be what it expects. */
-static int libevent_matches(void)
-{
-    ev_uint32_t got = event_get_version_number();
-
-    if (got == (ev_uint32_t)LIBEVENT_VERSION_NUMBER)
-        return 1;
-    fp_log(FP_LOG_ERROR, "libevent %s (0x%08x) is loaded, but this poll_server "
-           "was built against %s (0x%08x) and relies on its evhttp internals "
-           "(docs/architecture.md): rebuild it against the installed libevent "
-           "after checking src/evcompat.h", event_get_version(),
-           (unsigned)got, LIBEVENT_VERSION, (unsigned)LIBEVENT_VERSION_NUMBER);
-    return 0;
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -204,8 +187,6 @@ int main(int argc, char **argv)
     if (fp_log_open(s.log_file) != 0)
         goto out;
     event_set_log_callback(fp_log_libevent);
-    if (!libevent_matches())
-        goto out;
     a.s = &s;
 
     /* A client gone mid-write must be an error return, not a signal. */
@@ -218,9 +199,10 @@ int main(int argc, char **argv)
 
     fp_stats_init(); /* before the event base: it counts its epoll calls */
 
-    /* The changelist merges the epoll_ctl calls evhttp and bufferevents
-     * make when they toggle a connection's events within one loop turn.
-     * (Its caveat, dup()ed descriptors, does not apply: none are.) */
+    /* The changelist merges the epoll_ctl calls made when an event is
+     * toggled within one loop turn (the cache's connections, the admin
+     * listener's evhttp). Its caveat, dup()ed descriptors, does not apply:
+     * none are. */
     if ((cfg = event_config_new()) == NULL ||
         event_config_set_flag(cfg, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST) != 0 ||
         (a.base = event_base_new_with_config(cfg)) == NULL) {

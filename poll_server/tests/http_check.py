@@ -267,7 +267,7 @@ def run_checks(c: Check) -> None:
         + b"a" * 9000
         + b"\r\n\r\n"
     )
-    c.ok("headers over max_header_size: 400", r.startswith(b"HTTP/1.1 400"), r[:80])
+    c.ok("headers over max_header_size: 431", r.startswith(b"HTTP/1.1 431"), r[:80])
 
     before = c.cmd_get()
     for target in (
