@@ -624,7 +624,8 @@ class Stack:
             logs=[self.run_dir / f"{name}.log"],
         )
 
-    def start_nginx(self) -> None:
+    def _nginx_test(self) -> Path:
+        """`nginx -t` on the rendered config; returns its path."""
         conf = self.run_dir / "nginx" / "nginx.conf"
         check = subprocess.run(
             ["nginx", "-t", "-q", "-p", str(conf.parent), "-c", str(conf)],
@@ -634,6 +635,10 @@ class Stack:
         )
         if check.returncode != 0:
             raise RuntimeError(f"nginx -t failed:\n{check.stderr}")
+        return conf
+
+    def start_nginx(self) -> None:
+        conf = self._nginx_test()
         argv = ["nginx", "-p", str(conf.parent), "-c", str(conf), "-g", "daemon off;"]
         self._spawn("nginx", argv, self.http_port)
         url = f"{self.base_url}/healthz"
@@ -667,15 +672,7 @@ class Stack:
         """Render the templates again (after a change to nginx_vars), check, and SIGHUP nginx:
         the master starts new workers, the old ones finish their requests."""
         self._render_nginx()
-        conf = self.run_dir / "nginx" / "nginx.conf"
-        check = subprocess.run(
-            ["nginx", "-t", "-q", "-p", str(conf.parent), "-c", str(conf)],
-            check=False,
-            capture_output=True,
-            text=True,
-        )
-        if check.returncode != 0:
-            raise RuntimeError(f"nginx -t failed:\n{check.stderr}")
+        self._nginx_test()
         os.kill(self.procs["nginx"].pid, signal.SIGHUP)
 
     # ---- signed poll URLs ------------------------------------------------------------------
