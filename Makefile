@@ -57,8 +57,18 @@ test-unit: venv build
 	cd fallback_app && ../$(VENV)/bin/mypy fastpoll_app
 	$(VENV)/bin/pytest -q fallback_app/tests
 
-test-integration: venv build deps-monitoring
+test-integration: venv build deps-monitoring deps-browser
 	$(VENV)/bin/pytest -q tests
+
+# tests/test_browser.py: the browser client (client/) in headless Chromium, driven by Selenium.
+.PHONY: deps-browser
+BROWSER_PACKAGES := chromium chromium-driver
+deps-browser: $(VENV)/.browser
+	$(call apt_install,$(BROWSER_PACKAGES))
+
+$(VENV)/.browser: $(VENV)/.done
+	$(PIP) install -q 'selenium>=4.20,<5'
+	touch $@
 
 # Everything CI runs (.ci/run). Fast checks first; the fleet deploy (about 15 minutes) last.
 test: test-unit test-integration test-monitoring bench-quick test-security test-deploy
@@ -109,7 +119,7 @@ SECURITY_PACKAGES := clang libclang-rt-14-dev cppcheck clang-tidy valgrind
 deps-security:
 	$(call apt_install,$(SECURITY_PACKAGES))
 
-sanitize-test: venv build
+sanitize-test: venv build deps-browser
 	$(MAKE) -C poll_server sanitize
 	FP_POLL_SERVER=poll_server/build/poll_server-asan $(VENV)/bin/pytest -q -m "not soak" tests
 

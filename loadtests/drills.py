@@ -4,6 +4,8 @@ while wrk polls random users, and what the clients and the app saw.
     .venv/bin/python loadtests/drills.py node-loss [--fault kill|stop] [--seconds 30]
                                                    [--users 20000] [--conns 200] [--nodes 3]
                                                    [--replicas 0|1] [--no-check-stale]
+    .venv/bin/python loadtests/drills.py herd [--seconds 20] [--conns 400] [--cap 64]
+    .venv/bin/python loadtests/drills.py edge [--seconds 20] [--conns 10000 15000]
 
 A fresh stack on free loopback ports (tests/stack.py) with `--nodes` memcached nodes, the answers
 of `--users` users cached (on both copies with replicas, the default), wrk with `--conns`
@@ -16,6 +18,19 @@ p99, where the load went (cache, app, shed by nginx's fallback cap) overall and 
 and the time from the fault until the hit ratio is back above 95% for good. The per-second
 timeline comes from nginx's access log (`src=` and `rt=` of every request). Results:
 loadtests/results/drill-*.json, with the machine's load average at the start.
+
+The herd drill: first the app's capacity, measured as wrk against the app's own listener with
+every poll a miss (the cache stopped) at 4 x its workers connections; then every memcached node
+is gone and wrk polls through nginx with `--conns` connections, far more than nginx's fallback cap
+(`--cap`, fastpoll_fallback_max_conns) admits. Report: requests over wrk's timeout and socket
+errors (both must be 0), answers by status and source (200 from the app, 503 shed with
+Retry-After), the rate the app was given against its capacity, and the app's latency behind the
+cap (nginx's upstream time) against its latency when measured alone.
+
+The edge drill: `make up`'s defaults (nothing tuned for the run) hold `--conns` keep-alive clients
+each (wrk, all connecting at once, random users with cached answers): requests over wrk's 10 s
+timeout, socket errors and non-2xx must all be 0. Also the kernel's listen-queue overflows during
+the run (TcpExtListenOverflows: a SYN dropped because an accept queue was full).
 """
 
 from __future__ import annotations
@@ -186,17 +201,19 @@ class StaleChecker:
         }
 
 
-def node_loss(args: argparse.Namespace) -> dict[str, object]:
+def drill_stack(**kw: object) -> tuple[Path, tuple[float, float, float], Stack]:
+    """A fresh stack with nginx's access log (the drills' timeline), and the load average before."""
     run_dir = Path(tempfile.mkdtemp(prefix="fastpoll-drill-"))
     load_avg = os.getloadavg()
-    stack = Stack(
-        run_dir=run_dir,
-        backend="memcached",
-        n_memcached=args.nodes,
-        access_log=True,
-        extra_ini={"memcached": {"replicas": str(args.replicas)}},
-    )
+    stack = Stack(run_dir=run_dir, backend="memcached", access_log=True, **kw)  # type: ignore[arg-type]
     stack.start()
+    return run_dir, load_avg, stack
+
+
+def node_loss(args: argparse.Namespace) -> dict[str, object]:
+    run_dir, load_avg, stack = drill_stack(
+        n_memcached=args.nodes, extra_ini={"memcached": {"replicas": str(args.replicas)}}
+    )
     checker: StaleChecker | None = None
     resumed_at: float | None = None
     try:
@@ -272,6 +289,132 @@ def node_loss(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def _quantile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1000, 1)
+
+
+def herd(args: argparse.Namespace) -> dict[str, object]:
+    run_dir, load_avg, stack = drill_stack(
+        n_memcached=1, nginx_vars={"fastpoll_fallback_max_conns": args.cap}
+    )
+    try:
+        users = 1_000_000  # random users: with the cache gone every poll is a miss anyway
+        uids = (str(u) for u in range(1, 20001))
+        targets = Signer(stack).write(run_dir / "targets.txt", uids)
+        env = {"FP_TARGETS": str(targets), "FP_USERS": str(users)}
+        # The cache gone: a dead node is refused at once, by the pollers and by the app's fills.
+        os.kill(stack.procs["memcached-0"].pid, signal.SIGKILL)
+        alone = clients.run_wrk(
+            f"{stack.app_url()}/Poll/getMessages", 4 * stack.app_workers, 8, env=env
+        )
+        start = time.time()
+        herd_run = clients.run_wrk(
+            f"{stack.base_url}/Poll/getMessages", args.conns, args.seconds, env=env
+        )
+        end = time.time()
+    finally:
+        stack.stop()  # nginx flushes its access log as it exits
+    status: Counter[str] = Counter()
+    app_ut: list[float] = []
+    shed_rt: list[float] = []
+    for line in (run_dir / "nginx" / "access.log").read_text().splitlines():
+        ts = datetime.fromisoformat(line.split(" ", 1)[0]).timestamp()
+        if ts < int(start):
+            continue
+        m = re.search(r'" (\d{3}) .* rt=([0-9.]+) src=(\S*) .* ut=(\S+)', line)
+        if not m:
+            continue
+        code, rt, src = m.group(1), float(m.group(2)), m.group(3) or "-"
+        status[f"{code} {src}"] += 1
+        if src == "shed":
+            shed_rt.append(rt)
+        elif code == "200":
+            # ut= lists one time per upstream tried: the poller's 503, then the app's answer.
+            with contextlib.suppress(ValueError):
+                app_ut.append(float(m.group(4).replace(":", ",").split(",")[-1].strip()))
+    h = herd_run.as_dict()
+    secs = max(end - start, 1e-9)
+    return {
+        "drill": "herd",
+        "load_average_at_start": [round(x, 2) for x in load_avg],
+        "app_workers": stack.app_workers,
+        "cap": args.cap,
+        "conns": args.conns,
+        "seconds": args.seconds,
+        "app_alone": {
+            "conns": alone.conns,
+            "rps": alone.rps,
+            "p50_ms": alone.p50_ms,
+            "p99_ms": alone.p99_ms,
+            "failed": alone.failed,
+        },
+        "requests": h.get("requests"),
+        "rps": h.get("rps"),
+        "timeouts": (herd_run.errors or {}).get("timeout", 0),
+        "socket_errors": sum(v for k, v in (herd_run.errors or {}).items() if k != "timeout"),
+        "p99_ms": h.get("p99_ms"),
+        "max_ms": h.get("max_ms"),
+        "answers": dict(status.most_common()),
+        "app_rps_behind_cap": round(len(app_ut) / secs, 1),
+        "app_p50_ms_behind_cap": _quantile(app_ut, 0.5),
+        "app_p99_ms_behind_cap": _quantile(app_ut, 0.99),
+        "shed_p99_ms": _quantile(shed_rt, 0.99),
+        "run_dir": str(run_dir),
+    }
+
+
+def listen_overflows() -> int:
+    """TcpExtListenOverflows, the whole network namespace's count since boot."""
+    with open("/proc/net/netstat", encoding="ascii") as f:
+        lines = f.read().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=True):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split(), values.split(), strict=True))["ListenOverflows"])
+    raise RuntimeError("/proc/net/netstat has no TcpExt line")
+
+
+def edge(args: argparse.Namespace) -> dict[str, object]:
+    users = 5000
+    run_dir, load_avg, stack = drill_stack()
+    runs = []
+    try:
+        preload.preload([f"127.0.0.1:{p}" for p in stack.memcached_ports], users)
+        uids = (str(u) for u in range(1, users + 1))
+        targets = Signer(stack).write(run_dir / "targets.txt", uids)
+        env = {"FP_TARGETS": str(targets), "FP_USERS": str(users)}
+        for conns in args.conns:
+            before = listen_overflows()
+            r = clients.run_wrk(f"{stack.base_url}/Poll/getMessages", conns, args.seconds, env=env)
+            runs.append(
+                {
+                    "conns": conns,
+                    "requests": r.requests,
+                    "rps": round(r.rps),
+                    "timeouts": r.errors.get("timeout", 0),
+                    "socket_errors": sum(v for k, v in r.errors.items() if k != "timeout"),
+                    "non2xx": r.non2xx,
+                    "p99_ms": r.p99_ms,
+                    "max_ms": r.max_ms,
+                    "listen_overflows": listen_overflows() - before,
+                }
+            )
+        errors = (run_dir / "nginx" / "error.log").read_text(errors="replace").splitlines()
+    finally:
+        stack.stop()
+    return {
+        "drill": "edge",
+        "load_average_at_start": [round(x, 2) for x in load_avg],
+        "seconds": args.seconds,
+        "users": users,
+        "runs": runs,
+        "nginx_error_log": [line for line in errors if "[warn]" in line or "[error]" in line][:5],
+        "run_dir": str(run_dir),
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="drill", required=True)
@@ -286,11 +429,20 @@ def main() -> int:
         "--no-check-stale", dest="check_stale", action="store_false",
         help="no publisher/checker (publishes 5/s and polls them through nginx)",
     )
+    hd = sub.add_parser("herd", help="the cache gone, far more clients than the fallback cap")
+    hd.add_argument("--seconds", type=float, default=20)
+    hd.add_argument("--conns", type=int, default=400)
+    hd.add_argument("--cap", type=int, default=64, help="fastpoll_fallback_max_conns")
+    ed = sub.add_parser("edge", help="make up's defaults at 10,000 and 15,000 keep-alive clients")
+    ed.add_argument("--seconds", type=float, default=20)
+    ed.add_argument("--conns", type=int, nargs="+", default=[10000, 15000])
     args = p.parse_args()
-    out = node_loss(args)
+    drills = {"node-loss": node_loss, "herd": herd, "edge": edge}
+    out = drills[args.drill](args)
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    path = RESULTS / f"drill-{stamp}-{args.drill}-{args.fault}.json"
+    what = f"-{args.fault}" if args.drill == "node-loss" else ""
+    path = RESULTS / f"drill-{stamp}-{args.drill}{what}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     brief = {k: v for k, v in out.items() if k not in ("timeline", "run_dir")}
     print(json.dumps(brief, indent=1))

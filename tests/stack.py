@@ -435,6 +435,8 @@ class Stack:
                     for i, p in enumerate(self.poller_ports)
                 ],
                 "fastpoll_apps": [f"127.0.0.1:{p}" for p in self.app_ports],
+                # The browser client and its demo page (client/), under /fastpoll-client/.
+                "fastpoll_client_root": str(ROOT / "client"),
                 **(
                     {"fastpoll_status_port": self.nginx_status_port}
                     if self.nginx_status_port

@@ -27,7 +27,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from . import __version__, config, metrics, signing
+from . import __version__, conditional, config, metrics, signing
+from .announce import make_announcer
 from .cache import make_cache
 from .config import Settings
 from .service import POLL_PATH, FastPoll
@@ -175,7 +176,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
         store,
         fill_cache=make_cache(settings),
         publish_cache=make_cache(settings, max(timeout, MIN_PUBLISH_TIMEOUT_MS)),
+        announcer=make_announcer(settings),
     )
+    pacing = settings.poll
     limit = settings.app.max_body_size
     content_type = settings.cache.content_type
     # Signed poll URLs (docs/security.md): without a secret file they are not checked.
@@ -201,12 +204,32 @@ def create_app(settings: Settings | None = None) -> Starlette:
             if key != fp.user_key(_user_id_from_query(query)):
                 raise _error(403, "the signature is not for this user's poll URL")
         user_id = _user_id_from_query(query)
+        try:
+            # Checked, then not used: the app answers at once (docs/api.md: only the poll
+            # server holds polls; a held poll here would keep a worker thread and a database
+            # connection, and fill nginx's fallback cap, exactly when the app is the fallback).
+            conditional.wait_seconds(query, pacing)
+        except conditional.BadWait as exc:
+            raise _error(400, str(exc)) from None
         headers = {"X-Poll-Source": "app", "Content-Type": content_type}
         if request.method == "POST":
             body = await _read_body(request, limit)
             headers["X-Request-Body-Length"] = str(len(body))
             headers["X-Request-Body-SHA256"] = hashlib.sha256(body).hexdigest()
         answer = await run_in_threadpool(fp.poll, user_id, key)
+        headers["ETag"] = etag = conditional.etag_of(answer)
+        # The app answers when the cache could not: the next poll is asked to come later.
+        headers["Poll-Interval-Ms"] = str(
+            conditional.pace_ms(pacing.fallback_interval_ms, pacing.jitter_pct)
+        )
+        # Conditional polls are GET and HEAD (RFC 9110 13.1.2 would have a POST answered 412;
+        # a POST poll is a read, so its precondition is not evaluated: always the full answer).
+        if request.method != "POST" and conditional.not_modified(
+            (v for n, v in scope["headers"] if n == b"if-none-match"), etag
+        ):
+            metrics.NOT_MODIFIED.inc()
+            del headers["Content-Type"]
+            return Response(status_code=304, headers=headers)
         if request.method == "HEAD":
             headers["Content-Length"] = str(len(answer))
             return Response(b"", headers=headers)

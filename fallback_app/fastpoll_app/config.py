@@ -32,6 +32,10 @@ MAX_LINE = 198
 MAX_PARAMS = 16
 API_TOKEN_MIN = 16
 API_TOKEN_MAX = 1024
+# The long-poll parameter (docs/api.md): never a keyed parameter, never signed.
+WAIT_PARAM = "wait"
+MAX_WAIT = 300
+MAX_INTERVAL_MS = 3600 * 1000
 
 _IGNORED_SECTIONS = frozenset({"server", "admin", "log"})
 _PARAM_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -107,6 +111,31 @@ class SigningSettings:
 
 
 @dataclass(frozen=True)
+class PollSettings:
+    """Conditional and long polls (docs/api.md, "Conditional and long polls")."""
+
+    # The pace each answer asks for (Poll-Interval-Ms): a random value from interval to
+    # interval * (1 + jitter_pct / 100), so clients that started together drift apart.
+    interval_ms: int = 1000
+    # The pace of an answer the app gave (a cache miss, the cache down, the app under load).
+    fallback_interval_ms: int = 3000
+    jitter_pct: int = 20
+    # The longest `wait=` honoured (seconds); a larger one is clamped to it.
+    max_wait: int = 30
+
+
+@dataclass(frozen=True)
+class AnnounceSettings:
+    """Where the app announces every write (Redis pub/sub). Unset server: with the Redis
+    backend, the cache's own Redis ([redis]); with memcached, no announcements."""
+
+    server: str | None = None  # host:port or unix:/path
+    password_file: str | None = None
+    username: str | None = None
+    channel: str = "fastpoll:announce"
+
+
+@dataclass(frozen=True)
 class AppSettings:
     # A SQLite file path, or postgresql://user@host:port/dbname (docs/api.md, "Stores").
     database: str = "fastpoll.db"
@@ -128,6 +157,8 @@ class Settings:
     redis: RedisSettings = field(default_factory=RedisSettings)
     app: AppSettings = field(default_factory=AppSettings)
     signing: SigningSettings = field(default_factory=SigningSettings)
+    poll: PollSettings = field(default_factory=PollSettings)
+    announce: AnnounceSettings = field(default_factory=AnnounceSettings)
     source: str = "(defaults)"
     # Hex SHA-256 of the file's bytes as read (of b"" without a file): /healthz and /metrics
     # report it so a deploy can tell a running app whose config differs from the file.
@@ -173,6 +204,13 @@ _KNOWN: dict[str, dict[str, bool]] = {
         "api_token_file": False,
     },
     "signing": {"secret_file": False, "ttl": False},
+    "poll": {
+        "interval_ms": False,
+        "fallback_interval_ms": False,
+        "jitter_pct": False,
+        "max_wait": False,
+    },
+    "announce": {"server": False, "password_file": False, "username": False, "channel": False},
 }
 
 
@@ -252,6 +290,8 @@ def _keys(sec: dict[str, list[_Entry]], rd: _Reader) -> KeySettings:
                 raise rd.error(e.line, f"[keys] params: bad parameter name {n!r}")
             if n in signing.RESERVED_PARAMS:
                 raise rd.error(e.line, "[keys] params: exp and sig are reserved for signed URLs")
+            if n == WAIT_PARAM:
+                raise rd.error(e.line, "[keys] params: wait is reserved for long polls")
         # The app's answers are per user: a key without user_id would be
         # shared by every user and the app would fill it with one user's answer.
         if "user_id" not in names:
@@ -309,24 +349,34 @@ def _memcached(sec: dict[str, list[_Entry]], rd: _Reader, backend: str) -> Memca
     return MemcachedSettings(servers, replicas, recovery_ms, previous)
 
 
+def _redis_address(e: _Entry, rd: _Reader, section: str) -> str:
+    """A Redis `server`: host:port or unix:/absolute/path."""
+    if e.value.startswith("unix:"):
+        if not e.value[5:].startswith("/"):
+            raise rd.error(e.line, f"[{section}] server: unix: needs an absolute path")
+    elif not _host_port(e.value):
+        msg = f"[{section}] server: expected host:port or unix:/path, got {e.value!r}"
+        raise rd.error(e.line, msg)
+    return e.value
+
+
+def _readable(e: _Entry, rd: _Reader, section: str) -> str:
+    """A `password_file` that can be read now (the error names it, never its content)."""
+    try:
+        Path(e.value).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        msg = f"[{section}] password_file: cannot read {e.value!r}: {exc}"
+        raise rd.error(e.line, msg) from None
+    return e.value
+
+
 def _redis(sec: dict[str, list[_Entry]], rd: _Reader) -> RedisSettings:
     d = RedisSettings()
     server, password_file, db = d.server, d.password_file, d.db
     if e := _one(sec, "server"):
-        if e.value.startswith("unix:"):
-            if not e.value[5:].startswith("/"):
-                raise rd.error(e.line, "[redis] server: unix: needs an absolute path")
-        elif not _host_port(e.value):
-            msg = f"[redis] server: expected host:port or unix:/path, got {e.value!r}"
-            raise rd.error(e.line, msg)
-        server = e.value
+        server = _redis_address(e, rd, "redis")
     if (e := _one(sec, "password_file")) and e.value:
-        try:
-            Path(e.value).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            msg = f"[redis] password_file: cannot read {e.value!r}: {exc}"
-            raise rd.error(e.line, msg) from None
-        password_file = e.value
+        password_file = _readable(e, rd, "redis")
     if e := _one(sec, "db"):
         db = _int(e, rd, "[redis] db", 0, 65535)
     username = None
@@ -447,6 +497,48 @@ def _signing(sec: dict[str, list[_Entry]], rd: _Reader) -> SigningSettings:
     return SigningSettings(secret_file, ttl)
 
 
+def _poll(sec: dict[str, list[_Entry]], rd: _Reader) -> PollSettings:
+    d = PollSettings()
+    interval, fallback, jitter, max_wait = (
+        d.interval_ms,
+        d.fallback_interval_ms,
+        d.jitter_pct,
+        d.max_wait,
+    )
+    if e := _one(sec, "interval_ms"):
+        interval = _int(e, rd, "[poll] interval_ms", 0, MAX_INTERVAL_MS)
+    if e := _one(sec, "fallback_interval_ms"):
+        fallback = _int(e, rd, "[poll] fallback_interval_ms", 0, MAX_INTERVAL_MS)
+    if e := _one(sec, "jitter_pct"):
+        jitter = _int(e, rd, "[poll] jitter_pct", 0, 100)
+    if e := _one(sec, "max_wait"):
+        max_wait = _int(e, rd, "[poll] max_wait", 0, MAX_WAIT)
+    return PollSettings(interval, fallback, jitter, max_wait)
+
+
+def _announce(sec: dict[str, list[_Entry]], rd: _Reader) -> AnnounceSettings:
+    d = AnnounceSettings()
+    server, password_file, username, channel = d.server, None, None, d.channel
+    if (e := _one(sec, "server")) and e.value:
+        server = _redis_address(e, rd, "announce")
+    if (e := _one(sec, "password_file")) and e.value:
+        password_file = _readable(e, rd, "announce")
+    if (e := _one(sec, "username")) and e.value:
+        if any(not 0x21 <= ord(c) <= 0x7E for c in e.value):
+            raise rd.error(e.line, "[announce] username must be printable ASCII without spaces")
+        if password_file is None:
+            raise rd.error(e.line, "[announce] username needs [announce] password_file")
+        username = e.value
+    if e := _one(sec, "channel"):
+        if not 1 <= len(e.value) <= 128 or any(not 0x21 <= ord(c) <= 0x7E for c in e.value):
+            raise rd.error(e.line, "[announce] channel must be 1-128 printable ASCII, no spaces")
+        channel = e.value
+    for key in ("password_file", "username"):
+        if (e := _one(sec, key)) and e.value and server is None:
+            raise rd.error(e.line, f"[announce] {key} needs [announce] server")
+    return AnnounceSettings(server, password_file, username, channel)
+
+
 def _one(sec: dict[str, list[_Entry]], key: str) -> _Entry | None:
     entries = sec.get(key)
     return entries[-1] if entries else None
@@ -464,6 +556,8 @@ def parse(text: str, source: str = "<string>", sha256: str | None = None) -> Set
         redis=_redis(secs.get("redis", {}), rd),
         app=_app(secs.get("app", {}), rd),
         signing=_signing(secs.get("signing", {}), rd),
+        poll=_poll(secs.get("poll", {}), rd),
+        announce=_announce(secs.get("announce", {}), rd),
         source=source,
         sha256=sha256 or hashlib.sha256(text.encode("utf-8")).hexdigest(),
     )
@@ -483,8 +577,8 @@ def load(path: str | os.PathLike[str] | None = None) -> Settings:
     return parse(text, str(path), hashlib.sha256(data).hexdigest())
 
 
-def read_password(settings: RedisSettings) -> str | None:
-    """First line of [redis] password_file, or None."""
+def read_password(settings: RedisSettings | AnnounceSettings) -> str | None:
+    """First line of [redis] (or [announce]) password_file, or None."""
     if not settings.password_file:
         return None
     lines = Path(settings.password_file).read_text(encoding="utf-8").splitlines()

@@ -77,6 +77,16 @@ REPAIR_PENDING = Gauge(
     "(rows in the database's outbox, as counted by the last repair round). Alert if it grows.",
     multiprocess_mode="livemax",
 )
+ANNOUNCEMENTS = Counter(
+    "fastpoll_app_announcements",
+    "Announcements of a written poll key on Redis pub/sub (docs/api.md): sent, or failed "
+    "(the write stands; held polls of that key wait for the poll server's re-check).",
+    ["result"],
+)
+NOT_MODIFIED = Counter(
+    "fastpoll_app_not_modified",
+    "Polls the app answered 304 Not Modified (If-None-Match matched the current answer).",
+)
 CACHE_SECONDS = Histogram(
     "fastpoll_app_cache_seconds",
     "Time of a cache write by the app: fill (add) or publish (set).",

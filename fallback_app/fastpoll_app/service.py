@@ -12,6 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from .announce import Announcer
 from .cache import Cache, CacheError, RateLimitedLog
 from .config import Settings
 from .keys import InvalidKey, derive_key
@@ -32,12 +33,18 @@ T = TypeVar("T")
 
 class FastPoll:
     def __init__(
-        self, settings: Settings, store: Store, fill_cache: Cache, publish_cache: Cache
+        self,
+        settings: Settings,
+        store: Store,
+        fill_cache: Cache,
+        publish_cache: Cache,
+        announcer: Announcer | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self._fill = fill_cache
         self._publish = publish_cache
+        self._announcer = announcer
         self._warn = RateLimitedLog(log)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -114,14 +121,26 @@ class FastPoll:
     ) -> tuple[T, bool | None]:
         """In the user's order: one transaction (change, version + 1, outbox row, new answer),
         COMMIT, then the conditional cache write, then the outbox row is dropped. No cache I/O
-        inside the transaction: SQLite's write lock is database-wide."""
+        inside the transaction: SQLite's write lock is database-wide. After a cache write, out
+        of the user's order, the key is announced (a lost or reordered announcement only makes
+        a poll server re-read the key later: the message carries no state)."""
         with self.store.user(user_id) as session:
             with session.write() as tx:
                 result = change(tx)
                 if unchanged():
                     return result, None
                 snap = tx.bump()
-            return result, self._put(session, user_id, snap)
+            written = self._put(session, user_id, snap)
+        if written:
+            self.announce(user_id)
+        return result, written
+
+    def announce(self, user_id: int) -> bool:
+        """Tell the poll servers that user_id's cached answer changed; False if not sent (no
+        [announce] target, or Redis failed: counted, never raised)."""
+        if self._announcer is None:
+            return False
+        return self._announcer.announce(self.user_key(user_id))
 
     def _put(self, session: UserSession, user_id: int, snap: Snapshot) -> bool:
         try:
@@ -155,6 +174,9 @@ class FastPoll:
             self._warn.warning("repair", f"cache repair failed, will retry: {exc}")
             return "failed"
         REPAIRS.labels("rewritten").inc()
+        # The write whose cache write failed was not announced: polls held on the old answer
+        # learn of it now.
+        self.announce(user_id)
         return "rewritten"
 
     def repair_pending(self) -> int:
@@ -216,4 +238,6 @@ class FastPoll:
         self._fill.close()
         if self._publish is not self._fill:
             self._publish.close()
+        if self._announcer is not None:
+            self._announcer.close()
         self.store.close()

@@ -1,0 +1,81 @@
+"""Announcements: after every cache write the app PUBLISHes the written key on Redis pub/sub,
+so a poll server holding `wait=` polls of that key re-reads it at once (docs/api.md,
+"Announcements"). Best effort by design: a lost announcement costs a held poll the poll
+server's re-check interval, never a wrong answer, so a failed PUBLISH never fails a write; it is
+counted (fastpoll_app_announcements{result="failed"}) and logged at most once per 10 s.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+from .cache import RateLimitedLog
+from .config import AnnounceSettings, RedisSettings, Settings, read_password
+from .metrics import ANNOUNCEMENTS
+
+log = logging.getLogger(__name__)
+
+# A PUBLISH is one round trip on loopback or a LAN; a Redis that does not answer within this
+# must not hold a publish up for long (the write has committed and its cache write is done).
+ANNOUNCE_TIMEOUT = 0.25
+
+
+class Announcer:
+    """PUBLISH <channel> <key> on one Redis; thread-safe (redis-py's pool)."""
+
+    def __init__(self, r: redis.Redis, channel: str) -> None:
+        self._r = r
+        self.channel = channel.encode("ascii")
+        self._warn = RateLimitedLog(log)
+
+    def announce(self, key: bytes) -> bool:
+        try:
+            self._r.publish(self.channel, key)
+        except redis.RedisError as exc:
+            ANNOUNCEMENTS.labels("failed").inc()
+            self._warn.warning("announce", f"announcement of a write failed: {exc}")
+            return False
+        ANNOUNCEMENTS.labels("sent").inc()
+        return True
+
+    def close(self) -> None:
+        self._r.close()
+
+
+def _client(
+    server: str, password: str | None, username: str | None, sentinel: RedisSettings | None
+) -> redis.Redis:
+    common: dict[str, object] = {
+        "password": password,
+        "username": username,
+        "socket_timeout": ANNOUNCE_TIMEOUT,
+        "socket_connect_timeout": ANNOUNCE_TIMEOUT,
+        "retry": Retry(NoBackoff(), 1),  # a pooled connection to a restarted server: once more
+    }
+    if sentinel is not None and sentinel.master_name:
+        s = Sentinel(sentinel.sentinel_addrs, socket_timeout=ANNOUNCE_TIMEOUT)
+        return s.master_for(sentinel.master_name, **common)  # type: ignore[arg-type,no-any-return]
+    if server.startswith("unix:"):
+        return redis.Redis(unix_socket_path=server[5:], **common)  # type: ignore[arg-type]
+    host, _, port = server.rpartition(":")
+    return redis.Redis(host=host, port=int(port), **common)  # type: ignore[arg-type]
+
+
+def make_announcer(settings: Settings) -> Announcer | None:
+    """[announce] server if set; else the cache's Redis with the Redis backend (the master, with
+    Sentinel: pub/sub reaches the subscribers of the server it is published on); else None."""
+    a: AnnounceSettings = settings.announce
+    if a.server is not None:
+        r = _client(a.server, read_password(a), a.username, None)
+    elif settings.cache.backend == "redis":
+        rs = settings.redis
+        sentinel = rs if rs.sentinels else None
+        r = _client(rs.server, read_password(rs), rs.username, sentinel)
+    else:
+        return None
+    return Announcer(r, a.channel)

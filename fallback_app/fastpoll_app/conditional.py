@@ -1,0 +1,78 @@
+"""Conditional and long polls, the app's half (docs/api.md, "Conditional and long polls").
+
+The ETag of a poll answer is XXH3-64 of its bytes, 16 lowercase hex digits, as a strong tag:
+the poll server computes the same tag from the cached bytes (libxxhash), so an answer has one
+tag whoever served it. If-None-Match is compared weakly (RFC 9110 8.8.3.2), because nginx's
+gzip turns `"tag"` into `W/"tag"`; a header that is not a valid list of entity tags, or longer
+than MAX_IF_NONE_MATCH, is ignored (the poll is answered in full).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterable
+from urllib.parse import parse_qsl
+
+import xxhash
+
+from .config import WAIT_PARAM, PollSettings
+
+# The whole If-None-Match (every line, joined with ", "). A client sends one tag (20 bytes);
+# the bound lets the poll server parse it in a fixed buffer.
+MAX_IF_NONE_MATCH = 1024
+# RFC 9110: entity-tag = [ "W/" ] DQUOTE *etagc DQUOTE, etagc = %x21 / %x23-7E / obs-text.
+_ETAG = re.compile(rb'\s*(?:W/)?"([\x21\x23-\x7e\x80-\xff]*)"\s*')
+_WAIT = re.compile(r"[0-9]{1,6}")
+
+
+class BadWait(ValueError):
+    """`wait` is repeated or not a decimal number of seconds."""
+
+
+def etag_of(body: bytes) -> str:
+    """The strong ETag header value of an answer: `"` + XXH3-64 hex + `"`."""
+    return f'"{xxhash.xxh3_64_hexdigest(body)}"'
+
+
+def _opaque_tags(value: bytes) -> list[bytes] | None:
+    """The opaque tags of an If-None-Match list (W/ dropped); None if it is malformed."""
+    tags: list[bytes] = []
+    for item in value.split(b","):
+        if not item.strip():
+            continue  # RFC 9110 5.6.1: empty list elements are allowed and ignored
+        m = _ETAG.fullmatch(item)
+        if m is None:
+            return None
+        tags.append(m.group(1))
+    return tags or None
+
+
+def not_modified(lines: Iterable[bytes], etag: str) -> bool:
+    """Does If-None-Match (its header lines, raw) match `etag`? Weak comparison; `*` matches
+    any current answer (a poll always has one). Malformed or huge: False (ignored)."""
+    value = b", ".join(lines)
+    if not value or len(value) > MAX_IF_NONE_MATCH:
+        return False
+    if value.strip() == b"*":
+        return True
+    tags = _opaque_tags(value)
+    return tags is not None and etag[1:-1].encode("ascii") in tags
+
+
+def wait_seconds(query: bytes, settings: PollSettings) -> int:
+    """The poll's `wait=` in seconds, clamped to [poll] max_wait; 0 without one. BadWait if
+    it is given twice or is not 0-6 decimal digits (the same rule as the poll server)."""
+    pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True, encoding="latin-1")
+    values = [v for n, v in pairs if n == WAIT_PARAM]
+    if not values:
+        return 0
+    if len(values) > 1 or not _WAIT.fullmatch(values[0]):
+        raise BadWait("wait must be given at most once, as whole seconds (0-999999)")
+    return min(int(values[0]), settings.max_wait)
+
+
+def pace_ms(interval_ms: int, jitter_pct: int, rng: random.Random | None = None) -> int:
+    """The Poll-Interval-Ms value: interval, plus a random 0..jitter_pct percent of it."""
+    extra = interval_ms * jitter_pct // 100
+    return interval_ms + (rng or random).randint(0, extra) if extra else interval_ms
