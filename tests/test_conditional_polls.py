@@ -139,6 +139,7 @@ def test_the_rendered_config_routes_waits_and_passes_if_none_match(gz_stack: Sta
 # ---- the poll server's half ----------------------------------------------------------------
 
 RECHECK_MS = 2000
+Answers = list[tuple[float, httpx.Response]]  # (time.monotonic() when answered, answer)
 HELD_CLIENTS = int(os.environ.get("FP_HELD_CLIENTS", "2000"))
 
 
@@ -195,11 +196,16 @@ def hit(client: httpx.Client, uid: int, **headers: str) -> httpx.Response:
     return r
 
 
-def test_hit_has_the_etag_and_the_pace(held_stack: Stack) -> None:
+def published(stack: Stack, text: str) -> tuple[int, httpx.Response]:
+    """A new user with one message published, and its first poll (a hit)."""
     uid = new_uid()
-    publish(held_stack, uid, "tagged")
-    with http_client(held_stack) as c:
-        r = hit(c, uid)
+    publish(stack, uid, text)
+    with http_client(stack) as c:
+        return uid, hit(c, uid)
+
+
+def test_hit_has_the_etag_and_the_pace(held_stack: Stack) -> None:
+    _, r = published(held_stack, "tagged")
     assert r.status_code == 200 and r.content.startswith(b'{"unread":1')
     assert r.headers["etag"] == tag_of(r.content)  # the app's tag of the same bytes
     assert 1000 <= int(r.headers["poll-interval-ms"]) <= 1200
@@ -226,7 +232,8 @@ def test_304_on_a_hit(held_stack: Stack) -> None:
             )
             assert recv_all(sk).startswith(b"HTTP/1.1 304 ")
         # HEAD too; a POST poll is never evaluated.
-        assert c.head(f"/Poll/getMessages?user_id={uid}", headers={"If-None-Match": tag}).status_code == 304
+        head = c.head(f"/Poll/getMessages?user_id={uid}", headers={"If-None-Match": tag})
+        assert head.status_code == 304
     with http_client(held_stack, held_stack.poller_ports[0]) as direct:
         r = direct.post(f"/getMessages?user_id={uid}", headers={"If-None-Match": tag})
         assert r.status_code == 200 and r.headers["etag"] == tag
@@ -243,11 +250,9 @@ def recv_all(sk: socket.socket, timeout: float = 5) -> bytes:
 
 
 def test_bad_if_none_match_is_ignored(held_stack: Stack) -> None:
-    uid = new_uid()
-    publish(held_stack, uid, "full")
+    uid, full = published(held_stack, "full")
+    tag = full.headers["etag"]
     with http_client(held_stack) as c:
-        full = hit(c, uid)
-        tag = full.headers["etag"]
         huge = ", ".join([tag] + ['"' + "x" * 60 + '"'] * 20)  # > 1,024 bytes, holds the tag
         assert len(huge) > 1024
         for inm in (huge, tag[1:-1], f"w/{tag}", f"W/ {tag}", f"*, {tag}", '"a"b"', '"a b"'):
@@ -260,7 +265,8 @@ def test_wait_out_of_range(held_stack: Stack) -> None:
     uid = new_uid()
     publish(held_stack, uid, "w")
     with http_client(held_stack, held_stack.poller_ports[0]) as direct:
-        for bad in ("wait=x", "wait=-1", "wait=1234567", "wait=", "wait", "wait=1&wait=1", "wait=1.5"):
+        bad_waits = ("wait=x", "wait=-1", "wait=1234567", "wait=", "wait", "wait=1&wait=1")
+        for bad in bad_waits + ("wait=1.5",):
             r = direct.get(f"/getMessages?user_id={uid}&{bad}")
             assert r.status_code == 400, bad
         # Above max_wait (10 s) it is clamped: without a matching tag, answered at once.
@@ -269,15 +275,22 @@ def test_wait_out_of_range(held_stack: Stack) -> None:
         assert r.status_code == 200 and time.monotonic() - t0 < 2
 
 
-def held_poll(stack: Stack, uid: int, tag: str, wait: int, out: list[tuple[float, httpx.Response]]) -> None:
+def held_poll(stack: Stack, uid: int, tag: str, wait: int, out: Answers) -> None:
     with http_client(stack, timeout=wait + 15) as c:
-        r = c.get(f"/Poll/getMessages?user_id={uid}&wait={wait}", headers={"If-None-Match": tag})
+        url = f"/Poll/getMessages?user_id={uid}&wait={wait}"
+        r = c.get(url, headers={"If-None-Match": tag})
         out.append((time.monotonic(), r))
 
 
-def start_held(stack: Stack, uid: int, tag: str, wait: int, n: int = 1):  # -> (threads, out)
-    out: list[tuple[float, httpx.Response]] = []
-    threads = [threading.Thread(target=held_poll, args=(stack, uid, tag, wait, out)) for _ in range(n)]
+def start_held(
+    stack: Stack, uid: int, tag: str, wait: int, n: int = 1
+) -> tuple[list[threading.Thread], Answers]:
+    """n polls with wait and the current tag, through nginx, each on its own thread; returns
+    once the poller holds them all."""
+    out: Answers = []
+    threads = [
+        threading.Thread(target=held_poll, args=(stack, uid, tag, wait, out)) for _ in range(n)
+    ]
     before = metric(stack, "fastpoll_held_requests")
     for t in threads:
         t.start()
@@ -289,10 +302,8 @@ def start_held(stack: Stack, uid: int, tag: str, wait: int, n: int = 1):  # -> (
 
 
 def test_held_poll_answered_within_a_second_of_a_publish(held_stack: Stack) -> None:
-    uid = new_uid()
-    publish(held_stack, uid, "first")
-    with http_client(held_stack) as c:
-        tag = hit(c, uid).headers["etag"]
+    uid, first = published(held_stack, "first")
+    tag = first.headers["etag"]
     woken = metric(held_stack, 'fastpoll_held_wakeups_total{cause="announcement"}')
     threads, out = start_held(held_stack, uid, tag, 10, n=3)  # 3 polls, one watch
     t0 = time.monotonic()
@@ -328,10 +339,8 @@ def test_unannounced_write_is_found_by_the_recheck(held_stack: Stack) -> None:
 
 
 def test_held_poll_ends_with_304_after_its_wait(held_stack: Stack) -> None:
-    uid = new_uid()
-    publish(held_stack, uid, "still")
-    with http_client(held_stack) as c:
-        tag = hit(c, uid).headers["etag"]
+    uid, first = published(held_stack, "still")
+    tag = first.headers["etag"]
     t0 = time.monotonic()
     threads, out = start_held(held_stack, uid, tag, 1)
     threads[0].join(10)
@@ -344,10 +353,8 @@ def test_held_poll_ends_with_304_after_its_wait(held_stack: Stack) -> None:
 def test_many_held_clients_disconnect_at_once(held_stack: Stack) -> None:
     """HELD_CLIENTS polls held straight on the poller (signed), then every client closes:
     every slot is freed, no connection is left open, and the poller still answers."""
-    uid = new_uid()
-    publish(held_stack, uid, "crowd")
-    with http_client(held_stack) as c:
-        tag = hit(c, uid).headers["etag"]
+    uid, first = published(held_stack, "crowd")
+    tag = first.headers["etag"]
     port = held_stack.poller_ports[0]
     target = held_stack.sign(f"/getMessages?user_id={uid}&wait=10")
     req = f"GET {target} HTTP/1.1\r\nHost: x\r\nIf-None-Match: {tag}\r\n\r\n".encode()
