@@ -562,6 +562,19 @@ static void test_example_file(void **state)
 
 static void test_poll_and_announce(void **state)
 {
+    static const struct { const char *text, *n1, *n2; } bad[] = {
+        { "[poll]\nmax_wait = 301\n", "fastpoll.ini:2:", "[poll] max_wait" },
+        { "[poll]\njitter_pct = 101\n", ":2:", "jitter_pct" },
+        { "[poll]\n\ninterval_ms = x\n", ":3:", "interval_ms" },
+        { "[poll]\nfallback_interval_ms = -1\n", ":2:", "fallback_interval_ms" },
+        { "[poll]\nrecheck_ms = 5\n", ":2:", "unknown key \"recheck_ms\"" },
+        { "[server]\nrecheck_ms = 5\n", ":2:", "[server] recheck_ms" },
+        { "[announce]\nserver = nohost\n", ":2:", "[announce] server" },
+        { "[announce]\nchannel =\n", ":2:", "[announce] channel" },
+        { "[announce]\nchannel = a b\n", ":2:", "[announce] channel" },
+        { "[announce]\nusername = u\n", ":2:", "username needs [announce] password_file" },
+        { "[keys]\nparams = user_id wait\n", ":2:", "wait is the long poll's" },
+    };
     struct fp_settings s;
     char path[] = "/tmp/fp_test_announce_XXXXXX";
     char text[512];
@@ -605,16 +618,8 @@ static void test_poll_and_announce(void **state)
     assert_string_equal(s.announce.unix_path, "/run/redis.sock");
     fp_config_free(&s);
 
-    expect_error("[poll]\nmax_wait = 301\n", "fastpoll.ini:2:", "[poll] max_wait", NULL);
-    expect_error("[poll]\njitter_pct = 101\n", ":2:", "jitter_pct", NULL);
-    expect_error("[poll]\n\ninterval_ms = x\n", ":3:", "interval_ms", NULL);
-    expect_error("[poll]\nfallback_interval_ms = -1\n", ":2:", "fallback_interval_ms", NULL);
-    expect_error("[poll]\nrecheck_ms = 5\n", ":2:", "unknown key", "recheck_ms");
-    expect_error("[server]\nrecheck_ms = 5\n", ":2:", "recheck_ms", NULL);
-    expect_error("[announce]\nserver = nohost\n", ":2:", "[announce] server", NULL);
-    expect_error("[announce]\nchannel =\n", ":2:", "[announce] channel", NULL);
-    expect_error("[announce]\nchannel = a b\n", ":2:", "channel", NULL);
-    expect_error("[announce]\nusername = u\n", ":2:", "username needs", "password_file");
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        expect_error(bad[i].text, bad[i].n1, bad[i].n2, NULL);
     (void)snprintf(text, sizeof(text), "[announce]\n\npassword_file = %s\n", path);
     expect_error(text, ":3:", "password_file needs [announce] server", NULL);
     expect_error("[keys]\nparams = user_id wait\n", ":2:", "[keys] params", "wait");
