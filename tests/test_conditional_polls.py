@@ -161,7 +161,11 @@ def held_stack(
             "server": f"127.0.0.1:{redis_port}",
             "password_file": str(run_dir / "redis.pass"),
         }
-    s = start_stack(run_dir, request.param, n_pollers=1, redis_port=redis_port, extra_ini=extra)
+    # cache_timeout_ms 1000: a cold poller under valgrind (make valgrind) must still hit.
+    s = start_stack(
+        run_dir, request.param, n_pollers=1, redis_port=redis_port, extra_ini=extra,
+        cache_timeout_ms=1000,
+    )  # fmt: skip
     wait_subscribed(s)
     yield s
     s.stop()
@@ -365,14 +369,14 @@ def test_many_held_clients_disconnect_at_once(held_stack: Stack) -> None:
             sk = socket.create_connection(("127.0.0.1", port))
             sk.sendall(req)
             socks.append(sk)
-        deadline = time.monotonic() + 30
-        while metric(held_stack, "fastpoll_held_requests") < HELD_CLIENTS:
-            assert time.monotonic() < deadline, "not every poll was held"
+        deadline = time.monotonic() + 120  # valgrind (make valgrind) is slow
+        while (held := metric(held_stack, "fastpoll_held_requests")) < HELD_CLIENTS:
+            assert time.monotonic() < deadline, f"{held} of {HELD_CLIENTS} polls held"
             time.sleep(0.1)
     finally:
         for sk in socks:
             sk.close()
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60
     while (
         metric(held_stack, "fastpoll_held_requests") != 0
         or metric(held_stack, "fastpoll_open_connections") > base_conns
