@@ -23,7 +23,7 @@ import httpx
 import pytest
 import xxhash
 from conftest import Cache, http_client, new_uid, poll_key, start_stack
-from stack import Stack
+from stack import Stack, free_port
 
 
 @pytest.fixture(scope="module")
@@ -169,13 +169,6 @@ def held_stack(
     wait_subscribed(s)
     yield s
     s.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port: int = sk.getsockname()[1]
-        return port
 
 
 def metric(stack: Stack, name: str) -> float:
