@@ -42,10 +42,10 @@ build: deps
 	$(MAKE) -C poll_server
 
 up: venv build
-	$(PY) tests/stack.py up
+	$(PY) tools/stack.py up
 
 down:
-	@if [ -x $(PY) ]; then $(PY) tests/stack.py down; else echo "fastpoll: not running"; fi
+	@if [ -x $(PY) ]; then $(PY) tools/stack.py down; else echo "fastpoll: not running"; fi
 
 # The local stack's health from its admin endpoints; HOSTS=h1,h2 checks fleet hosts over ssh.
 status:

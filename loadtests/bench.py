@@ -4,7 +4,7 @@
     .venv/bin/python loadtests/bench.py --quick    # smoke: asserts 0 failed requests, right bodies
     .venv/bin/python loadtests/bench.py --attach run/   # measure the stack `make up` started
 
-It starts the stack through tests/stack.py (tuned for many connections, see TUNING) unless told to
+It starts the stack through tools/stack.py (tuned for many connections, see TUNING) unless told to
 attach to a running one, preloads the answers of 100,000 users into memcached (ketama, the app's
 key function), starts the peers (nginx `return 200`, nginx `memcached_pass`), then runs, with the
 same client for every system:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tools"))
 from stack import free_port, start_time, tcp_ask, wait_for  # noqa: E402  (the one harness)
 
 TICK = os.sysconf("SC_CLK_TCK")

@@ -18,7 +18,7 @@ from pathlib import Path
 import jinja2
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tools"))
 from stack import free_port, http_status, wait_for  # noqa: E402  (the one stack harness)
 
 TEMPLATES = HERE / "peers"

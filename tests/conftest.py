@@ -1,4 +1,4 @@
-"""Fixtures: real stacks (tests/stack.py, the harness `make up` uses) on free loopback ports."""
+"""Fixtures: real stacks (tools/stack.py, the harness `make up` uses) on free loopback ports."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))  # the stack harness
 
 from stack import SANITIZER_REPORT, Stack, memcached_stats
 

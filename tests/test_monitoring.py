@@ -1,7 +1,7 @@
 """Monitoring (issue 14, docs/operations.md "Monitoring"): the files the monitoring role deploys,
 checked against the real programs.
 
-One local stack (tests/stack.py, nginx writing its `fastpoll` access log) gets a known mix of
+One local stack (tools/stack.py, nginx writing its `fastpoll` access log) gets a known mix of
 polls; then the metric names every rule, dashboard panel and console query uses must be among
 those really exported by: the poll servers and the app (scraped), mtail running
 monitoring/mtail/fastpoll_nginx.mtail over that access log (and counting exactly that mix),

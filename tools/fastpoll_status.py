@@ -267,7 +267,7 @@ def collect(source: str, argv: list[str] | None) -> dict[str, Any]:
 
 
 def start_time(pid: int) -> int:
-    """Field 22 of /proc/PID/stat: with the pid, what identifies a process (tests/stack.py)."""
+    """Field 22 of /proc/PID/stat: with the pid, what identifies a process (tools/stack.py)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

@@ -25,6 +25,7 @@ from fastpoll_app.app import create_app
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "tests"))
+sys.path.insert(0, str(REPO_ROOT / "tools"))
 
 from procs import freeze  # noqa: E402,F401  (a SIGSTOP that has taken effect)
 from stack import PG_BIN, Postgres  # noqa: E402  (the one harness's PostgreSQL)

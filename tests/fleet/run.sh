@@ -253,9 +253,9 @@ all:
     fallback_app_limit_nofile: 20000
     nginx_worker_rlimit_nofile: 20000
     nginx_worker_connections: 4096
-    nginx_http_mode: serve
-    # TLS with the test's own certificate (put on the pollers before the deploy); plain HTTP is
-    # served too so the checks below can use it (fp-solo: redirect, the default).
+    # TLS with the test's own certificate (put on the pollers before the deploy). The fleet
+    # serves plain HTTP too, so the checks below can use it; fp-solo redirects it (the default),
+    # later refuses it (nginx_http_mode).
     nginx_tls_certificate: /etc/ssl/fastpoll-test.pem
     nginx_tls_certificate_key: /etc/ssl/private/fastpoll-test.key
     # The control node plays the site's backend: it calls the app's write API.
@@ -270,11 +270,14 @@ all:
     fallback_app_workers: 2
     memcached_memory_mb: 32
     redis_maxmemory: 32mb
+    # Clients authenticate as this Redis ACL user (Redis's default user is off).
+    fastpoll_redis_username: fastpoll
 EOF
 }
 inventory_head "$RUN/inventory.yml"
 cat >> "$RUN/inventory.yml" <<EOF
     poll_server_instances: 2
+    nginx_http_mode: serve
   hosts:
 EOF
 for n in "${FLEET[@]}"; do
@@ -340,6 +343,8 @@ done
 export ANSIBLE_CONFIG=$REPO/ansible/ansible.cfg ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0
 export ANSIBLE_HOME=$RUN/ansible-home ANSIBLE_LOCAL_TEMP=$RUN/ansible-tmp
 export ANSIBLE_SSH_CONTROL_PATH_DIR=$RUN/cp
+# Facts (the hardware subset) once per host per test, not once per run: they do not change here.
+export ANSIBLE_CACHE_PLUGIN=jsonfile ANSIBLE_CACHE_PLUGIN_CONNECTION=$RUN/facts ANSIBLE_CACHE_PLUGIN_TIMEOUT=86400
 EXTRA=(-e "@$RUN/secrets.yml" -e "fastpoll_release_dir=$FASTPOLL_BUILD_DIR/current")
 
 run_no=0
@@ -388,6 +393,12 @@ playbook deploy
 solo_wait "first deploy"
 phase "first deploy ($(recap_changed) changes; fp-solo $(recap_changed "$SOLO_LOG.ansible"))"
 
+# The second run and --check --diff on the converged fleet at the same time (neither changes
+# anything when the first run converged; the second run's changed=0 proves it).
+assert_all_routes
+"$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" "${EXTRA[@]}" --check --diff \
+    > "$LOGS/ansible-check-diff.log" 2>&1 &
+check_pid=$!
 solo second-run
 playbook second-run
 changed=$(recap_changed)
@@ -395,10 +406,8 @@ changed=$(recap_changed)
 solo_wait "second run"
 changed=$(recap_changed "$SOLO_LOG.ansible")
 [ "$changed" = 0 ] || { grep -B1 '^changed' "$SOLO_LOG.ansible"; die "fp-solo: second run changed $changed things (want 0)"; }
-phase "second run: changed=0 (fleet and fp-solo)"
-
-playbook check-diff --check --diff
-phase "--check --diff on the deployed fleet: ok"
+wait "$check_pid" || { tail -60 "$LOGS/ansible-check-diff.log"; die "--check --diff failed"; }
+phase "second run: changed=0 (fleet and fp-solo); --check --diff on the deployed fleet: ok"
 
 # http METHOD HOST PATH [curl args]: a request to HOST's nginx; prints "STATUS X-Poll-Source"
 # and leaves the body and headers in $RUN/body and $RUN/headers.
@@ -419,10 +428,13 @@ print(target.decode() + ("&" if b"?" in target else "?") + query.decode())
 PY
 }
 
+# fp-solo redirects plain HTTP (nginx_http_mode: redirect): it is asked over TLS.
+declare -A SCHEME=([fp-solo]=https)
 http() {
     local method=$1 n=$2 path; path=$(signed "$3"); shift 3
     assert_route "${IP[$n]}"
-    curl -sS -m 10 -X "$method" -o "$RUN/body" -D "$RUN/headers" "$@" "http://${IP[$n]}$path" >/dev/null \
+    curl -sS -m 10 -X "$method" -o "$RUN/body" -D "$RUN/headers" --cacert "$RUN/tls.pem" "$@" \
+        "${SCHEME[$n]:-http}://${IP[$n]}$path" >/dev/null \
         || die "curl $method $n $path failed"
     local status source
     status=$(awk 'NR==1{print $2}' "$RUN/headers")
@@ -470,7 +482,7 @@ for port in 11211 6379 8000; do
 done
 out=$(redis-cli -h "$ip" PING 2>&1)
 case "$out" in *NOAUTH*) ;; *) echo "redis answered without the password: $out"; exit 1;; esac
-[ "$(redis-cli -h "$ip" --no-auth-warning -a "$pass" PING)" = PONG ] || { echo "redis refuses the password"; exit 1; }
+[ "$(redis-cli -h "$ip" --user fastpoll --no-auth-warning -a "$pass" PING)" = PONG ] || { echo "redis refuses the password"; exit 1; }
 [ "$(stat -c '%a %U %G' /etc/fastpoll/redis.pass)" = "640 root fastpoll" ] || { echo "redis.pass mode/owner wrong"; exit 1; }
 EOF
 servers=""
@@ -568,7 +580,15 @@ expect "$(http GET fp-solo "/Poll/getMessages?user_id=$u")" "200 cache" "fp-solo
 expect "$(http GET fp-solo "/Poll/getMessages?user_id=$((u + 1))")" "200 app" "fp-solo: miss"
 expect "$(http GET fp-solo "/Poll/getMessages?user_id=$((u + 1))")" "200 cache" "fp-solo: hit after the fill"
 check_instances "$(on fp-solo nproc --all)" fp-solo
-phase "request path and instances checked (fleet and fp-solo)"
+# fp-solo's plain HTTP (nginx_http_mode: redirect, the default): a 301 to the same target over
+# https, except the load balancer's GET /healthz.
+assert_route "${IP[fp-solo]}"
+path=$(signed "/Poll/getMessages?user_id=$u")
+v=$(curl -sS -m 10 -o /dev/null -w '%{http_code} %{redirect_url}' "http://${IP[fp-solo]}$path") || die "fp-solo: plain HTTP request failed"
+expect "$v" "301 https://${IP[fp-solo]}$path" "fp-solo: plain HTTP poll (redirect mode)"
+v=$(curl -sS -m 10 -o /dev/null -w '%{http_code}' "http://${IP[fp-solo]}/healthz") || die "fp-solo: plain /healthz failed"
+expect "$v" 200 "fp-solo: plain HTTP /healthz (redirect mode)"
+phase "request path and instances checked (fleet and fp-solo); fp-solo redirects plain HTTP to https"
 
 # Metrics: every instance's admin listener and nginx's stub_status answer on the host's loopback,
 # and nothing of them is reachable from another host.
@@ -630,13 +650,21 @@ expect "$got" "200 cache" "hit within 20 s after memcached came back"
 phase "metrics: admin /healthz and /metrics per instance, stub_status, loopback only; backend_up follows memcached"
 
 # ---- 8. scaling 2 -> 1 -> 2 ---------------------------------------------------------------------
+# Meanwhile fp-solo switches to nginx_http_mode: refuse (its nginx only: tags config,pollers).
+solo refuse -e nginx_http_mode=refuse --tags config,pollers
 playbook scale-down --limit pollers -e poll_server_instances=1
 check_instances 1
 expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$seed_user")" "200 cache" "hit after scaling down"
 playbook scale-up --limit pollers -e poll_server_instances=2
 check_instances 2
 expect "$(http GET fp-poll2 "/Poll/getMessages?user_id=$seed_user")" "200 cache" "hit after scaling up"
-phase "scaling 2 -> 1 -> 2"
+solo_wait "the switch to nginx_http_mode: refuse"
+# refuse: no plain-HTTP listener at all (connection refused), TLS as before.
+assert_route "${IP[fp-solo]}"
+rc=0; curl -sS -m 5 -o /dev/null "http://${IP[fp-solo]}/healthz" 2>/dev/null || rc=$?
+expect "$rc" 7 "fp-solo: curl's exit code for plain HTTP in refuse mode (7: connection refused)"
+expect "$(http GET fp-solo /healthz | cut -d' ' -f1)" 200 "fp-solo: /healthz over TLS in refuse mode"
+phase "scaling 2 -> 1 -> 2; meanwhile fp-solo refuses plain HTTP (TLS still answers)"
 
 # ---- 9. rolling upgrade under load ------------------------------------------------------------
 # A new version: the same source with another version string, built on the control node.
@@ -660,8 +688,8 @@ for n in "${POLLERS[@]}"; do
     done
 done
 
-# The upgrade runs in the background; ab runs bounded rounds (2000 requests, 10 concurrent, 10 s
-# timeout each) against both pollers, alternating, until it is done. Every round must have 0
+# The upgrade runs in the background; ab runs bounded rounds (1000 requests, 5 concurrent, 10 s
+# timeout each, 0.5 s apart) against both pollers, alternating, until it is done. Every round must have 0
 # failed and 0 non-2xx requests.
 # Release B: the new binary with the same wheelhouse; build/current now names it.
 FASTPOLL_POLL_SERVER_BIN=$NEW_BIN "$REPO/ansible/build.sh" > "$LOGS/build-v2.log" 2>&1 \
@@ -677,14 +705,16 @@ ab_path=$(signed "/Poll/getMessages?user_id=$seed_user")
 while kill -0 "$upgrade_pid" 2>/dev/null && [ "$rounds" -lt 300 ]; do
     n=${POLLERS[$((rounds % 2))]}
     assert_route "${IP[$n]}"
-    ab -q -n 2000 -c 10 -s 10 "http://${IP[$n]}$ab_path" > "$RUN/ab.txt" 2>&1 \
+    ab -q -n 1000 -c 5 -s 10 "http://${IP[$n]}$ab_path" > "$RUN/ab.txt" 2>&1 \
         || { cat "$RUN/ab.txt"; die "ab against $n failed"; }
     failed=$(awk '/^Failed requests:/{print $3}' "$RUN/ab.txt")
     complete=$(awk '/^Complete requests:/{print $3}' "$RUN/ab.txt")
     non2xx=$(awk '/^Non-2xx responses:/{print $3}' "$RUN/ab.txt")
-    [ "$failed" = 0 ] && [ -z "$non2xx" ] && [ "$complete" = 2000 ] \
+    [ "$failed" = 0 ] && [ -z "$non2xx" ] && [ "$complete" = 1000 ] \
         || { cat "$RUN/ab.txt"; die "ab round $rounds against $n during the upgrade: failed=$failed non-2xx=${non2xx:-0}"; }
     rounds=$((rounds + 1)); total=$((total + complete))
+    # A pause between rounds leaves the play CPU (two cores): load still overlaps every restart.
+    sleep 0.5
 done
 wait "$upgrade_pid" || { tail -60 "$LOGS/ansible-upgrade.log"; die "the upgrade playbook failed"; }
 [ "$rounds" -ge 2 ] || die "only $rounds ab rounds overlapped the upgrade"
@@ -764,6 +794,71 @@ on fp-app2 systemctl start fastpoll-app
 app_up
 phase "two app hosts on PostgreSQL: published through one, seen by the other; $reqs requests while one stopped, 0 failed"
 
+# ---- 11b. a memcached node added through the rollout, under a consistency checker -------------------
+# docs/deploy.md, "Adding or removing a memcached node": (a) the new node and the app hosts, which
+# write both placements (previous_servers = the old list); (b) the pollers, one instance at a time;
+# (c) once every poller runs the new list, previous_servers dropped on the app hosts. Meanwhile
+# tests/fleet/membership_check.py publishes through the app hosts and polls through both pollers:
+# 0 stale answers and 0 failed polls; it reports the hit ratio.
+# ini_list HOST KEY: the values of KEY's lines in HOST's fastpoll.ini, comma-separated.
+ini_list() { on "$1" "sed -n 's/^$2 = //p' /etc/fastpoll/fastpoll.ini" | paste -sd, -; }
+old_servers=$(ini_list fp-poll1 servers)
+expect "$old_servers" "${IP[fp-data1]}:11211,${IP[fp-poll2]}:11211" "memcached list before the change"
+prev_json="{\"fastpoll_memcached_previous_servers\": [\"${old_servers//,/\", \"}\"]}"
+mc_u=$((RANDOM % 600 + 96000))
+rm -f "$RUN/mc-stop"
+assert_all_routes
+"$REPO/.venv/bin/python" "$HERE/membership_check.py" "$RUN/signing.key" "$RUN/api.token" \
+    "${IP[fp-data1]},${IP[fp-app2]}" "${IP[fp-poll1]},${IP[fp-poll2]}" "$mc_u" 300 "$RUN/mc-stop" "$RUN/mc.json" \
+    > "$LOGS/membership-check.log" 2>&1 &
+mc_pid=$!
+# Every user published once (cached on the old placement) before the change starts.
+for _ in $(seq 1 120); do [ -e "$RUN/mc.json.ready" ] && break; kill -0 "$mc_pid" 2>/dev/null || break; sleep 0.5; done
+[ -e "$RUN/mc.json.ready" ] || { cat "$LOGS/membership-check.log"; die "the consistency checker did not get ready"; }
+sleep 2
+# fp-db1 joins the memcached group (sorted by name: fp-data1, fp-db1, fp-poll2).
+python3 - "$RUN/inventory.yml" <<'PY' || die "could not add fp-db1 to the memcached group"
+import sys
+p, old = sys.argv[1], "    memcached:\n      hosts:\n"
+t = open(p).read()
+if t.count(old) != 1:
+    sys.exit(1)
+open(p, "w").write(t.replace(old, old + "        fp-db1:\n"))
+PY
+new_servers="${IP[fp-data1]}:11211,${IP[fp-db1]}:11211,${IP[fp-poll2]}:11211"
+playbook mc-a-apps --limit 'fp-db1:app' --tags config,memcached,app -e "$prev_json"
+for n in "${APPS[@]}"; do
+    expect "$(ini_list "$n" servers)" "$new_servers" "$n: servers in (a)"
+    expect "$(ini_list "$n" previous_servers)" "$old_servers" "$n: previous_servers in (a)"
+done
+expect "$(ini_list fp-poll1 servers)" "$old_servers" "fp-poll1: servers in (a)"
+playbook mc-b-pollers --limit pollers --tags config,pollers
+for n in "${POLLERS[@]}"; do
+    out=$(on "$n" /usr/local/libexec/fastpoll-stale --config /etc/fastpoll/fastpoll.ini \
+        fastpoll-poller@8101.service=http://127.0.0.1:9101/metrics fastpoll-poller@8102.service=http://127.0.0.1:9102/metrics)
+    if echo "$out" | grep -qv ' ok$'; then die "$n: a poller does not run the new list: $out"; fi
+    expect "$(ini_list "$n" servers)" "$new_servers" "$n: servers in (b)"
+    up=$(on "$n" curl -fsS http://127.0.0.1:9101/metrics | grep -c '^fastpoll_backend_up{.* 1$' || true)
+    expect "$up" 3 "$n: memcached nodes up on instance 8101 after (b)"
+done
+playbook mc-c-drop --limit app --tags config,app
+for n in "${APPS[@]}"; do
+    if on "$n" grep -q '^previous_servers' /etc/fastpoll/fastpoll.ini; then die "$n: previous_servers left after (c)"; fi
+done
+sleep 3
+touch "$RUN/mc-stop"
+wait "$mc_pid" || { cat "$LOGS/membership-check.log"; die "the consistency checker failed"; }
+cp "$RUN/mc.json" "$LOGS/membership-check.json"
+read -r mc_polls mc_failed mc_stale mc_pub mc_ratio mc_min mc_under <<<"$("$REPO/.venv/bin/python" -c '
+import json, sys
+r = json.load(open(sys.argv[1])); c = r["counts"]
+print(c.get("polls", 0), c.get("failed", 0), c.get("stale", 0), c.get("publishes", 0), r["hit_ratio"], r["hit_ratio_min_per_2s"], r["buckets_under_95pct"])
+' "$RUN/mc.json")"
+[ "$mc_polls" -ge 500 ] || die "the consistency checker made only $mc_polls polls"
+[ "$mc_stale" = 0 ] || { cat "$RUN/mc.json"; die "membership change: $mc_stale stale answers"; }
+[ "$mc_failed" = 0 ] || { cat "$LOGS/membership-check.log"; die "membership change: $mc_failed failed polls"; }
+phase "memcached node added (fp-db1) through the rollout: $mc_polls polls and $mc_pub publishes, 0 stale, 0 failed; hit ratio $mc_ratio (lowest 2 s: $mc_min, $mc_under buckets under 95%)"
+
 # ---- 12. an interrupted run, then a re-run: every instance runs the new config -------------------
 # check_converged: on every poller and app host, each running instance reports the sha256 of the
 # fastpoll.ini on its host (fastpoll_config_info), and nothing on disk is newer than it.
@@ -799,7 +894,8 @@ if grep -q 'PLAY \[Poll servers' "$LOGS/ansible-interrupted.log"; then die "the 
 left=$(on fp-poll1 /usr/local/libexec/fastpoll-stale --config /etc/fastpoll/fastpoll.ini \
     fastpoll-poller@8101.service=http://127.0.0.1:9101/metrics)
 say "after the interrupted run, fp-poll1: $left"
-playbook rerun -e fastpoll_cache_ttl=299
+# The re-run on the hosts whose services read fastpoll.ini, through the plays that restart them.
+playbook rerun -e fastpoll_cache_ttl=299 --limit 'pollers:app' --tags config,app,pollers
 check_converged
 phase "interrupted run + re-run: every instance runs the new config"
 
@@ -810,21 +906,23 @@ grep -v '^fastpoll_signing_secrets' "$RUN/secrets.yml" > "$RUN/secrets-rot.yml"
 rot_u=$((RANDOM % 9000 + 80000))
 expect "$(publish fp-data1 "$rot_u" "rotation")" 201 "publish before the rotation"
 rounds=0 per_phase=""
-# ab_rounds PID: bounded ab rounds (at most 400 per phase) against both pollers until PID ends,
-# each on a URL an app host issues right then and on the URL issued before the phase: every
-# answer 2xx. At least one round must overlap each phase.
+# ab_rounds PID WHAT: bounded ab rounds (at most 400 per phase, 1 s apart) against both pollers
+# until PID ends, each on a URL an app host issues right then for user $rot_u and on $first_url:
+# every answer 2xx. At least one round must overlap each phase.
 ab_rounds() {
-    local pid=$1 url n mine=0
+    local pid=$1 what=$2 url n mine=0
     while kill -0 "$pid" 2>/dev/null && [ "$mine" -lt 400 ]; do
         n=${POLLERS[$((rounds % 2))]}
         for url in "$(poll_url "${APPS[$((rounds % 2))]}" "$rot_u")" "$first_url"; do
             assert_route "${IP[$n]}"
             ab -q -n 300 -c 5 -s 10 "http://${IP[$n]}$url" > "$RUN/ab.txt" 2>&1 || { cat "$RUN/ab.txt"; die "ab failed"; }
             if [ "$(awk '/^Failed requests:/{print $3}' "$RUN/ab.txt")" != 0 ] || grep -q '^Non-2xx' "$RUN/ab.txt"; then
-                cat "$RUN/ab.txt"; die "rotation: a valid URL failed on $n (round $rounds): $url"
+                cat "$RUN/ab.txt"; die "$what: a valid URL failed on $n (round $rounds): $url"
             fi
         done
         rounds=$((rounds + 1)); mine=$((mine + 1))
+        # The pause leaves the play CPU (two cores); load still overlaps every restart.
+        sleep 1
     done
     [ "$mine" -ge 1 ] || die "no ab round overlapped this rotation phase"
     per_phase="$per_phase $mine"
@@ -838,9 +936,9 @@ for rot_phase in 1 2; do
     assert_all_routes
     "$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" -e "@$RUN/secrets-rot.yml" \
         -e "@$RUN/rot.yml" -e "fastpoll_release_dir=$FASTPOLL_BUILD_DIR/current" -e fastpoll_cache_ttl=299 \
-        --limit 'pollers:app' > "$LOGS/ansible-rotation-$rot_phase.log" 2>&1 &
+        --limit 'pollers:app' --tags config,app,pollers > "$LOGS/ansible-rotation-$rot_phase.log" 2>&1 &
     rot_pid=$!
-    ab_rounds "$rot_pid"
+    ab_rounds "$rot_pid" "signing-key rotation"
     wait "$rot_pid" || { tail -40 "$LOGS/ansible-rotation-$rot_phase.log"; die "rotation phase $rot_phase failed"; }
     first_url=$(poll_url fp-app2 "$rot_u")
 done
@@ -860,18 +958,18 @@ echo "$new_key" > "$RUN/signing.key"
 { cat "$RUN/secrets-rot.yml"; printf 'fastpoll_signing_secrets: ["%s"]\n' "$new_key"; } > "$RUN/secrets.yml"
 assert_all_routes
 "$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" "${EXTRA[@]}" -e fastpoll_cache_ttl=299 \
-    --limit 'pollers:app' > "$LOGS/ansible-rotation-3.log" 2>&1 &
+    --limit 'pollers:app' --tags config,app,pollers > "$LOGS/ansible-rotation-3.log" 2>&1 &
 rot_pid=$!
-ab_rounds "$rot_pid"
+ab_rounds "$rot_pid" "signing-key rotation"
 wait "$rot_pid" || { tail -40 "$LOGS/ansible-rotation-3.log"; die "rotation phase 3 failed"; }
 expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$rot_u" | cut -d' ' -f1)" 200 "a URL signed with the new key"
 phase "signing-key rotation (accept the new, sign with it, drop the old) under load: $rounds ab rounds (per phase:$per_phase), 0 non-2xx"
 
 # ---- 14. rollback to the previous release --------------------------------------------------------
 assert_all_routes
-# Only the pollers and the app hosts run a release's artifacts.
+# Only the pollers and the app hosts run a release's artifacts (and only their plays install them).
 (cd "$REPO/ansible" && PATH="$ANSIBLE_BIN:$PATH" ./rollback.sh -i "$RUN/inventory.yml" -e "@$RUN/secrets.yml" \
-    -e fastpoll_cache_ttl=299 --limit 'pollers:app') > "$LOGS/ansible-rollback.log" 2>&1 \
+    -e fastpoll_cache_ttl=299 --limit 'pollers:app' --tags config,app,pollers) > "$LOGS/ansible-rollback.log" 2>&1 \
     || { tail -40 "$LOGS/ansible-rollback.log"; die "rollback.sh failed"; }
 old_sum=$(sha256sum < "$POLL_SERVER_BIN" | cut -d' ' -f1)
 for n in "${POLLERS[@]}"; do
@@ -907,19 +1005,61 @@ if [ -f "$HERE/monitoring.sh" ]; then
 fi
 
 # ---- 16. switch the cache backend to Redis ------------------------------------------------------
-# fastpoll.ini changes on every host: the app restarts, the pollers restart one by one.
-playbook redis-backend -e fastpoll_cache_backend=redis -e fastpoll_cache_ttl=299
+# fastpoll.ini changes: the app restarts, the pollers restart one by one (only they read it).
+playbook redis-backend -e fastpoll_cache_backend=redis -e fastpoll_cache_ttl=299 --limit 'pollers:app' --tags config,app,pollers
 u=$((RANDOM % 9000 + 40000))
 expect "$(publish fp-data1 "$u" "hello redis")" 201 "publish (redis)"
 for n in "${POLLERS[@]}"; do
     expect "$(http GET "$n" "/Poll/getMessages?user_id=$u")" "200 cache" "$n: hit from Redis"
     grep -q 'hello redis' "$RUN/body" || die "$n: Redis hit lacks the message"
 done
-val=$(on fp-data1 redis-cli -h "${IP[fp-data1]}" --no-auth-warning -a "$redis_pass" GET "'/Poll/getMessages?user_id=$u'")
+val=$(on fp-data1 redis-cli -h "${IP[fp-data1]}" --user fastpoll --no-auth-warning -a "$redis_pass" GET "'/Poll/getMessages?user_id=$u'")
 case "$val" in *"hello redis"*) ;; *) die "the key is not in Redis: '$val'";; esac
 u=$((u + 1))
 expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$u")" "200 app" "miss with Redis"
 expect "$(http GET fp-poll2 "/Poll/getMessages?user_id=$u")" "200 cache" "hit with Redis after the fill"
 phase "Redis backend: publish -> hit on both pollers, miss -> fill -> hit"
+
+# ---- 17. Redis password rotation under load, the cache kept ------------------------------------------
+# docs/runbook.md: (1) Redis takes the new password and the old one (an ACL LOAD, no restart), the
+# pollers and the app restart onto the new one; (2) the old one is dropped (ACL LOAD). ab rounds
+# through both pollers overlap both phases: 0 failed. A key written before the rotation and not
+# polled during it is still a hit after, and Redis kept its run_id (never restarted).
+redis_cli() { on fp-data1 redis-cli -h "${IP[fp-data1]}" --user fastpoll --no-auth-warning "$@"; }
+new_pass=$(head -c 24 /dev/urandom | base64 | tr -d '/+=')
+kept_u=$((u + 1))
+expect "$(publish fp-data1 "$kept_u" "kept through the rotation")" 201 "publish before the Redis rotation"
+rot_u=$((u + 2))
+expect "$(publish fp-data1 "$rot_u" "polled through the rotation")" 201 "publish before the Redis rotation"
+run_id=$(redis_cli -a "$redis_pass" INFO server | tr -d '\r' | sed -n 's/^run_id://p')
+[ -n "$run_id" ] || die "no run_id from Redis"
+grep -v '^fastpoll_redis_password' "$RUN/secrets.yml" > "$RUN/secrets-redis.yml"
+printf 'fastpoll_redis_password: "%s"\n' "$new_pass" >> "$RUN/secrets-redis.yml"
+printf 'fastpoll_redis_previous_passwords: ["%s"]\n' "$redis_pass" > "$RUN/redis-prev.yml"
+rounds=0 per_phase=""
+first_url=$(poll_url fp-data1 "$rot_u")
+assert_all_routes
+"$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" -e "@$RUN/secrets-redis.yml" \
+    -e "@$RUN/redis-prev.yml" -e "fastpoll_release_dir=$FASTPOLL_BUILD_DIR/current" -e fastpoll_cache_ttl=299 \
+    -e fastpoll_cache_backend=redis --limit 'pollers:app:redis' --tags config,redis,app,pollers,exporters \
+    > "$LOGS/ansible-redis-rotation-1.log" 2>&1 &
+rot_pid=$!
+ab_rounds "$rot_pid" "Redis password rotation"
+wait "$rot_pid" || { tail -40 "$LOGS/ansible-redis-rotation-1.log"; die "Redis rotation phase 1 failed"; }
+expect "$(redis_cli -a "$redis_pass" PING)" PONG "the old Redis password during the rotation"
+"$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" -e "@$RUN/secrets-redis.yml" \
+    -e "fastpoll_release_dir=$FASTPOLL_BUILD_DIR/current" -e fastpoll_cache_ttl=299 -e fastpoll_cache_backend=redis \
+    --limit redis --tags redis > "$LOGS/ansible-redis-rotation-2.log" 2>&1 &
+rot_pid=$!
+ab_rounds "$rot_pid" "Redis password rotation"
+wait "$rot_pid" || { tail -40 "$LOGS/ansible-redis-rotation-2.log"; die "Redis rotation phase 2 failed"; }
+expect "$(redis_cli -a "$new_pass" PING)" PONG "the new Redis password"
+case "$(redis_cli -a "$redis_pass" PING 2>&1)" in *WRONGPASS*|*NOAUTH*|*invalid*) ;; *) die "Redis still takes the old password";; esac
+expect "$(redis_cli -a "$new_pass" INFO server | tr -d '\r' | sed -n 's/^run_id://p')" "$run_id" "Redis run_id (not restarted)"
+expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$kept_u")" "200 cache" "a key written before the rotation"
+grep -q 'kept through the rotation' "$RUN/body" || die "the kept key's answer lacks its message"
+expect "$(http GET fp-poll2 "/Poll/getMessages?user_id=$((u + 3))")" "200 app" "a miss after the rotation"
+expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$((u + 3))")" "200 cache" "filled with the new password"
+phase "Redis password rotation (both, then the new one only) under load: $rounds ab rounds (per phase:$per_phase), 0 failed; cache kept (same run_id, an old key still a hit)"
 
 say "all checks passed"

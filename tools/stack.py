@@ -10,10 +10,10 @@ loopback port) and the app on it, `apps` app processes behind the same nginx.
 The app's write API is private (docs/api.md): nginx does not route it; callers use the app's own
 listener with the bearer token from run_dir/api.token (Stack.api()).
 
-    python tests/stack.py up   [--backend memcached|redis] [--http-port 8080] [--pollers N]
+    python tools/stack.py up   [--backend memcached|redis] [--http-port 8080] [--pollers N]
                                [--db sqlite|postgresql] [--apps N]
-    python tests/stack.py down
-    python tests/stack.py status
+    python tools/stack.py down
+    python tools/stack.py status
 """
 
 from __future__ import annotations
@@ -34,10 +34,15 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
+
+if TYPE_CHECKING:
+    import httpx  # the tests' client; `make up` does not need it
 
 ROOT = Path(__file__).resolve().parent.parent
 # FP_POLL_SERVER runs every stack on another build (e.g. build/poll_server-asan); FP_POLL_WRAPPER
@@ -61,25 +66,30 @@ PG_DB = "fastpoll"
 
 def _ephemeral_low() -> int:
     try:
-        return int(
-            Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]
-        )
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 32768
+
+
+_handed_out: set[int] = set()
 
 
 def free_port() -> int:
     """A TCP port nobody uses right now, below the kernel's ephemeral range: a port from that
     range can be taken between now and the server's bind() by any outgoing connection (the
-    pollers' to memcached, say), and the server then fails with EADDRINUSE."""
+    pollers' to memcached, say), and the server then fails with EADDRINUSE. Never the same port
+    twice in one process: a stack picks all its ports before its servers bind them."""
     low = _ephemeral_low()
     for _ in range(200 if low > 11000 else 0):
         port = random.randrange(10000, low)
+        if port in _handed_out:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _handed_out.add(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -100,7 +110,7 @@ def _log_tail(logs: list[Path], lines: int = 5) -> str:
 
 def wait_for(
     what: str,
-    check,
+    check: Callable[[], object],
     timeout: float = 30.0,
     proc: subprocess.Popen | None = None,
     logs: list[Path] | None = None,
@@ -253,9 +263,7 @@ class Proc:
     argv: list[str]
     pid: int = 0
     port: int = 0
-    started: int = (
-        0  # kernel start time of the pid: tells our process from a reused pid
-    )
+    started: int = 0  # kernel start time of the pid: tells our process from a reused pid
 
 
 def start_time(pid: int) -> int:
@@ -288,9 +296,7 @@ class Stack:
     # Pollers also listen on a unix socket (poller_socket()) and nginx reaches them through
     # it (no TCP loopback stack on that hop), as the Ansible deploy does; their TCP ports stay
     # for direct use. FP_POLLER_UNIX=0 makes every stack use TCP on that hop instead.
-    poller_unix: bool = field(
-        default_factory=lambda: os.environ.get("FP_POLLER_UNIX", "1") == "1"
-    )
+    poller_unix: bool = field(default_factory=lambda: os.environ.get("FP_POLLER_UNIX", "1") == "1")
     socket_dir: Path | None = None  # made by poller_socket(), removed by stop()
     # The app's database: "sqlite" (a file in run_dir, as `make up` runs it) or "postgresql"
     # (a throwaway server, see Postgres); `apps` app processes share it behind nginx.
@@ -303,9 +309,7 @@ class Stack:
     # Extra command-line flags of poller i, after the harness's own (e.g. {0: ["-s", LIST]}:
     # a poller on another server list, as during a membership change).
     poller_args: dict[int, list[str]] = field(default_factory=dict)
-    nginx_vars: dict[str, object] = field(
-        default_factory=dict
-    )  # overrides for the templates
+    nginx_vars: dict[str, object] = field(default_factory=dict)  # overrides for the templates
     procs: dict[str, Proc] = field(default_factory=dict)
     memcached_ports: list[int] = field(default_factory=list)
     poller_ports: list[int] = field(default_factory=list)
@@ -342,13 +346,9 @@ class Stack:
         self.app_port = self.app_ports[0]
         if self.db == "postgresql":
             self.pg_port = self.pg_port or free_port()
-        self.poller_ports = self.poller_ports or [
-            free_port() for _ in range(self.n_pollers)
-        ]
+        self.poller_ports = self.poller_ports or [free_port() for _ in range(self.n_pollers)]
         if self.admin:
-            self.admin_ports = self.admin_ports or [
-                free_port() for _ in self.poller_ports
-            ]
+            self.admin_ports = self.admin_ports or [free_port() for _ in self.poller_ports]
             self.nginx_status_port = self.nginx_status_port or free_port()
 
     def ini_sections(self) -> dict[str, dict[str, str]]:
@@ -361,9 +361,7 @@ class Stack:
                 "content_type": "application/json",
                 "ttl": "300",
             },
-            "memcached": {
-                "servers": " ".join(f"127.0.0.1:{p}" for p in self.memcached_ports)
-            },
+            "memcached": {"servers": " ".join(f"127.0.0.1:{p}" for p in self.memcached_ports)},
             "redis": {
                 "server": f"127.0.0.1:{self.redis_port}",
                 "password_file": str(self.run_dir / "redis.pass"),
@@ -375,9 +373,7 @@ class Stack:
             },
         }
         if self.db == "postgresql":
-            sections["app"]["database"] = (
-                f"postgresql://{PG_USER}@127.0.0.1:{self.pg_port}/{PG_DB}"
-            )
+            sections["app"]["database"] = f"postgresql://{PG_USER}@127.0.0.1:{self.pg_port}/{PG_DB}"
             sections["app"]["database_password_file"] = str(self.run_dir / "pg.pass")
         if self.signing:
             sections["signing"] = {"secret_file": str(self.secret_path), "ttl": "3600"}
@@ -404,7 +400,7 @@ class Stack:
             fd = os.open(self.secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32) + "\n")
-        lines = ["; written by tests/stack.py for the local stack"]
+        lines = ["; written by tools/stack.py for the local stack"]
         for section, values in self.ini_sections().items():
             lines.append(f"\n[{section}]")
             lines.extend(f"{k} = {v}" for k, v in values.items())
@@ -429,9 +425,7 @@ class Stack:
             **{
                 "fastpoll_listen": f"127.0.0.1:{self.http_port}",
                 "fastpoll_pollers": [
-                    f"unix:{self.poller_socket(i)}"
-                    if self.poller_unix
-                    else f"127.0.0.1:{p}"
+                    f"unix:{self.poller_socket(i)}" if self.poller_unix else f"127.0.0.1:{p}"
                     for i, p in enumerate(self.poller_ports)
                 ],
                 "fastpoll_apps": [f"127.0.0.1:{p}" for p in self.app_ports],
@@ -442,11 +436,7 @@ class Stack:
                     if self.nginx_status_port
                     else {}
                 ),
-                **(
-                    {"fastpoll_access_log": str(ngx / "access.log")}
-                    if self.access_log
-                    else {}
-                ),
+                **({"fastpoll_access_log": str(ngx / "access.log")} if self.access_log else {}),
                 **self.nginx_vars,
             }
         )
@@ -586,7 +576,7 @@ class Stack:
         """App i's own listener: the site's backend calls the write API here, not via nginx."""
         return f"http://127.0.0.1:{self.app_ports[i]}"
 
-    def api(self, i: int = 0, timeout: float = 10):  # -> httpx.Client
+    def api(self, i: int = 0, timeout: float = 10) -> httpx.Client:
         """A client of app i's own listener that sends the bearer token, as the site's backend
         does: `with stack.api() as api: api.post("/api/messages", json={...})`."""
         import httpx
@@ -732,9 +722,7 @@ class Stack:
                     found.append(f"{log.name}: {line.decode(errors='replace')}")
         return found
 
-    def stop_proc(
-        self, name: str, sig: int = signal.SIGTERM, timeout: float = 10.0
-    ) -> int | None:
+    def stop_proc(self, name: str, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
         """Stop one process we started, by pid. Returns its exit status if we could reap it."""
         proc = self.procs.pop(name, None)
         if proc is None:
@@ -796,9 +784,7 @@ class Stack:
     def load(cls, run_dir: Path) -> Stack:
         state = json.loads((run_dir / "stack.json").read_text())
         run_dir = run_dir.resolve()
-        stack = cls(
-            run_dir=run_dir, backend=state["backend"], http_port=state["http_port"]
-        )
+        stack = cls(run_dir=run_dir, backend=state["backend"], http_port=state["http_port"])
         if state.get("socket_dir"):
             stack.socket_dir = Path(state["socket_dir"])
         if state.get("pg_dir"):
@@ -853,9 +839,7 @@ def _stop_pid(proc: Proc, sig: int, timeout: float) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("command", choices=["up", "down", "status"])
     ap.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
     ap.add_argument(
@@ -863,12 +847,8 @@ def main() -> int:
         choices=["memcached", "redis"],
         default=os.environ.get("FP_BACKEND", "memcached"),
     )
-    ap.add_argument(
-        "--http-port", type=int, default=int(os.environ.get("FP_HTTP_PORT", "8080"))
-    )
-    ap.add_argument(
-        "--pollers", type=int, default=int(os.environ.get("FP_POLLERS", "0")) or None
-    )
+    ap.add_argument("--http-port", type=int, default=int(os.environ.get("FP_HTTP_PORT", "8080")))
+    ap.add_argument("--pollers", type=int, default=int(os.environ.get("FP_POLLERS", "0")) or None)
     ap.add_argument(
         "--memcached-nodes",
         type=int,
@@ -915,9 +895,7 @@ def main() -> int:
         stack = Stack.load(args.run_dir)
         down = [n for n, p in stack.procs.items() if not _is_ours(p)]
         for name, p in stack.procs.items():
-            print(
-                f"{name:12} pid {p.pid:7} port {p.port:5} {'DOWN' if name in down else 'up'}"
-            )
+            print(f"{name:12} pid {p.pid:7} port {p.port:5} {'DOWN' if name in down else 'up'}")
         return 1 if down else 0
 
     if state.exists():
@@ -940,12 +918,10 @@ def main() -> int:
     if args.pollers:
         stack.n_pollers = args.pollers
     stack.start()
-    print(
-        f"fastpoll is up ({stack.backend} backend), logs and config in {args.run_dir}/"
-    )
+    print(f"fastpoll is up ({stack.backend} backend), logs and config in {args.run_dir}/")
     print(f"  entry point (nginx)  {stack.base_url}/")
     print(f"  poll                 {stack.base_url}{stack.poll_url(1)}")
-    auth = f"-H \"Authorization: Bearer $(cat {stack.api_token_path})\""
+    auth = f'-H "Authorization: Bearer $(cat {stack.api_token_path})"'
     if stack.signing:
         print(
             f"  signed poll URL      curl -X POST {auth} -H 'Content-Type: application/json' "
@@ -955,9 +931,7 @@ def main() -> int:
         f"  publish              curl -X POST {auth} -H 'Content-Type: application/json' "
         f'-d \'{{"user_id": 1, "text": "hi"}}\' {stack.app_url()}/api/messages'
     )
-    print(
-        f"  poll servers         {', '.join(f'127.0.0.1:{p}' for p in stack.poller_ports)}"
-    )
+    print(f"  poll servers         {', '.join(f'127.0.0.1:{p}' for p in stack.poller_ports)}")
     print(
         f"  fallback app         {', '.join(stack.app_url(i) for i in range(stack.apps))}  "
         f"({stack.db}; metrics: /metrics; write API token in {stack.api_token_path})"
@@ -967,18 +941,13 @@ def main() -> int:
             "  poller metrics       "
             + ", ".join(f"127.0.0.1:{p}/metrics" for p in stack.admin_ports)
         )
-        print(
-            f"  nginx stub_status    http://127.0.0.1:{stack.nginx_status_port}/nginx_status"
-        )
+        print(f"  nginx stub_status    http://127.0.0.1:{stack.nginx_status_port}/nginx_status")
     if stack.access_log:
         print(f"  nginx access log     {args.run_dir}/nginx/access.log")
     print("  health of it all     make status")
-    print(
-        f"  memcached            {', '.join(f'127.0.0.1:{p}' for p in stack.memcached_ports)}"
-    )
-    print(
-        f"  redis                127.0.0.1:{stack.redis_port} (password in {args.run_dir}/redis.pass)"
-    )
+    print(f"  memcached            {', '.join(f'127.0.0.1:{p}' for p in stack.memcached_ports)}")
+    redis_pass = f"{args.run_dir}/redis.pass"
+    print(f"  redis                127.0.0.1:{stack.redis_port} (password in {redis_pass})")
     print("stop it with `make down`")
     return 0
 
