@@ -129,7 +129,8 @@ def test_invalid_keys_never_reach_the_cache(stack: Stack, cache: Cache) -> None:
     # A valid request on the same servers does reach it: the counter is live.
     target = stack.sign(f"/getMessages?user_id={new_uid()}")
     httpx.get(f"http://127.0.0.1:{stack.poller_ports[0]}{target}")
-    assert cache.gets_served() == before + 1
+    # At least: with replicas an idle node is also read once a second (fastpoll:probe).
+    assert cache.gets_served() >= before + 1
 
 
 def _read_all(s: socket.socket) -> bytes:

@@ -170,7 +170,10 @@ def test_fallback_path_checks_signatures_too(sec_stack: Stack) -> None:
 
 
 def back_in_rotation(stack: Stack, timeout: float = 20.0) -> None:
-    """Wait until nginx sends polls to the poll servers again (after its fail_timeout)."""
+    """Wait until nginx sends polls to the poll servers again (after its fail_timeout). Each
+    nginx worker keeps its own failure marks, so one worker back in rotation says nothing of
+    the other: first wait out the template's fail_timeout (2 s)."""
+    time.sleep(2.5)
     uid = new_uid()
     Cache(stack).set(poll_key(uid), HIT)
     deadline = time.monotonic() + timeout
