@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
 # Debian 12 packages the build, the stack and the tests need.
-APT_PACKAGES := build-essential pkg-config libevent-dev libmemcached-dev libhiredis-dev libinih-dev \
+APT_PACKAGES := build-essential pkg-config libevent-dev libmemcached-dev libhiredis-dev libinih-dev libxxhash-dev \
 	uthash-dev libcjson-dev nettle-dev libcmocka-dev memcached redis-server redis-tools nginx curl \
 	apache2-utils wrk python3-venv python3-dev zlib1g-dev postgresql libpq5 redis-sentinel
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)

@@ -1,13 +1,20 @@
 """Conditional polls through nginx (docs/api.md, "Conditional and long polls"), on the real
 stack: a fallback answer's ETag (XXH3-64 of the body) and pacing, a 304 from the app via nginx,
-gzip keeping a usable (weak) ETag, and wait= polls taking @poll_held with the raw target.
+gzip keeping a usable (weak) ETag, and wait= polls taking @poll_held with the raw target
+(these make the app answer by deleting the user's key first: a miss).
 
-The poll server's half (ETag and 304 on a hit, holding) comes later; these tests make the
-app answer by deleting the user's key first (a miss)."""
+Then the poll server's half, on both backends: ETag, pace and 304 on a hit, bad
+If-None-Match and wait= values, long polls answered within a second of a publish through the
+app's API (the announcement), by the re-check when a write is not announced, at the end of
+their wait, and a few thousand held clients that all disconnect at once (FP_HELD_CLIENTS: the
+documented longer run uses 15,000)."""
 
 from __future__ import annotations
 
 import gzip
+import os
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +23,7 @@ import httpx
 import pytest
 import xxhash
 from conftest import Cache, http_client, new_uid, poll_key, start_stack
-from stack import Stack
+from stack import Stack, free_port
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +134,247 @@ def test_the_rendered_config_routes_waits_and_passes_if_none_match(gz_stack: Sta
     assert conf.count("proxy_set_header If-None-Match $http_if_none_match;") == 2
     assert "proxy_read_timeout 40s;" in conf  # [poll] max_wait 30 + 10
     assert "error_page 418 = @poll_held;" in conf
+
+
+# ---- the poll server's half ----------------------------------------------------------------
+
+RECHECK_MS = 2000
+Answers = list[tuple[float, httpx.Response]]  # (time.monotonic() when answered, answer)
+HELD_CLIENTS = int(os.environ.get("FP_HELD_CLIENTS", "2000"))
+
+
+@pytest.fixture(scope="module", params=["memcached", "redis"])
+def held_stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """One poller (its metrics are the stack's), paced answers, long polls up to 10 s. With
+    memcached the app and the poller use the stack's Redis for announcements ([announce]
+    server); with Redis, the cache's own."""
+    redis_port = free_port()
+    run_dir = tmp_path_factory.mktemp(f"held-{request.param}")
+    extra: dict[str, dict[str, str]] = {
+        "poll": {"interval_ms": "1000", "jitter_pct": "20", "max_wait": "10"},
+        "server": {"recheck_ms": str(RECHECK_MS), "max_held": str(HELD_CLIENTS + 100)},
+    }
+    if request.param == "memcached":
+        extra["announce"] = {
+            "server": f"127.0.0.1:{redis_port}",
+            "password_file": str(run_dir / "redis.pass"),
+        }
+    # cache_timeout_ms 1000: a cold poller under valgrind (make valgrind) must still hit.
+    s = start_stack(
+        run_dir, request.param, n_pollers=1, redis_port=redis_port, extra_ini=extra,
+        cache_timeout_ms=1000,
+    )  # fmt: skip
+    wait_subscribed(s)
+    yield s
+    s.stop()
+
+
+def metric(stack: Stack, name: str) -> float:
+    """One sample of poller 0's /metrics (name with its labels, as printed)."""
+    text = httpx.get(f"http://127.0.0.1:{stack.admin_ports[0]}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"no {name} on /metrics")
+
+
+def wait_subscribed(stack: Stack) -> None:
+    deadline = time.monotonic() + 10
+    while metric(stack, "fastpoll_announce_subscribed") != 1:
+        assert time.monotonic() < deadline, "the poller never subscribed to announcements"
+        time.sleep(0.05)
+
+
+def hit(client: httpx.Client, uid: int, **headers: str) -> httpx.Response:
+    r = client.get(f"/Poll/getMessages?user_id={uid}", headers=headers)
+    assert r.headers["x-poll-source"] == "cache", r.headers
+    return r
+
+
+def published(stack: Stack, text: str) -> tuple[int, httpx.Response]:
+    """A new user with one message published, and its first poll (a hit)."""
+    uid = new_uid()
+    publish(stack, uid, text)
+    with http_client(stack) as c:
+        return uid, hit(c, uid)
+
+
+def test_hit_has_the_etag_and_the_pace(held_stack: Stack) -> None:
+    _, r = published(held_stack, "tagged")
+    assert r.status_code == 200 and r.content.startswith(b'{"unread":1')
+    assert r.headers["etag"] == tag_of(r.content)  # the app's tag of the same bytes
+    assert 1000 <= int(r.headers["poll-interval-ms"]) <= 1200
+
+
+def test_304_on_a_hit(held_stack: Stack) -> None:
+    uid = new_uid()
+    publish(held_stack, uid, "once")
+    before = metric(held_stack, 'fastpoll_requests_total{method="GET",outcome="not_modified"}')
+    with http_client(held_stack) as c:
+        tag = hit(c, uid).headers["etag"]
+        for inm in (tag, "W/" + tag, f'"other", W/{tag}', "*"):
+            r = hit(c, uid, **{"If-None-Match": inm})
+            assert r.status_code == 304 and r.content == b"", inm
+            assert r.headers["etag"] == tag and "content-type" not in r.headers
+            assert 1000 <= int(r.headers["poll-interval-ms"]) <= 1200
+        # Several If-None-Match lines form one list (sent straight to the poller: nginx
+        # passes the first line only).
+        with socket.create_connection(("127.0.0.1", held_stack.poller_ports[0])) as sk:
+            target = held_stack.sign(f"/getMessages?user_id={uid}")
+            sk.sendall(
+                f'GET {target} HTTP/1.1\r\nHost: x\r\nIf-None-Match: "a"\r\n'
+                f"If-None-Match: {tag}\r\nConnection: close\r\n\r\n".encode()
+            )
+            assert recv_all(sk).startswith(b"HTTP/1.1 304 ")
+        # HEAD too; a POST poll is never evaluated.
+        head = c.head(f"/Poll/getMessages?user_id={uid}", headers={"If-None-Match": tag})
+        assert head.status_code == 304
+    with http_client(held_stack, held_stack.poller_ports[0]) as direct:
+        r = direct.post(f"/getMessages?user_id={uid}", headers={"If-None-Match": tag})
+        assert r.status_code == 200 and r.headers["etag"] == tag
+    after = metric(held_stack, 'fastpoll_requests_total{method="GET",outcome="not_modified"}')
+    assert after - before == 5
+
+
+def recv_all(sk: socket.socket, timeout: float = 5) -> bytes:
+    sk.settimeout(timeout)
+    out = b""
+    while chunk := sk.recv(65536):
+        out += chunk
+    return out
+
+
+def test_bad_if_none_match_is_ignored(held_stack: Stack) -> None:
+    uid, full = published(held_stack, "full")
+    tag = full.headers["etag"]
+    with http_client(held_stack) as c:
+        huge = ", ".join([tag] + ['"' + "x" * 60 + '"'] * 20)  # > 1,024 bytes, holds the tag
+        assert len(huge) > 1024
+        for inm in (huge, tag[1:-1], f"w/{tag}", f"W/ {tag}", f"*, {tag}", '"a"b"', '"a b"'):
+            r = hit(c, uid, **{"If-None-Match": inm})
+            assert r.status_code == 200 and r.content == full.content, inm
+            assert r.headers["etag"] == tag
+
+
+def test_wait_out_of_range(held_stack: Stack) -> None:
+    uid = new_uid()
+    publish(held_stack, uid, "w")
+    with http_client(held_stack, held_stack.poller_ports[0]) as direct:
+        bad_waits = ("wait=x", "wait=-1", "wait=1234567", "wait=", "wait", "wait=1&wait=1")
+        for bad in bad_waits + ("wait=1.5",):
+            r = direct.get(f"/getMessages?user_id={uid}&{bad}")
+            assert r.status_code == 400, bad
+        # Above max_wait (10 s) it is clamped: without a matching tag, answered at once.
+        t0 = time.monotonic()
+        r = direct.get(f"/getMessages?user_id={uid}&wait=999999")
+        assert r.status_code == 200 and time.monotonic() - t0 < 2
+
+
+def held_poll(stack: Stack, uid: int, tag: str, wait: int, out: Answers) -> None:
+    with http_client(stack, timeout=wait + 15) as c:
+        url = f"/Poll/getMessages?user_id={uid}&wait={wait}"
+        r = c.get(url, headers={"If-None-Match": tag})
+        out.append((time.monotonic(), r))
+
+
+def start_held(
+    stack: Stack, uid: int, tag: str, wait: int, n: int = 1
+) -> tuple[list[threading.Thread], Answers]:
+    """n polls with wait and the current tag, through nginx, each on its own thread; returns
+    once the poller holds them all."""
+    out: Answers = []
+    threads = [
+        threading.Thread(target=held_poll, args=(stack, uid, tag, wait, out)) for _ in range(n)
+    ]
+    before = metric(stack, "fastpoll_held_requests")
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 5
+    while metric(stack, "fastpoll_held_requests") < before + n:
+        assert time.monotonic() < deadline, "the polls were not held"
+        time.sleep(0.02)
+    return threads, out
+
+
+def test_held_poll_answered_within_a_second_of_a_publish(held_stack: Stack) -> None:
+    uid, first = published(held_stack, "first")
+    tag = first.headers["etag"]
+    woken = metric(held_stack, 'fastpoll_held_wakeups_total{cause="announcement"}')
+    threads, out = start_held(held_stack, uid, tag, 10, n=3)  # 3 polls, one watch
+    t0 = time.monotonic()
+    publish(held_stack, uid, "second")
+    for t in threads:
+        t.join(15)
+    assert len(out) == 3
+    for t_done, r in out:
+        assert r.status_code == 200 and r.headers["x-poll-source"] == "cache"
+        assert b"second" in r.content and r.headers["etag"] == tag_of(r.content)
+        assert t_done - t0 < 1.0, f"answered {t_done - t0:.2f} s after the publish"
+        assert int(r.headers["poll-interval-ms"]) <= 200  # 0 + the jitter of 1000 ms
+    # The announcement woke them, not the re-check (RECHECK_MS is 2 s).
+    assert metric(held_stack, 'fastpoll_held_wakeups_total{cause="announcement"}') - woken == 3
+    assert metric(held_stack, "fastpoll_held_requests") == 0
+
+
+def test_unannounced_write_is_found_by_the_recheck(held_stack: Stack) -> None:
+    uid = new_uid()
+    publish(held_stack, uid, "first")
+    cache = Cache(held_stack)
+    with http_client(held_stack) as c:
+        tag = hit(c, uid).headers["etag"]
+    woken = metric(held_stack, 'fastpoll_held_wakeups_total{cause="recheck"}')
+    threads, out = start_held(held_stack, uid, tag, 10)
+    t0 = time.monotonic()
+    cache.set(poll_key(uid), b'{"written":"behind the app\'s back"}')  # no announcement
+    threads[0].join(15)
+    t_done, r = out[0]
+    assert r.status_code == 200 and r.content.startswith(b'{"written"')
+    assert t_done - t0 < RECHECK_MS / 1000 + 1
+    assert metric(held_stack, 'fastpoll_held_wakeups_total{cause="recheck"}') - woken == 1
+
+
+def test_held_poll_ends_with_304_after_its_wait(held_stack: Stack) -> None:
+    uid, first = published(held_stack, "still")
+    tag = first.headers["etag"]
+    t0 = time.monotonic()
+    threads, out = start_held(held_stack, uid, tag, 1)
+    threads[0].join(10)
+    t_done, r = out[0]
+    assert r.status_code == 304 and r.headers["etag"] == tag and r.content == b""
+    assert 0.9 <= t_done - t0 < 3
+    assert int(r.headers["poll-interval-ms"]) <= 200
+
+
+def test_many_held_clients_disconnect_at_once(held_stack: Stack) -> None:
+    """HELD_CLIENTS polls held straight on the poller (signed), then every client closes:
+    every slot is freed, no connection is left open, and the poller still answers."""
+    uid, first = published(held_stack, "crowd")
+    tag = first.headers["etag"]
+    port = held_stack.poller_ports[0]
+    target = held_stack.sign(f"/getMessages?user_id={uid}&wait=10")
+    req = f"GET {target} HTTP/1.1\r\nHost: x\r\nIf-None-Match: {tag}\r\n\r\n".encode()
+    base_conns = metric(held_stack, "fastpoll_open_connections")
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(HELD_CLIENTS):
+            sk = socket.create_connection(("127.0.0.1", port))
+            sk.sendall(req)
+            socks.append(sk)
+        deadline = time.monotonic() + 120  # valgrind (make valgrind) is slow
+        while (held := metric(held_stack, "fastpoll_held_requests")) < HELD_CLIENTS:
+            assert time.monotonic() < deadline, f"{held} of {HELD_CLIENTS} polls held"
+            time.sleep(0.1)
+    finally:
+        for sk in socks:
+            sk.close()
+    deadline = time.monotonic() + 60
+    while (
+        metric(held_stack, "fastpoll_held_requests") != 0
+        or metric(held_stack, "fastpoll_open_connections") > base_conns
+    ):
+        assert time.monotonic() < deadline, "held slots or connections were not freed"
+        time.sleep(0.1)
+    with http_client(held_stack) as c:
+        assert hit(c, uid, **{"If-None-Match": tag}).status_code == 304

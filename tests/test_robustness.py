@@ -582,10 +582,12 @@ def test_redis_late_reply_fails_alone_no_reconnect(
         return b""
 
     srv = fake(slow)
+    sub = fake(lambda line: b"")  # the announcement subscriber's own server (never answers)
     p = procs.poller(
         {
             "cache": {"backend": "redis", "timeout_ms": "200"},
             "redis": {"server": f"127.0.0.1:{srv.port}"},
+            "announce": {"server": f"127.0.0.1:{sub.port}"},
         }
     )
     assert p.status(40) == 200

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../src/etag.h"
 #include "../src/httpparse.h"
 
 static void check(int ok, const char *what, size_t size)
@@ -111,6 +112,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(hd.minor == 0 || hd.minor == 1, "version", size);
         check(!(hd.chunked && hd.has_length), "two framings", size);
         check(!(hd.chunked && hd.minor == 0), "chunked on 1.0", size);
+        /* What http.c does next with the head: If-None-Match and wait=. */
+        if (hd.ninm <= FP_HTTP_MAX_INM) {
+            struct fp_inm inm;
+            size_t k;
+
+            for (k = 0; k < hd.ninm; k++)
+                check(hd.inm[k] >= buf && hd.inm[k] + hd.inm_len[k] <= buf + end,
+                      "If-None-Match outside the head", size);
+            if (fp_inm_parse(hd.inm, hd.inm_len, hd.ninm, &inm))
+                check(inm.ntags <= FP_INM_TAGS && (!inm.star || inm.ntags == 0),
+                      "If-None-Match parsed", size);
+            else
+                check(!fp_inm_match(&inm, 0) && inm.ntags == 0, "ignored matches", size);
+        }
+        check(fp_wait_param(hd.target, hd.target_len, 30) <= 30, "wait clamped", size);
     }
     free(buf);
 

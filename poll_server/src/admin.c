@@ -45,7 +45,11 @@ static const char *const method_names[FP_STAT_NMETHODS] = {
 };
 static const char *const outcome_names[FP_STAT_NOUTCOMES] = {
     "hit", "miss", "invalid_key", "backend_error", "timeout",
-    "method_not_allowed", "forbidden", "client_closed"
+    "method_not_allowed", "forbidden", "client_closed", "not_modified",
+    "bad_request"
+};
+static const char *const wake_names[FP_STAT_NWAKE] = {
+    "announcement", "recheck", "timeout", "shutdown"
 };
 static const char *const accept_names[FP_STAT_NACCEPT] = {
     "emfile", "enfile", "nomem", "other"
@@ -150,7 +154,7 @@ static void write_requests(struct out *o)
          "Requests answered, by method and outcome (hit 200, miss and "
          "invalid_key 404, backend_error and timeout 503, method_not_allowed "
          "405, forbidden 403 (bad signature), client_closed: gone before the "
-         "answer).");
+         "answer, not_modified 304, bad_request 400 (a bad wait=)).");
     for (int m = 0; m < FP_STAT_NMETHODS; m++)
         for (int k = 0; k < FP_STAT_NOUTCOMES; k++)
             if (outcome_possible(m, k))
@@ -158,6 +162,28 @@ static void write_requests(struct out *o)
                            "outcome=\"%s\"} %llu\n", method_names[m],
                            outcome_names[k],
                            (unsigned long long)fp_stats.requests[m][k]);
+}
+
+static void write_holds(struct out *o)
+{
+    metric_u64(o, "fastpoll_held_requests", "gauge",
+               "Long polls (wait=) held now, waiting for their answer to change.",
+               fp_stats.held_now);
+    head(o, "fastpoll_held_wakeups_total", "counter",
+         "Held polls answered, by cause: announcement or recheck (the answer "
+         "changed: 200, or 404 if the key is gone), timeout and shutdown (304).");
+    for (int k = 0; k < FP_STAT_NWAKE; k++)
+        out_printf(o, "fastpoll_held_wakeups_total{cause=\"%s\"} %llu\n",
+                   wake_names[k], (unsigned long long)fp_stats.wakeups[k]);
+    metric_u64(o, "fastpoll_held_over_cap_total", "counter",
+               "Long polls answered at once because [server] max_held were held.",
+               fp_stats.held_over_cap);
+    metric_u64(o, "fastpoll_announcements_total", "counter",
+               "Announcements (written keys) received on [announce] channel.",
+               fp_stats.announcements);
+    metric_u64(o, "fastpoll_announce_subscribed", "gauge",
+               "1 while subscribed to [announce] channel, else 0 (none "
+               "configured, or connecting).", fp_stats.subscriber_up ? 1 : 0);
 }
 
 /* `name{server="<server>"` : the caller adds the other labels and "}". */
@@ -290,6 +316,7 @@ static int write_metrics(const struct fp_admin *a, struct evbuffer *b)
     fp_http_coalesce_stats(a->http, &co);
 
     write_requests(&o);
+    write_holds(&o);
     metric_u64(&o, "fastpoll_coalesced_requests_total", "counter",
                "Requests that waited for another request's cache get instead "
                "of costing a round trip of their own (requests - gets).",

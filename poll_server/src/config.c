@@ -501,6 +501,11 @@ static int set_params(struct fp_settings *s, const struct option_def *o,
             fmt(why, whylen, "exp and sig are reserved for signed poll URLs");
             goto out;
         }
+        if (len == 4 && memcmp(start, "wait", 4) == 0) {
+            /* docs/api.md: the long poll's wait is never part of a key. */
+            fmt(why, whylen, "wait is the long poll's parameter, never a key's");
+            goto out;
+        }
         if (n == FP_MAX_PARAMS) {
             fmt(why, whylen, "more than %d parameters", FP_MAX_PARAMS);
             goto out;
@@ -656,12 +661,12 @@ static int set_replicas(struct fp_settings *s, const struct option_def *o,
     return 0;
 }
 
-static int set_redis_server(struct fp_settings *s, const struct option_def *o,
-                            const char *v, char *why, size_t whylen)
+/* host:port or unix:/path into *field (replaced). */
+static int set_redis_addr(struct fp_server_addr *field, const char *v,
+                          char *why, size_t whylen)
 {
     struct fp_server_addr a = { NULL, 0, NULL };
 
-    (void)o;
     if (strncmp(v, "unix:", 5) == 0) {
         const char *path = v + 5;
         if (path[0] != '/') {
@@ -683,24 +688,42 @@ static int set_redis_server(struct fp_settings *s, const struct option_def *o,
         fmt(why, whylen, "%s (expected host:port or unix:/path)", inner);
         return -1;
     }
-    addr_free(&s->redis);
-    s->redis = a;
+    addr_free(field);
+    *field = a;
     return 0;
 }
 
+static int set_redis_server(struct fp_settings *s, const struct option_def *o,
+                            const char *v, char *why, size_t whylen)
+{
+    (void)o;
+    return set_redis_addr(&s->redis, v, why, whylen);
+}
+
+/* [announce] server: empty means unset (the default). */
+static int set_announce_server(struct fp_settings *s, const struct option_def *o,
+                               const char *v, char *why, size_t whylen)
+{
+    (void)o;
+    if (*v == '\0') {
+        addr_free(&s->announce);
+        return 0;
+    }
+    return set_redis_addr(&s->announce, v, why, whylen);
+}
+
 /* The password is the first line of the file, without its line end. */
-static int set_password_file(struct fp_settings *s, const struct option_def *o,
-                             const char *v, char *why, size_t whylen)
+static int read_password_file(char **field, const char *v, char *why,
+                              size_t whylen)
 {
     char line[PASSWORD_MAX + 2];
     FILE *f;
     size_t n;
     int rc = -1;
 
-    (void)o;
     if (*v == '\0') { /* empty: no password */
-        free(s->redis_password);
-        s->redis_password = NULL;
+        free(*field);
+        *field = NULL;
         return 0;
     }
     if ((f = fopen(v, "r")) == NULL) {
@@ -727,7 +750,9 @@ static int set_password_file(struct fp_settings *s, const struct option_def *o,
         fmt(why, whylen, "first line is empty");
         goto out;
     }
-    rc = replace_str(&s->redis_password, line, why, whylen);
+    if (*field != NULL)
+        explicit_bzero(*field, strlen(*field));
+    rc = replace_str(field, line, why, whylen);
     goto out;
 toolong:
     fmt(why, whylen, "first line longer than %d bytes", PASSWORD_MAX);
@@ -735,6 +760,21 @@ out:
     explicit_bzero(line, sizeof(line));
     (void)fclose(f);
     return rc;
+}
+
+static int set_password_file(struct fp_settings *s, const struct option_def *o,
+                             const char *v, char *why, size_t whylen)
+{
+    (void)o;
+    return read_password_file(&s->redis_password, v, why, whylen);
+}
+
+static int set_announce_password_file(struct fp_settings *s,
+                                      const struct option_def *o,
+                                      const char *v, char *why, size_t whylen)
+{
+    (void)o;
+    return read_password_file(&s->announce_password, v, why, whylen);
 }
 
 static void clear_secrets(struct fp_settings *s)
@@ -870,6 +910,26 @@ static int set_username(struct fp_settings *s, const struct option_def *o,
     return set_name(&s->redis_username, v, 256, why, whylen);
 }
 
+static int set_announce_username(struct fp_settings *s,
+                                 const struct option_def *o, const char *v,
+                                 char *why, size_t whylen)
+{
+    (void)o;
+    return set_name(&s->announce_username, v, 256, why, whylen);
+}
+
+/* Not empty: the app refuses an empty channel too. */
+static int set_channel(struct fp_settings *s, const struct option_def *o,
+                       const char *v, char *why, size_t whylen)
+{
+    (void)o;
+    if (*v == '\0') {
+        fmt(why, whylen, "empty (expected 1..128 printable ASCII bytes)");
+        return -1;
+    }
+    return set_name(&s->announce_channel, v, 128, why, whylen);
+}
+
 static int set_master_name(struct fp_settings *s, const struct option_def *o,
                            const char *v, char *why, size_t whylen)
 {
@@ -970,6 +1030,8 @@ static const struct option_def options[] = {
     { "server", "request_timeout_ms", set_uint, F(request_timeout_ms), 1, 3600000, false },
     { "server", "idle_timeout_ms", set_uint, F(idle_timeout_ms), 1, 3600000, false },
     { "server", "shutdown_timeout_ms", set_uint, F(shutdown_timeout_ms), 0, 600000, false },
+    { "server", "max_held", set_uint, F(max_held), 0, 1000000, false },
+    { "server", "recheck_ms", set_uint, F(recheck_ms), 100, 600000, false },
     { "keys", "prefix", set_prefix, 0, 0, 0, false },
     { "keys", "params", set_params, 0, 0, 0, false },
     { "cache", "backend", set_backend, 0, 0, 0, false },
@@ -988,6 +1050,14 @@ static const struct option_def options[] = {
     { "redis", "master_name", set_master_name, 0, 0, 0, false },
     { "signing", "secret_file", set_sign_secret_file, 0, 0, 0, false },
     { "signing", "ttl", set_uint, NO_FIELD, 1, 31536000, false },
+    { "poll", "interval_ms", set_uint, F(poll_interval_ms), 0, 3600000, false },
+    { "poll", "fallback_interval_ms", set_uint, NO_FIELD, 0, 3600000, false },
+    { "poll", "jitter_pct", set_uint, F(poll_jitter_pct), 0, 100, false },
+    { "poll", "max_wait", set_uint, F(poll_max_wait), 0, 300, false },
+    { "announce", "server", set_announce_server, 0, 0, 0, false },
+    { "announce", "password_file", set_announce_password_file, 0, 0, 0, false },
+    { "announce", "username", set_announce_username, 0, 0, 0, false },
+    { "announce", "channel", set_channel, 0, 0, 0, false },
     { "admin", "listen", set_admin_listen, 0, 0, 0, false },
     { "admin", "port", set_uint, F(admin_port), 0, 65535, false },
     { "log", "level", set_level, 0, 0, 0, false },
@@ -997,8 +1067,8 @@ static const struct option_def options[] = {
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
 
 static const char *const sections[] = {
-    "server", "keys", "cache", "memcached", "redis", "signing", "admin",
-    "log"
+    "server", "keys", "cache", "memcached", "redis", "signing", "poll",
+    "announce", "admin", "log"
 };
 
 static int known_section(const char *section)
@@ -1036,6 +1106,13 @@ void fp_config_free(struct fp_settings *s)
     free(s->redis_username);
     free(s->redis_master_name);
     free(s->log_file);
+    addr_free(&s->announce);
+    free(s->announce_username);
+    free(s->announce_channel);
+    if (s->announce_password != NULL) {
+        explicit_bzero(s->announce_password, strlen(s->announce_password));
+        free(s->announce_password);
+    }
     clear_secrets(s);
     if (s->redis_password != NULL) {
         explicit_bzero(s->redis_password, strlen(s->redis_password));
@@ -1054,6 +1131,7 @@ int fp_config_defaults(struct fp_settings *s, char *err, size_t errlen)
         { "cache", "content_type", "application/json" },
         { "memcached", "servers", "127.0.0.1:11211" },
         { "redis", "server", "127.0.0.1:6379" },
+        { "announce", "channel", "fastpoll:announce" },
     };
 
     memset(s, 0, sizeof(*s));
@@ -1064,6 +1142,11 @@ int fp_config_defaults(struct fp_settings *s, char *err, size_t errlen)
     s->request_timeout_ms = 10000;
     s->idle_timeout_ms = 60000;
     s->shutdown_timeout_ms = 5000;
+    s->max_held = 20000;
+    s->recheck_ms = 2000;
+    s->poll_interval_ms = 1000;
+    s->poll_jitter_pct = 20;
+    s->poll_max_wait = 30;
     s->backend = FP_BACKEND_MEMCACHED;
     s->cache_timeout_ms = 100;
     s->mc_replicas = -1;
@@ -1253,6 +1336,20 @@ static int check_together(const struct ini_ctx *c)
     if (s->redis_username != NULL && s->redis_password == NULL) {
         fmt(c->err, c->errlen, "%s:%d: [redis] username needs [redis] "
             "password_file (AUTH username password)", c->name, lu);
+        return -1;
+    }
+    /* As the app (config.py, _announce): the credentials go with a server. */
+    if (s->announce_username != NULL && s->announce_password == NULL) {
+        fmt(c->err, c->errlen, "%s:%d: [announce] username needs [announce] "
+            "password_file", c->name, line_of(c, "announce", "username"));
+        return -1;
+    }
+    if ((s->announce_password != NULL || s->announce_username != NULL) &&
+        s->announce.host == NULL && s->announce.unix_path == NULL) {
+        int lp = line_of(c, "announce", "password_file");
+        fmt(c->err, c->errlen, "%s:%d: [announce] %s needs [announce] server",
+            c->name, lp != 0 ? lp : line_of(c, "announce", "username"),
+            lp != 0 ? "password_file" : "username");
         return -1;
     }
     return 0;

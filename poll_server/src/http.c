@@ -38,6 +38,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,8 @@
 #include "accept.h"
 #include "cache.h"
 #include "coalesce.h"
+#include "etag.h"
+#include "hold.h"
 #include "http.h"
 #include "httpparse.h"
 #include "keys.h"
@@ -79,6 +82,7 @@ enum conn_state {
     C_HEAD,     /* reading a request head */
     C_BODY,     /* reading (and discarding) its body */
     C_WAIT,     /* the request waits for the cache */
+    C_HOLD,     /* a long poll waits for its answer to change (hold.c) */
     C_WRITE,    /* its answer is being written */
     C_LINGER    /* answered, closing: input is dropped until EOF */
 };
@@ -102,6 +106,14 @@ struct conn {
     struct fp_chunked ch;
     size_t keylen;
     char key[FP_MAX_KEY_LEN + 1];
+    /* Conditional and long polls (etag.h, hold.h). */
+    struct fp_inm inm;              /* If-None-Match, if cond */
+    int cond;                       /* GET/HEAD with a valid If-None-Match */
+    unsigned wait_s;                /* wait=, clamped; 0: not a long poll */
+    int has_tag;                    /* the answer from the cache has ... */
+    uint64_t tag;                   /* ... this ETag */
+    unsigned pace_ms;               /* ... and this Poll-Interval-Ms */
+    struct fp_held held;
     /* Input: in[in_off, in_len) not parsed yet; `scanned` bytes of it were
      * searched for the end of a head already. */
     size_t in_off, in_len, scanned;
@@ -120,6 +132,7 @@ struct fp_http {
     dev_t unix_dev;             /* ... if it is still the one we bound */
     ino_t unix_ino;
     struct fp_coalesce *co;
+    struct fp_hold *hold;       /* held long polls */
     struct fp_signer *signer;   /* NULL: poll URLs are not signed */
     struct fp_accept_guard *guard; /* pauses accepting on EMFILE */
     struct conn *conns;         /* open */
@@ -300,6 +313,10 @@ static void conn_close(struct conn *c)
         fp_coalesce_detach(&c->w);
         fp_log(FP_LOG_DEBUG, "http: connection closed with a request waiting "
                "for the cache");
+    } else if (c->state == C_HOLD) {
+        /* The client of a held poll went away: its slot is free at once. */
+        fp_stat_request(c->method, FP_STAT_CLIENT_CLOSED);
+        fp_hold_remove(&c->held);
     }
     /* Deleting events that are not pending is a no-op. */
     if (event_del(c->rev) != 0 || event_del(c->wev) != 0 ||
@@ -373,6 +390,7 @@ static const char *reason_of(int code)
 {
     switch (code) {
     case 200: return "OK";
+    case 304: return "Not Modified";
     case 400: return "Bad Request";
     case 403: return "Forbidden";
     case 404: return "Not Found";
@@ -397,12 +415,25 @@ static size_t format_head(struct conn *c, char *buf, size_t cap, int code,
     p = put_num(p, end, (size_t)code);
     p = put(p, end, " ", 1);
     p = put_str(p, end, reason_of(code));
-    p = put(p, end, "\r\nContent-Length: ", 18);
-    p = put_num(p, end, len);
+    if (code != 304) { /* RFC 9110 15.4.5: a 304 has no content headers */
+        p = put(p, end, "\r\nContent-Length: ", 18);
+        p = put_num(p, end, len);
+    }
     if (from_cache) {
-        p = put(p, end, "\r\nContent-Type: ", 16);
-        p = put_str(p, end, c->h->s->content_type);
+        if (code != 304) {
+            p = put(p, end, "\r\nContent-Type: ", 16);
+            p = put_str(p, end, c->h->s->content_type);
+        }
         p = put(p, end, "\r\nX-Poll-Source: cache", 22);
+        if (c->has_tag) {
+            char tag[18];
+
+            fp_etag_format(c->tag, tag);
+            p = put(p, end, "\r\nETag: ", 8);
+            p = put(p, end, tag, sizeof(tag));
+        }
+        p = put(p, end, "\r\nPoll-Interval-Ms: ", 20);
+        p = put_num(p, end, c->pace_ms);
     } else if (code == 403) {
         p = put_str(p, end, "\r\nContent-Type: application/json");
     } else if (code == 405) {
@@ -536,6 +567,85 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
         process(c);
 }
 
+/* Pipelined requests are parsed from the loop, not from inside a
+ * delivery (the coalescer's or hold.c's). */
+static void resume_later(struct conn *c)
+{
+    if (c->in_len > c->in_off) {
+        c->resume = 1;
+        event_active(c->rev, EV_READ, 1);
+    }
+}
+
+/* Held polls that end get a pace of 0 plus the jitter of interval_ms: ask
+ * again at once, spread out (docs/api.md, "Poll-Interval-Ms"). */
+static unsigned held_pace(const struct fp_settings *s)
+{
+    return fp_pace_ms(s->poll_interval_ms, s->poll_jitter_pct) -
+           s->poll_interval_ms;
+}
+
+/* The poll's If-None-Match matches the cached answer: hold it if it asked
+ * to wait and a slot is free. Returns 1 if held, 0 to answer 304 now. */
+static int hold_or_304(struct conn *c)
+{
+    struct fp_http *h = c->h;
+    struct timeval tv;
+
+    if (c->wait_s == 0 || h->draining)
+        return 0;
+    c->held.inm = &c->inm;
+    if (fp_hold_add(h->hold, c->key, c->keylen, &c->held) != 0) {
+        fp_stat_over_cap();
+        fp_log(FP_LOG_DEBUG, "http: %zu polls held: answering at once",
+               fp_hold_count(h->hold));
+        return 0;
+    }
+    c->state = C_HOLD;
+    tv.tv_sec = (time_t)c->wait_s;
+    tv.tv_usec = 0;
+    if (evtimer_add(c->timer, &tv) != 0) {
+        fp_log(FP_LOG_ERROR, "http: cannot arm a held poll's timer");
+        fp_hold_remove(&c->held);
+        c->state = C_WAIT;
+        return 0;
+    }
+    return 1;
+}
+
+/* A held poll ends with 304: its wait is over, or the server drains. */
+static void end_hold(struct conn *c, enum fp_stat_wake cause)
+{
+    fp_hold_remove(&c->held);
+    fp_stat_wake(cause);
+    fp_stat_request(c->method, FP_STAT_NOT_MODIFIED);
+    c->state = C_HEAD;
+    c->pace_ms = held_pace(c->h->s);
+    if (answer(c, 304, NULL, 0, 1) == 0)
+        resume_later(c);
+}
+
+/* hold.c: a held poll's answer changed (200), or its key is gone (404:
+ * nginx asks the app). */
+static void on_release(struct fp_held *hd, enum fp_cache_status st,
+                       const char *value, size_t len, uint64_t tag,
+                       enum fp_stat_wake cause, void *arg)
+{
+    struct conn *c = (struct conn *)(void *)((char *)hd - offsetof(struct conn, held));
+    int code = st == FP_CACHE_HIT ? 200 : 404;
+
+    (void)arg;
+    fp_stat_wake(cause);
+    fp_stat_request(c->method, code == 200 ? FP_STAT_HIT : FP_STAT_MISS);
+    c->state = C_HEAD;
+    c->has_tag = 1;
+    c->tag = tag;
+    c->pace_ms = held_pace(c->h->s);
+    if (answer(c, code, code == 200 ? value : NULL, code == 200 ? len : 0,
+               code == 200) == 0)
+        resume_later(c);
+}
+
 static void on_answer(struct fp_waiter *w, enum fp_cache_status st,
                       const char *value, size_t len, void *arg)
 {
@@ -545,6 +655,17 @@ static void on_answer(struct fp_waiter *w, enum fp_cache_status st,
     (void)arg;
     switch (st) {
     case FP_CACHE_HIT:
+        c->has_tag = 1;
+        c->tag = fp_etag_of(value, len);
+        c->pace_ms = fp_pace_ms(c->h->s->poll_interval_ms,
+                                c->h->s->poll_jitter_pct);
+        if (c->cond && fp_inm_match(&c->inm, c->tag)) {
+            if (hold_or_304(c))
+                return;
+            fp_stat_request(c->method, FP_STAT_NOT_MODIFIED);
+            code = 304;
+            break;
+        }
         fp_stat_request(c->method, FP_STAT_HIT);
         code = 200;
         break;
@@ -562,14 +683,9 @@ static void on_answer(struct fp_waiter *w, enum fp_cache_status st,
     }
     c->state = C_HEAD; /* not waiting any more (conn_close must not detach) */
     if (answer(c, code, code == 200 ? value : NULL, code == 200 ? len : 0,
-               code == 200) != 0)
+               code == 200 || code == 304) != 0)
         return;
-    /* Pipelined requests are parsed from the loop, not from inside the
-     * coalescer's delivery. */
-    if (c->in_len > c->in_off) {
-        c->resume = 1;
-        event_active(c->rev, EV_READ, 1);
-    }
+    resume_later(c);
 }
 
 /* The request is in (head and body): answer it, or ask the cache. Returns
@@ -623,10 +739,25 @@ static int start_request(struct conn *c, const char *buf, size_t len)
     if (c->chunked)
         fp_chunked_init(&c->ch);
     c->verdict = 0;
+    c->has_tag = 0;
+    c->wait_s = 0;
     if (hd.method == FP_HM_OTHER) {
         c->verdict = 405;
         c->outcome = FP_STAT_METHOD_NOT_ALLOWED;
         return 0;
+    }
+    /* POST polls are not evaluated (docs/api.md, "If-None-Match"). */
+    c->cond = hd.method != FP_HM_POST && hd.ninm <= FP_HTTP_MAX_INM &&
+              fp_inm_parse(hd.inm, hd.inm_len, hd.ninm, &c->inm);
+    {
+        long w = fp_wait_param(hd.target, hd.target_len, s->poll_max_wait);
+
+        if (w < 0) {
+            c->verdict = 400;
+            c->outcome = FP_STAT_BAD_REQUEST;
+            return 0;
+        }
+        c->wait_s = (unsigned)w;
     }
     keylen = key_derive(s->key_prefix, s->key_params, s->nkey_params,
                         hd.target, hd.target_len, c->key, sizeof(c->key));
@@ -780,6 +911,9 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     switch (c->state) {
     case C_WAIT:
         return; /* the cache's timeout bounds it; re-armed once answered */
+    case C_HOLD:
+        end_hold(c, FP_STAT_WAKE_TIMEOUT);
+        return;
     case C_HEAD:
     case C_BODY:
         /* Not in within the limit: closed, as evhttp did (no answer). */
@@ -1003,6 +1137,7 @@ struct fp_http *fp_http_start(struct event_base *base,
         return NULL;
     }
     if ((h->co = fp_coalesce_new(cache, on_answer, h)) == NULL ||
+        (h->hold = fp_hold_new(base, s, cache, on_release, h)) == NULL ||
         (s->nsign_secrets > 0 &&
          (h->signer = fp_signer_new(s->sign_secrets, s->nsign_secrets)) == NULL) ||
         (h->guard = fp_accept_guard_new(base, "http")) == NULL) {
@@ -1048,6 +1183,7 @@ fail:
     if (h->lev_unix != NULL)
         evconnlistener_free(h->lev_unix);
     fp_coalesce_free(h->co);
+    fp_hold_free(h->hold);
     fp_signer_free(h->signer);
     fp_accept_guard_free(h->guard);
     free(h);
@@ -1070,10 +1206,19 @@ static void stop_listening(struct fp_http *h)
 
 void fp_http_drain(struct fp_http *h, void (*done)(void *arg), void *arg)
 {
+    struct conn *c, *next;
+
     stop_listening(h);
     h->draining = 1;
     h->drained = done;
     h->drained_arg = arg;
+    /* Held polls are answered now (304, Connection: close): nothing would
+     * wake them before the drain's limit. */
+    for (c = h->conns; c != NULL; c = next) {
+        next = c->next;
+        if (c->state == C_HOLD)
+            end_hold(c, FP_STAT_WAKE_SHUTDOWN);
+    }
     check_drained(h);
 }
 
@@ -1114,6 +1259,7 @@ void fp_http_free(struct fp_http *h)
     }
     fp_accept_guard_free(h->guard);
     fp_coalesce_free(h->co);
+    fp_hold_free(h->hold);
     fp_signer_free(h->signer);
     free(h);
 }

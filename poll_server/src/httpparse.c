@@ -179,6 +179,12 @@ int fp_http_parse_head(const char *buf, size_t len, struct fp_http_head *out)
             out->chunked = 1;
         } else if (eq_lower(buf + name, name_len, "connection")) {
             connection_tokens(buf + v, ve - v, &close_it, &ka);
+        } else if (eq_lower(buf + name, name_len, "if-none-match")) {
+            if (out->ninm < FP_HTTP_MAX_INM) {
+                out->inm[out->ninm] = buf + v;
+                out->inm_len[out->ninm] = ve - v;
+            }
+            out->ninm++;
         }
     }
     if (i != len)

@@ -15,6 +15,7 @@
 #include <sys/types.h>
 
 #define FP_HTTP_MAX_HEADERS 100 /* header lines per request */
+#define FP_HTTP_MAX_INM 8       /* If-None-Match lines kept (etag.h) */
 
 enum fp_hmethod { FP_HM_GET, FP_HM_HEAD, FP_HM_POST, FP_HM_OTHER };
 
@@ -27,6 +28,11 @@ struct fp_http_head {
     int chunked;                /* Transfer-Encoding: chunked */
     int has_length;             /* Content-Length given */
     unsigned long long content_length;
+    /* If-None-Match values (trimmed), in the caller's buffer; ninm counts
+     * every line, so more than FP_HTTP_MAX_INM tells the header is too big. */
+    const char *inm[FP_HTTP_MAX_INM];
+    size_t inm_len[FP_HTTP_MAX_INM];
+    size_t ninm;
 };
 
 /* Where the head that starts at buf ends: the offset just past its empty

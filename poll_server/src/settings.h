@@ -34,6 +34,10 @@ struct fp_settings {
     unsigned idle_timeout_ms;    /* keep-alive connection idle limit, default 60000 */
     unsigned request_timeout_ms; /* time to receive a whole request, default 10000 */
     unsigned shutdown_timeout_ms;/* drain limit after SIGTERM, default 5000 */
+    unsigned max_held;           /* wait= polls held at once, default 20000;
+                                  * past it a poll is answered at once */
+    unsigned recheck_ms;         /* each held key is read again at least this
+                                  * often (lost announcements), default 2000 */
 
     /* [keys] */
     char *key_prefix;            /* default "/Poll" */
@@ -65,6 +69,18 @@ struct fp_settings {
     /* [signing] */
     char *sign_secrets[FP_MAX_SIGN_SECRETS]; /* secret_file lines; none: not signed */
     size_t nsign_secrets;
+
+    /* [poll] (shared with the app: docs/api.md, "Conditional and long polls") */
+    unsigned poll_interval_ms;   /* Poll-Interval-Ms of a hit, default 1000 */
+    unsigned poll_jitter_pct;    /* ... plus 0..this % of it, default 20 */
+    unsigned poll_max_wait;      /* wait= is clamped to this (s), default 30 */
+
+    /* [announce] (shared with the app): Redis pub/sub of written keys */
+    struct fp_server_addr announce; /* unset (no host, no path): [redis] with
+                                     * the Redis backend, else none */
+    char *announce_password;     /* from password_file, or NULL */
+    char *announce_username;     /* or NULL */
+    char *announce_channel;      /* default "fastpoll:announce" */
 
     /* [admin] (poll server) */
     char *admin_listen;          /* default 127.0.0.1: never expose it */

@@ -29,6 +29,8 @@ enum fp_stat_outcome {
     FP_STAT_METHOD_NOT_ALLOWED, /* 405 */
     FP_STAT_FORBIDDEN,          /* 403: [signing] on, no valid signature */
     FP_STAT_CLIENT_CLOSED,      /* the connection went away before the answer */
+    FP_STAT_NOT_MODIFIED,       /* 304: If-None-Match matched (at once or held) */
+    FP_STAT_BAD_REQUEST,        /* 400: a bad wait= */
     FP_STAT_NOUTCOMES
 };
 
@@ -36,6 +38,15 @@ enum fp_stat_outcome {
 enum fp_stat_accept {
     FP_STAT_ACCEPT_EMFILE, FP_STAT_ACCEPT_ENFILE, FP_STAT_ACCEPT_NOMEM,
     FP_STAT_ACCEPT_OTHER, FP_STAT_NACCEPT
+};
+
+/* Why a held poll was answered (hold.c). */
+enum fp_stat_wake {
+    FP_STAT_WAKE_ANNOUNCEMENT,  /* an announcement, then a read: changed */
+    FP_STAT_WAKE_RECHECK,       /* the periodic re-check read: changed */
+    FP_STAT_WAKE_TIMEOUT,       /* the wait ended: 304 */
+    FP_STAT_WAKE_SHUTDOWN,      /* SIGTERM's drain: 304 */
+    FP_STAT_NWAKE
 };
 
 /* Backend latency buckets, upper bounds in microseconds (+Inf is implied). */
@@ -67,6 +78,12 @@ struct fp_stats {
     uint64_t open_connections;  /* client connections accepted, not closed */
     struct fp_stat_backend backends[FP_MAX_SERVERS];
     size_t nbackends;
+    /* Conditional and long polls (hold.c, announce.c). */
+    uint64_t held_now;          /* wait= polls held now */
+    uint64_t wakeups[FP_STAT_NWAKE];
+    uint64_t held_over_cap;     /* answered at once: [server] max_held reached */
+    uint64_t announcements;     /* messages received on [announce] channel */
+    int subscriber_up;          /* subscribed to the channel now */
     struct timespec started;    /* CLOCK_MONOTONIC */
     time_t started_wall;
 };
@@ -93,6 +110,11 @@ void fp_stats_backend_name(size_t i, const char *name);
 #define fp_stat_accept_error(r) ((void)(r))
 #define fp_stat_conn_open() ((void)0)
 #define fp_stat_conn_closed() ((void)0)
+#define fp_stat_held(d) ((void)(d))
+#define fp_stat_wake(c) ((void)(c))
+#define fp_stat_over_cap() ((void)0)
+#define fp_stat_announcement() ((void)0)
+#define fp_stat_subscriber(up) ((void)(up))
 
 #else
 
@@ -136,6 +158,35 @@ static inline void fp_stat_conn_closed(void)
 {
     if (fp_stats.open_connections > 0)
         fp_stats.open_connections--;
+}
+
+/* A poll started (+1) or stopped (-1) being held. */
+static inline void fp_stat_held(int d)
+{
+    if (d > 0)
+        fp_stats.held_now++;
+    else if (fp_stats.held_now > 0)
+        fp_stats.held_now--;
+}
+
+static inline void fp_stat_wake(enum fp_stat_wake c)
+{
+    fp_stats.wakeups[c]++;
+}
+
+static inline void fp_stat_over_cap(void)
+{
+    fp_stats.held_over_cap++;
+}
+
+static inline void fp_stat_announcement(void)
+{
+    fp_stats.announcements++;
+}
+
+static inline void fp_stat_subscriber(int up)
+{
+    fp_stats.subscriber_up = up;
 }
 
 /* Monotonic nanoseconds (vDSO clock_gettime: no system call). */

@@ -388,8 +388,30 @@ def run_checks(c: Check) -> None:
     )
 
 
+def hold_polls(c: Check, n: int) -> list[socket.socket]:
+    """n long polls (wait=30) of user 7 with its current tag: held, nothing changes."""
+    c.mc(b"set /Poll/getMessages?user_id=7 0 0 4\r\nheld\r\n")
+    head = c.req(b"/getMessages?user_id=7").split(b"\r\n\r\n")[0]
+    tag = [v for v in head.split(b"\r\n") if v.startswith(b"ETag: ")][0][6:]
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", c.port))
+        s.sendall(
+            b"GET /getMessages?user_id=7&wait=30 HTTP/1.1\r\nHost: x\r\n"
+            b"If-None-Match: %s\r\n\r\n" % tag
+        )
+        socks.append(s)
+    deadline = time.monotonic() + 3
+    while c.metric("fastpoll_held_requests") < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    c.ok(f"{n} long polls held", c.metric("fastpoll_held_requests") == n)
+    return socks
+
+
 def drain(c: Check, server: subprocess.Popen) -> None:
-    """SIGTERM with requests waiting: they are answered (Connection: close), exit 0."""
+    """SIGTERM with requests waiting for the cache and long polls held: they are answered
+    (Connection: close; the held ones 304 at once), exit 0."""
+    held = hold_polls(c, 3)
     freeze(c.mc_pid)
     socks = []
     try:
@@ -429,6 +451,22 @@ def drain(c: Check, server: subprocess.Popen) -> None:
             for a in answers
         ),
         answers,
+    )
+    held_answers = []
+    for s in held:
+        s.settimeout(1)  # at once: not after their 30 s wait
+        try:
+            held_answers.append(s.recv(4096))
+        except OSError as e:
+            held_answers.append(repr(e).encode())
+        s.close()
+    c.ok(
+        "SIGTERM: held long polls are answered 304 with Connection: close",
+        all(
+            a.startswith(b"HTTP/1.1 304") and b"Connection: close\r\n" in a
+            for a in held_answers
+        ),
+        held_answers,
     )
     rc = server.wait(timeout=10)
     c.ok("SIGTERM: exit status 0", rc == 0, rc)

@@ -549,8 +549,81 @@ static void test_example_file(void **state)
     assert_int_equal(s.redis.port, d.redis.port);
     assert_int_equal(s.redis_db, d.redis_db);
     assert_int_equal(s.log_level, d.log_level);
+    assert_int_equal(s.max_held, d.max_held);
+    assert_int_equal(s.recheck_ms, d.recheck_ms);
+    assert_int_equal(s.poll_interval_ms, d.poll_interval_ms);
+    assert_int_equal(s.poll_jitter_pct, d.poll_jitter_pct);
+    assert_int_equal(s.poll_max_wait, d.poll_max_wait);
+    assert_null(s.announce.host);
+    assert_string_equal(s.announce_channel, d.announce_channel);
     fp_config_free(&s);
     fp_config_free(&d);
+}
+
+static void test_poll_and_announce(void **state)
+{
+    static const struct { const char *text, *n1, *n2; } bad[] = {
+        { "[poll]\nmax_wait = 301\n", "fastpoll.ini:2:", "[poll] max_wait" },
+        { "[poll]\njitter_pct = 101\n", ":2:", "jitter_pct" },
+        { "[poll]\n\ninterval_ms = x\n", ":3:", "interval_ms" },
+        { "[poll]\nfallback_interval_ms = -1\n", ":2:", "fallback_interval_ms" },
+        { "[poll]\nrecheck_ms = 5\n", ":2:", "unknown key \"recheck_ms\"" },
+        { "[server]\nrecheck_ms = 5\n", ":2:", "[server] recheck_ms" },
+        { "[announce]\nserver = nohost\n", ":2:", "[announce] server" },
+        { "[announce]\nchannel =\n", ":2:", "[announce] channel" },
+        { "[announce]\nchannel = a b\n", ":2:", "[announce] channel" },
+        { "[announce]\nusername = u\n", ":2:", "username needs [announce] password_file" },
+        { "[keys]\nparams = user_id wait\n", ":2:", "wait is the long poll's" },
+    };
+    struct fp_settings s;
+    char path[] = "/tmp/fp_test_announce_XXXXXX";
+    char text[512];
+    int fd;
+    (void)state;
+
+    /* Defaults, as the app's (docs/api.md, "Settings"). */
+    assert_int_equal(fp_config_defaults(&s, err, sizeof(err)), 0);
+    assert_int_equal(s.poll_interval_ms, 1000);
+    assert_int_equal(s.poll_jitter_pct, 20);
+    assert_int_equal(s.poll_max_wait, 30);
+    assert_int_equal(s.max_held, 20000);
+    assert_int_equal(s.recheck_ms, 2000);
+    assert_null(s.announce.host);
+    assert_string_equal(s.announce_channel, "fastpoll:announce");
+    fp_config_free(&s);
+
+    fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "pw\n", 3), 3);
+    close(fd);
+    (void)snprintf(text, sizeof(text),
+                   "[server]\nmax_held = 5\nrecheck_ms = 500\n"
+                   "[poll]\ninterval_ms = 250\nfallback_interval_ms = 900\n"
+                   "jitter_pct = 0\nmax_wait = 300\n"
+                   "[announce]\nserver = 10.0.0.5:6380\npassword_file = %s\n"
+                   "username = poller\nchannel = site:announce\n", path);
+    assert_int_equal(load(&s, text), 0);
+    assert_int_equal(s.max_held, 5);
+    assert_int_equal(s.recheck_ms, 500);
+    assert_int_equal(s.poll_interval_ms, 250);
+    assert_int_equal(s.poll_jitter_pct, 0);
+    assert_int_equal(s.poll_max_wait, 300);
+    assert_string_equal(s.announce.host, "10.0.0.5");
+    assert_int_equal(s.announce.port, 6380);
+    assert_string_equal(s.announce_password, "pw");
+    assert_string_equal(s.announce_username, "poller");
+    assert_string_equal(s.announce_channel, "site:announce");
+    fp_config_free(&s);
+    assert_int_equal(load(&s, "[announce]\nserver = unix:/run/redis.sock\n"), 0);
+    assert_string_equal(s.announce.unix_path, "/run/redis.sock");
+    fp_config_free(&s);
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        expect_error(bad[i].text, bad[i].n1, bad[i].n2, NULL);
+    (void)snprintf(text, sizeof(text), "[announce]\n\npassword_file = %s\n", path);
+    expect_error(text, ":3:", "password_file needs [announce] server", NULL);
+    expect_error("[keys]\nparams = user_id wait\n", ":2:", "[keys] params", "wait");
+    unlink(path);
 }
 
 int main(void)
@@ -567,6 +640,7 @@ int main(void)
         cmocka_unit_test(test_flags),
         cmocka_unit_test(test_example_file),
         cmocka_unit_test(test_redis_sentinel_and_log_file),
+        cmocka_unit_test(test_poll_and_announce),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,281 @@
+/* announce.c -- SUBSCRIBE to the app's announcements (announce.h).
+ *
+ * Pub/sub is at most once: a message published while we are not
+ * subscribed is lost. So every (re)subscription tells hold.c, which reads
+ * every held key again; between connections the periodic re-check covers.
+ * Setup on a new connection: AUTH [username] password if configured, then
+ * SUBSCRIBE; a connection not subscribed within SETUP_MS (a server that
+ * accepts and never answers) is dropped and tried again, with a backoff
+ * from RETRY_MIN_MS doubling to RETRY_MAX_MS. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+#include <hiredis/adapters/libevent.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+
+#include "announce.h"
+#include "log.h"
+#include "settings.h"
+#include "stats.h"
+
+#define SETUP_MS     2000
+#define RETRY_MIN_MS 100
+#define RETRY_MAX_MS 5000
+
+struct fp_announce {
+    struct event_base *base;
+    const char *host, *unix_path, *password, *username, *channel;
+    unsigned port;
+    char name[300];             /* for messages */
+    redisAsyncContext *ac;      /* NULL while down */
+    int subscribed;
+    int logged_down;            /* a failure was logged since the last up */
+    unsigned backoff_ms;
+    struct event *retry;        /* reconnect */
+    struct event *setup;        /* not subscribed in time */
+    struct event *drop;         /* drop the context, outside hiredis */
+    fp_announce_msg *msg;
+    fp_announce_up *up;
+    void *arg;
+};
+
+static void ms_tv(unsigned ms, struct timeval *tv)
+{
+    tv->tv_sec = (time_t)(ms / 1000);
+    tv->tv_usec = (suseconds_t)(ms % 1000) * 1000;
+}
+
+static void went_down(struct fp_announce *a, const char *why)
+{
+    struct timeval tv;
+
+    if (a->subscribed || !a->logged_down)
+        fp_log(FP_LOG_WARN, "announce %s: %s; held polls rely on the "
+               "re-check until subscribed again", a->name, why);
+    a->logged_down = 1;
+    a->subscribed = 0;
+    fp_stat_subscriber(0);
+    (void)event_del(a->setup);
+    ms_tv(a->backoff_ms, &tv);
+    if (evtimer_add(a->retry, &tv) != 0)
+        fp_log(FP_LOG_ERROR, "announce: cannot arm the reconnect timer");
+    a->backoff_ms = a->backoff_ms * 2 > RETRY_MAX_MS ? RETRY_MAX_MS
+                                                      : a->backoff_ms * 2;
+}
+
+/* Drops the context ourselves (never from inside a hiredis callback). */
+static void drop_now(struct fp_announce *a, const char *why)
+{
+    redisAsyncContext *ac = a->ac;
+
+    a->ac = NULL;               /* disconnect_cb sees it is not ours */
+    (void)event_del(a->drop);
+    if (ac != NULL)
+        redisAsyncFree(ac);
+    went_down(a, why);
+}
+
+static void drop_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    drop_now(arg, "dropped (AUTH or SUBSCRIBE refused)");
+}
+
+static void setup_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    drop_now(arg, "not subscribed within 2 s");
+}
+
+/* cppcheck-suppress constParameter ; hiredis's redisCallbackFn type */
+static void auth_cb(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct fp_announce *a = priv;
+    const redisReply *r = reply;
+
+    if (r == NULL || ac != a->ac)
+        return;
+    if (r->type == REDIS_REPLY_ERROR) {
+        fp_log(FP_LOG_ERROR, "announce %s: AUTH: %s", a->name, r->str);
+        event_active(a->drop, EV_TIMEOUT, 1);
+    }
+}
+
+/* Subscription replies: ["subscribe", channel, n] once, then
+ * ["message", channel, key] per announcement. */
+/* cppcheck-suppress constParameter ; hiredis's redisCallbackFn type */
+static void sub_cb(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct fp_announce *a = priv;
+    const redisReply *r = reply;
+    const redisReply *kind;
+
+    if (r == NULL || ac != a->ac)
+        return;
+    if (r->type == REDIS_REPLY_ERROR) {
+        fp_log(FP_LOG_ERROR, "announce %s: SUBSCRIBE: %s", a->name, r->str);
+        event_active(a->drop, EV_TIMEOUT, 1);
+        return;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
+        (kind = r->element[0])->type != REDIS_REPLY_STRING)
+        return;
+    if (strcmp(kind->str, "subscribe") == 0) {
+        (void)event_del(a->setup);
+        a->subscribed = 1;
+        a->logged_down = 0;
+        a->backoff_ms = RETRY_MIN_MS;
+        fp_stat_subscriber(1);
+        fp_log(FP_LOG_INFO, "announce %s: subscribed to %s", a->name,
+               a->channel);
+        a->up(a->arg);
+    } else if (strcmp(kind->str, "message") == 0 &&
+               r->element[2]->type == REDIS_REPLY_STRING) {
+        fp_stat_announcement();
+        a->msg(a->arg, r->element[2]->str, r->element[2]->len);
+    }
+}
+
+static void connect_cb(const redisAsyncContext *ac, int status)
+{
+    struct fp_announce *a = ac->data;
+
+    if (a == NULL || ac != a->ac || status == REDIS_OK)
+        return;
+    /* hiredis frees the context after this returns. */
+    a->ac = NULL;
+    went_down(a, "connect failed");
+}
+
+static void disconnect_cb(const redisAsyncContext *ac, int status)
+{
+    struct fp_announce *a = ac->data;
+
+    (void)status;
+    if (a == NULL || ac != a->ac)
+        return;                 /* we dropped it ourselves */
+    a->ac = NULL;
+    went_down(a, "connection lost");
+}
+
+static void do_connect(evutil_socket_t fd, short what, void *arg)
+{
+    struct fp_announce *a = arg;
+    redisAsyncContext *ac;
+    struct timeval tv;
+    int rc;
+
+    (void)fd;
+    (void)what;
+    ac = a->unix_path != NULL ? redisAsyncConnectUnix(a->unix_path)
+                              : redisAsyncConnect(a->host, (int)a->port);
+    if (ac == NULL || ac->err) {
+        if (ac != NULL)
+            redisAsyncFree(ac);
+        went_down(a, "connect failed");
+        return;
+    }
+    ac->data = a;
+    if (redisLibeventAttach(ac, a->base) != REDIS_OK ||
+        redisAsyncSetConnectCallback(ac, connect_cb) != REDIS_OK ||
+        redisAsyncSetDisconnectCallback(ac, disconnect_cb) != REDIS_OK) {
+        redisAsyncFree(ac);
+        went_down(a, "cannot attach to the event loop");
+        return;
+    }
+    a->ac = ac;
+    if (a->password != NULL && a->username != NULL)
+        rc = redisAsyncCommand(ac, auth_cb, a, "AUTH %s %s", a->username,
+                               a->password);
+    else if (a->password != NULL)
+        rc = redisAsyncCommand(ac, auth_cb, a, "AUTH %s", a->password);
+    else
+        rc = REDIS_OK;
+    if (rc != REDIS_OK ||
+        redisAsyncCommand(ac, sub_cb, a, "SUBSCRIBE %s", a->channel) != REDIS_OK) {
+        drop_now(a, "cannot queue SUBSCRIBE");
+        return;
+    }
+    ms_tv(SETUP_MS, &tv);
+    if (evtimer_add(a->setup, &tv) != 0)
+        fp_log(FP_LOG_ERROR, "announce: cannot arm the setup timer");
+}
+
+int fp_announce_new(struct event_base *base, const struct fp_settings *s,
+                    fp_announce_msg *msg, fp_announce_up *up, void *arg,
+                    struct fp_announce **out)
+{
+    struct fp_announce *a;
+    const struct fp_server_addr *addr;
+
+    *out = NULL;
+    if (s->announce.host != NULL || s->announce.unix_path != NULL) {
+        addr = &s->announce;
+    } else if (s->backend == FP_BACKEND_REDIS && s->nredis_sentinels == 0) {
+        addr = &s->redis;
+    } else {
+        fp_log(FP_LOG_INFO, "announce: no [announce] server%s: held polls "
+               "learn of changes by the re-check alone",
+               s->backend == FP_BACKEND_REDIS ? " (Redis behind Sentinel: set "
+               "it to the master's address)" : "");
+        return 0;
+    }
+    if ((a = calloc(1, sizeof(*a))) == NULL)
+        return -1;
+    a->base = base;
+    a->host = addr->host;
+    a->port = addr->port;
+    a->unix_path = addr->unix_path;
+    if (addr == &s->announce) {
+        a->password = s->announce_password;
+        a->username = s->announce_username;
+    } else {
+        a->password = s->redis_password;
+        a->username = s->redis_username;
+    }
+    a->channel = s->announce_channel != NULL ? s->announce_channel
+                                             : "fastpoll:announce";
+    if (a->unix_path != NULL)
+        (void)snprintf(a->name, sizeof(a->name), "unix:%s", a->unix_path);
+    else
+        (void)snprintf(a->name, sizeof(a->name), "%s:%u",
+                       a->host != NULL ? a->host : "?", a->port);
+    a->msg = msg;
+    a->up = up;
+    a->arg = arg;
+    a->backoff_ms = RETRY_MIN_MS;
+    a->retry = evtimer_new(base, do_connect, a);
+    a->setup = evtimer_new(base, setup_timeout, a);
+    a->drop = event_new(base, -1, 0, drop_cb, a);
+    if (a->retry == NULL || a->setup == NULL || a->drop == NULL) {
+        fp_announce_free(a);
+        return -1;
+    }
+    event_active(a->retry, EV_TIMEOUT, 1); /* connect from the loop */
+    *out = a;
+    return 0;
+}
+
+void fp_announce_free(struct fp_announce *a)
+{
+    redisAsyncContext *ac;
+
+    if (a == NULL)
+        return;
+    ac = a->ac;
+    a->ac = NULL;               /* callbacks from the free are not ours */
+    if (ac != NULL)
+        redisAsyncFree(ac);
+    if (a->retry != NULL)
+        event_free(a->retry);
+    if (a->setup != NULL)
+        event_free(a->setup);
+    if (a->drop != NULL)
+        event_free(a->drop);
+    fp_stat_subscriber(0);
+    free(a);
+}

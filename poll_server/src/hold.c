@@ -1,0 +1,374 @@
+/* hold.c -- held long polls, grouped by key (hold.h).
+ *
+ * A uthash table key -> struct fp_hkey (its holders, whether a read is in
+ * flight); keys are also on a queue ordered by their last read, which the
+ * re-check timer walks from the front. Key objects are recycled through a
+ * free list. A read is never shared with an announcement that came during
+ * it (the read may have been answered by the cache before the write): the
+ * announcement marks the key to be read once more when that read ends. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "announce.h"
+#include "hold.h"
+#include "log.h"
+#include "settings.h"
+
+/* uthash: a failed allocation must not exit the server. */
+static int hash_oom;
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(obj) do { (void)(obj); hash_oom = 1; } while (0)
+#include <uthash.h>
+
+#define HOLD_BATCH    128   /* keys re-checked per timer turn at most */
+#define FREE_KEY_MAX  1024  /* recycled key objects kept */
+#define BUSY_TICK_MS  10    /* next turn when more keys are due */
+
+struct fp_hkey {
+    UT_hash_handle hh;
+    struct fp_hold *ho;
+    struct fp_held *holders;
+    size_t nholders;
+    int reading;                /* a cache read is in flight */
+    int again;                  /* ... and another is wanted after it */
+    enum fp_stat_wake cause, again_cause;
+    uint64_t checked_ms;        /* when its last read started */
+    struct fp_hkey *qprev, *qnext; /* the re-check queue */
+    struct fp_hkey *free_next;
+    size_t keylen;
+    char key[FP_MAX_KEY_LEN + 1];
+};
+
+struct fp_hold {
+    struct event_base *base;
+    const struct fp_settings *s;
+    struct fp_cache *cache;
+    struct fp_announce *sub;
+    fp_hold_release *release;
+    void *arg;
+    /* Always in the table, under the empty key (no poll has one): uthash
+     * frees its table with the last item and allocates it with the next. */
+    struct fp_hkey sentinel;
+    struct fp_hkey *table;
+    struct fp_hkey *qhead, *qtail;
+    struct fp_hkey *free_list;
+    size_t nfree, held;
+    struct event *tick;
+    int tick_armed;
+};
+
+static uint64_t now_ms(struct fp_hold *ho)
+{
+    struct timeval tv;
+
+    if (event_base_gettimeofday_cached(ho->base, &tv) != 0)
+        return 0;
+    return (uint64_t)tv.tv_sec * 1000u + (uint64_t)tv.tv_usec / 1000u;
+}
+
+static void q_remove(struct fp_hold *ho, struct fp_hkey *k)
+{
+    if (k->qprev != NULL)
+        k->qprev->qnext = k->qnext;
+    else
+        ho->qhead = k->qnext;
+    if (k->qnext != NULL)
+        k->qnext->qprev = k->qprev;
+    else
+        ho->qtail = k->qprev;
+    k->qprev = k->qnext = NULL;
+}
+
+static void q_push(struct fp_hold *ho, struct fp_hkey *k)
+{
+    k->qnext = NULL;
+    k->qprev = ho->qtail;
+    if (ho->qtail != NULL)
+        ho->qtail->qnext = k;
+    else
+        ho->qhead = k;
+    ho->qtail = k;
+}
+
+static void arm_tick(struct fp_hold *ho, uint64_t in_ms)
+{
+    struct timeval tv;
+
+    if (ho->tick_armed)
+        return;
+    tv.tv_sec = (time_t)(in_ms / 1000);
+    tv.tv_usec = (suseconds_t)(in_ms % 1000) * 1000;
+    if (evtimer_add(ho->tick, &tv) != 0) {
+        fp_log(FP_LOG_ERROR, "hold: cannot arm the re-check timer");
+        return;
+    }
+    ho->tick_armed = 1;
+}
+
+/* Frees k if nothing needs it any more. */
+static void key_release(struct fp_hkey *k)
+{
+    struct fp_hold *ho = k->ho;
+
+    if (k->nholders > 0 || k->reading)
+        return;
+    HASH_DEL(ho->table, k);
+    q_remove(ho, k);
+    if (ho->nfree < FREE_KEY_MAX) {
+        k->free_next = ho->free_list;
+        ho->free_list = k;
+        ho->nfree++;
+    } else {
+        free(k);
+    }
+}
+
+static void read_key(struct fp_hkey *k, enum fp_stat_wake cause);
+
+static void on_read(enum fp_cache_status st, const char *value, size_t len,
+                    void *arg)
+{
+    struct fp_hkey *k = arg;
+    struct fp_hold *ho = k->ho;
+    struct fp_held *out = NULL, *hd, *next;
+    uint64_t tag = 0;
+
+    /* k->reading stays set until the end: k must outlive the releases. */
+    if (st == FP_CACHE_HIT || st == FP_CACHE_MISS) {
+        if (st == FP_CACHE_HIT)
+            tag = fp_etag_of(value, len);
+        /* Detach every poll whose answer changed, then release them: a
+         * release may answer and close its connection, never touch k. */
+        for (hd = k->holders; hd != NULL; hd = next) {
+            next = hd->next;
+            if (st == FP_CACHE_HIT && fp_inm_match(hd->inm, tag))
+                continue;
+            fp_hold_remove(hd);
+            hd->next = out;
+            out = hd;
+        }
+    }
+    for (hd = out; hd != NULL; hd = next) {
+        next = hd->next;
+        hd->next = NULL;
+        ho->release(hd, st, value, len, tag, k->cause, ho->arg);
+    }
+    k->reading = 0;
+    /* After an error the re-check reads it (and the cache may be closing:
+     * fp_cache_free answers pending reads with errors). */
+    if (k->again && k->nholders > 0 &&
+        (st == FP_CACHE_HIT || st == FP_CACHE_MISS)) {
+        k->again = 0;
+        read_key(k, k->again_cause);
+        return;
+    }
+    k->again = 0;
+    key_release(k);
+}
+
+static void read_key(struct fp_hkey *k, enum fp_stat_wake cause)
+{
+    struct fp_hold *ho = k->ho;
+
+    if (k->reading) {
+        if (!k->again || cause == FP_STAT_WAKE_ANNOUNCEMENT)
+            k->again_cause = cause;
+        k->again = 1;
+        return;
+    }
+    k->cause = cause;
+    k->checked_ms = now_ms(ho);
+    q_remove(ho, k);
+    q_push(ho, k);
+    if (fp_cache_get(ho->cache, k->key, k->keylen, on_read, k) != 0) {
+        fp_log(FP_LOG_DEBUG, "hold: cannot read %s again", k->key);
+        return;
+    }
+    k->reading = 1;
+}
+
+/* The re-check: the keys not read for recheck_ms, oldest first, at most
+ * HOLD_BATCH per turn. */
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    struct fp_hold *ho = arg;
+    uint64_t now = now_ms(ho), period = ho->s->recheck_ms;
+    unsigned n = 0;
+
+    (void)fd;
+    (void)what;
+    ho->tick_armed = 0;
+    while (ho->qhead != NULL && n < HOLD_BATCH &&
+           ho->qhead->checked_ms + period <= now) {
+        struct fp_hkey *k = ho->qhead;
+
+        if (k->reading) {       /* its answer is on the way: requeue */
+            q_remove(ho, k);
+            q_push(ho, k);
+            k->checked_ms = now;
+        } else {
+            read_key(k, FP_STAT_WAKE_RECHECK);
+        }
+        n++;
+    }
+    if (ho->qhead == NULL)
+        return;
+    if (ho->qhead->checked_ms + period <= now)
+        arm_tick(ho, BUSY_TICK_MS);
+    else
+        arm_tick(ho, ho->qhead->checked_ms + period - now);
+}
+
+/* Subscribed (again): every held key is read, batched by the timer. */
+static void on_subscribed(void *arg)
+{
+    struct fp_hold *ho = arg;
+
+    for (struct fp_hkey *k = ho->qhead; k != NULL; k = k->qnext)
+        k->checked_ms = 0;
+    if (ho->qhead != NULL) {
+        if (ho->tick_armed && event_del(ho->tick) == 0)
+            ho->tick_armed = 0;
+        arm_tick(ho, 0);
+    }
+}
+
+static void on_message(void *arg, const char *key, size_t len)
+{
+    fp_hold_announced(arg, key, len);
+}
+
+struct fp_hold *fp_hold_new(struct event_base *base,
+                            const struct fp_settings *s,
+                            struct fp_cache *cache,
+                            fp_hold_release *release, void *arg)
+{
+    struct fp_hold *ho = calloc(1, sizeof(*ho));
+
+    if (ho == NULL)
+        return NULL;
+    ho->base = base;
+    ho->s = s;
+    ho->cache = cache;
+    ho->release = release;
+    ho->arg = arg;
+    ho->sentinel.ho = ho;
+    hash_oom = 0;
+    HASH_ADD(hh, ho->table, key, 0, &ho->sentinel);
+    if (hash_oom) {
+        free(ho);
+        return NULL;
+    }
+    if ((ho->tick = evtimer_new(base, on_tick, ho)) == NULL ||
+        fp_announce_new(base, s, on_message, on_subscribed, ho, &ho->sub) != 0) {
+        fp_hold_free(ho);
+        return NULL;
+    }
+    return ho;
+}
+
+int fp_hold_add(struct fp_hold *ho, const char *key, size_t keylen,
+                struct fp_held *hd)
+{
+    struct fp_hkey *k;
+
+    if (ho->held >= ho->s->max_held || keylen > FP_MAX_KEY_LEN)
+        return -1;
+    HASH_FIND(hh, ho->table, key, keylen, k);
+    if (k == NULL) {
+        if ((k = ho->free_list) != NULL) {
+            ho->free_list = k->free_next;
+            ho->nfree--;
+        } else if ((k = malloc(sizeof(*k))) == NULL) {
+            return -1;
+        }
+        memset(k, 0, sizeof(*k));
+        k->ho = ho;
+        memcpy(k->key, key, keylen);
+        k->key[keylen] = '\0';
+        k->keylen = keylen;
+        /* The poll's own read just ended: the next is the re-check's. */
+        k->checked_ms = now_ms(ho);
+        hash_oom = 0;
+        HASH_ADD(hh, ho->table, key, k->keylen, k);
+        if (hash_oom) {
+            free(k);
+            return -1;
+        }
+        q_push(ho, k);
+        arm_tick(ho, ho->s->recheck_ms);
+    }
+    hd->prev = NULL;
+    hd->next = k->holders;
+    if (k->holders != NULL)
+        k->holders->prev = hd;
+    k->holders = hd;
+    k->nholders++;
+    hd->key = k;
+    ho->held++;
+    fp_stat_held(1);
+    return 0;
+}
+
+void fp_hold_remove(struct fp_held *hd)
+{
+    struct fp_hkey *k = hd->key;
+
+    if (k == NULL)
+        return;
+    if (hd->prev != NULL)
+        hd->prev->next = hd->next;
+    else
+        k->holders = hd->next;
+    if (hd->next != NULL)
+        hd->next->prev = hd->prev;
+    hd->next = hd->prev = NULL;
+    hd->key = NULL;
+    k->nholders--;
+    k->ho->held--;
+    fp_stat_held(-1);
+    key_release(k);
+}
+
+size_t fp_hold_count(const struct fp_hold *ho)
+{
+    return ho->held;
+}
+
+void fp_hold_announced(struct fp_hold *ho, const char *key, size_t len)
+{
+    struct fp_hkey *k;
+
+    if (len == 0 || len > FP_MAX_KEY_LEN)
+        return;
+    HASH_FIND(hh, ho->table, key, len, k);
+    if (k != NULL && k->nholders > 0)
+        read_key(k, FP_STAT_WAKE_ANNOUNCEMENT);
+}
+
+void fp_hold_free(struct fp_hold *ho)
+{
+    struct fp_hkey *k;
+
+    if (ho == NULL)
+        return;
+    fp_announce_free(ho->sub);
+    if (ho->tick != NULL)
+        event_free(ho->tick);
+    if (ho->table != NULL)
+        HASH_DELETE(hh, ho->table, &ho->sentinel);
+    if (ho->table != NULL) {
+        /* A caller bug (hold.h): their reads' callbacks may still come,
+         * so leak them rather than free. */
+        fp_log(FP_LOG_ERROR, "hold: freed with %u keys held (%zu polls)",
+               HASH_COUNT(ho->table), ho->held);
+        HASH_CLEAR(hh, ho->table);
+    }
+    while ((k = ho->free_list) != NULL) {
+        ho->free_list = k->free_next;
+        free(k);
+    }
+    free(ho);
+}

@@ -1,0 +1,67 @@
+/* hold.h -- long polls held until their answer changes (docs/api.md,
+ * "`wait`: long polls").
+ *
+ * Held polls are grouped by key: one entry per key however many polls wait
+ * on it, and one cache read at a time per key. A key is read again when an
+ * announcement names it (announce.c), and at the latest every
+ * [server] recheck_ms (a lost announcement), in batches of at most
+ * HOLD_BATCH keys per timer turn; all of them at once after every
+ * (re)subscription. A read whose answer differs from a poll's If-None-Match
+ * releases that poll with it; the others keep waiting. The caller ends a
+ * poll's wait itself (its timer, its client gone, a drain) with
+ * fp_hold_remove. */
+#ifndef FP_HOLD_H
+#define FP_HOLD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache.h"
+#include "etag.h"
+#include "stats.h"
+
+struct event_base;
+struct fp_settings;
+struct fp_hkey;
+struct fp_hold;
+
+/* Embedded in the caller's request; owned by the caller. */
+struct fp_held {
+    struct fp_held *next, *prev;
+    struct fp_hkey *key;        /* NULL when not held */
+    const struct fp_inm *inm;   /* the poll's If-None-Match */
+};
+
+/* A held poll's answer changed: it is already removed. st is FP_CACHE_HIT
+ * (value, len, tag: the new answer) or FP_CACHE_MISS (the key is gone: the
+ * app answers). Called from the loop, never from inside fp_hold_*. */
+typedef void fp_hold_release(struct fp_held *hd, enum fp_cache_status st,
+                             const char *value, size_t len, uint64_t tag,
+                             enum fp_stat_wake cause, void *arg);
+
+/* Also starts the subscriber (announce.c). NULL if out of memory. */
+struct fp_hold *fp_hold_new(struct event_base *base,
+                            const struct fp_settings *s,
+                            struct fp_cache *cache,
+                            fp_hold_release *release, void *arg);
+
+/* Holds hd (hd->inm set by the caller) on key. Returns 0, or -1 if
+ * [server] max_held polls are held already, or out of memory: then answer
+ * the poll at once. */
+int fp_hold_add(struct fp_hold *ho, const char *key, size_t keylen,
+                struct fp_held *hd);
+
+/* Stops holding hd; a no-op if it is not held. */
+void fp_hold_remove(struct fp_held *hd);
+
+/* Polls held now. */
+size_t fp_hold_count(const struct fp_hold *ho);
+
+/* An announcement of key (any bytes): a held key is read again. */
+void fp_hold_announced(struct fp_hold *ho, const char *key, size_t len);
+
+/* Closes the subscriber. Free the cache first (its pending reads are
+ * answered then) and remove every held poll. */
+void fp_hold_free(struct fp_hold *ho);
+
+#endif
