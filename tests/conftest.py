@@ -98,6 +98,15 @@ def http_client(
     return httpx.Client(base_url=base, timeout=timeout, transport=transport)
 
 
+def poller_metric(stack: Stack, name: str, timeout: float = 30) -> float:
+    """One sample of poller 0's /metrics (name with its labels, as printed)."""
+    text = httpx.get(f"http://127.0.0.1:{stack.admin_ports[0]}/metrics", timeout=timeout).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"no {name} on /metrics")
+
+
 def start_stack(tmp: Path, backend: str, **kw) -> Stack:
     stack = Stack(run_dir=tmp, backend=backend, **kw)
     stack.start()

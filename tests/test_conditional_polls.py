@@ -21,8 +21,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 import xxhash
 from conftest import Cache, http_client, new_uid, poll_key, start_stack
+from conftest import poller_metric as metric
 from stack import Stack, free_port
 
 
@@ -171,15 +173,6 @@ def held_stack(
     s.stop()
 
 
-def metric(stack: Stack, name: str) -> float:
-    """One sample of poller 0's /metrics (name with its labels, as printed)."""
-    text = httpx.get(f"http://127.0.0.1:{stack.admin_ports[0]}/metrics", timeout=5).text
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"no {name} on /metrics")
-
-
 def wait_subscribed(stack: Stack) -> None:
     deadline = time.monotonic() + 10
     while metric(stack, "fastpoll_announce_subscribed") != 1:
@@ -228,6 +221,16 @@ def test_304_on_a_hit(held_stack: Stack) -> None:
                 f"If-None-Match: {tag}\r\nConnection: close\r\n\r\n".encode()
             )
             assert recv_all(sk).startswith(b"HTTP/1.1 304 ")
+        # However many lines (up to the head's 100), as the app joins them: the tag on the
+        # 12th of 12 lines still matches.
+        with socket.create_connection(("127.0.0.1", held_stack.poller_ports[0])) as sk:
+            target = held_stack.sign(f"/getMessages?user_id={uid}")
+            lines = "".join(f'If-None-Match: "x{i}"\r\n' for i in range(11))
+            sk.sendall(
+                f"GET {target} HTTP/1.1\r\nHost: x\r\n{lines}"
+                f"If-None-Match: {tag}\r\nConnection: close\r\n\r\n".encode()
+            )
+            assert recv_all(sk).startswith(b"HTTP/1.1 304 ")
         # HEAD too; a POST poll is never evaluated.
         head = c.head(f"/Poll/getMessages?user_id={uid}", headers={"If-None-Match": tag})
         assert head.status_code == 304
@@ -235,7 +238,7 @@ def test_304_on_a_hit(held_stack: Stack) -> None:
         r = direct.post(f"/getMessages?user_id={uid}", headers={"If-None-Match": tag})
         assert r.status_code == 200 and r.headers["etag"] == tag
     after = metric(held_stack, 'fastpoll_requests_total{method="GET",outcome="not_modified"}')
-    assert after - before == 5
+    assert after - before == 6
 
 
 def recv_all(sk: socket.socket, timeout: float = 5) -> bytes:
@@ -262,7 +265,9 @@ def test_wait_out_of_range(held_stack: Stack) -> None:
     uid = new_uid()
     publish(held_stack, uid, "w")
     with http_client(held_stack, held_stack.poller_ports[0]) as direct:
-        bad_waits = ("wait=x", "wait=-1", "wait=1234567", "wait=", "wait", "wait=1&wait=1")
+        # Raw, never percent-decoded (the app reads it the same way): %31 is not a digit.
+        bad_waits = ("wait=x", "wait=-1", "wait=1234567", "wait=", "wait", "wait=1&wait=1",
+                     "wait=%31", "wait=+1")  # fmt: skip
         for bad in bad_waits + ("wait=1.5",):
             r = direct.get(f"/getMessages?user_id={uid}&{bad}")
             assert r.status_code == 400, bad
@@ -270,6 +275,7 @@ def test_wait_out_of_range(held_stack: Stack) -> None:
         t0 = time.monotonic()
         r = direct.get(f"/getMessages?user_id={uid}&wait=999999")
         assert r.status_code == 200 and time.monotonic() - t0 < 2
+        assert direct.get(f"/getMessages?user_id={uid}&w%61it=x").status_code == 200
 
 
 def held_poll(stack: Stack, uid: int, tag: str, wait: int, out: Answers) -> None:
@@ -302,6 +308,8 @@ def test_held_poll_answered_within_a_second_of_a_publish(held_stack: Stack) -> N
     uid, first = published(held_stack, "first")
     tag = first.headers["etag"]
     woken = metric(held_stack, 'fastpoll_held_wakeups_total{cause="announcement"}')
+    timed, timed_s = delivered(held_stack), delivered(held_stack, "_sum")
+    timed_1s = delivered(held_stack, '_bucket{le="1"}')
     threads, out = start_held(held_stack, uid, tag, 10, n=3)  # 3 polls, one watch
     t0 = time.monotonic()
     publish(held_stack, uid, "second")
@@ -316,6 +324,58 @@ def test_held_poll_answered_within_a_second_of_a_publish(held_stack: Stack) -> N
     # The announcement woke them, not the re-check (RECHECK_MS is 2 s).
     assert metric(held_stack, 'fastpoll_held_wakeups_total{cause="announcement"}') - woken == 3
     assert metric(held_stack, "fastpoll_held_requests") == 0
+    # The app's announcement carried its publish time: three deliveries timed, each < 1 s.
+    assert delivered(held_stack) - timed == 3
+    assert delivered(held_stack, "_sum") - timed_s < 3.0
+    assert delivered(held_stack, '_bucket{le="1"}') - timed_1s == 3
+
+
+def delivered(stack: Stack, series: str = "_count") -> float:
+    return metric(stack, "fastpoll_publish_to_delivery_seconds" + series)
+
+
+def announce_raw(stack: Stack, message: bytes) -> None:
+    """PUBLISH on the channel the poller subscribes to (the stack's Redis in both set-ups)."""
+    password = (stack.run_dir / "redis.pass").read_text().strip()
+    with redis.Redis(host="127.0.0.1", port=stack.redis_port, password=password) as r:
+        assert r.publish("fastpoll:announce", message) == 1  # the poller is subscribed
+
+
+def test_announcement_times_parsed_strictly(held_stack: Stack) -> None:
+    """An announcement from an app clock ahead of ours is clamped to 0 s and counted; a
+    malformed time is counted and ignored, and its key is still read; a bare key (an app from
+    before the time suffix) wakes the polls without timing them."""
+    cache = Cache(held_stack)
+    cases = [  # (suffix, negative, malformed, timed)
+        (f" {int(time.time() * 1000) + 600_000}".encode(), 1, 0, 1),
+        (b" 12x", 0, 1, 0),
+        (b" ", 0, 1, 0),
+        (b" 1234567890123456", 0, 1, 0),  # 16 digits
+        (b"", 0, 0, 0),
+    ]
+    for suffix, negative, malformed, timed in cases:
+        uid, first = published(held_stack, "t")
+        before = (
+            metric(held_stack, "fastpoll_publish_to_delivery_negative_total"),
+            metric(held_stack, "fastpoll_announcements_malformed_total"),
+            delivered(held_stack),
+            delivered(held_stack, '_bucket{le="0.001"}'),
+        )
+        threads, out = start_held(held_stack, uid, first.headers["etag"], 10)
+        cache.set(poll_key(uid), b'{"new":1}')  # not announced by the app
+        t0 = time.monotonic()
+        announce_raw(held_stack, poll_key(uid).encode() + suffix)
+        threads[0].join(15)
+        assert out and out[0][1].status_code == 200 and out[0][1].content == b'{"new":1}'
+        assert out[0][0] - t0 < 1.0, suffix  # the announcement, not the 2 s re-check
+        after = (
+            metric(held_stack, "fastpoll_publish_to_delivery_negative_total"),
+            metric(held_stack, "fastpoll_announcements_malformed_total"),
+            delivered(held_stack),
+            delivered(held_stack, '_bucket{le="0.001"}'),
+        )
+        want = [negative, malformed, timed, negative]
+        assert [a - b for a, b in zip(after, before, strict=True)] == want, suffix
 
 
 def test_unannounced_write_is_found_by_the_recheck(held_stack: Stack) -> None:

@@ -3,11 +3,18 @@ so a poll server holding `wait=` polls of that key re-reads it at once (docs/api
 "Announcements"). Best effort by design: a lost announcement costs a held poll the poll
 server's re-check interval, never a wrong answer, so a failed PUBLISH never fails a write; it is
 counted (fastpoll_app_announcements{result="failed"}) and logged at most once per 10 s.
+
+The message is `<key> <unix_ms>`: the key as written to the cache, a space (keys never hold
+one), and when the app published it in Unix milliseconds, from which each poll server times
+publish-to-delivery (fastpoll_publish_to_delivery_seconds). A poll server that predates the
+suffix takes the whole message for a key it does not hold and wakes its polls by the re-check
+alone: upgrade the poll servers first.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 import redis
 from redis.backoff import NoBackoff
@@ -25,8 +32,15 @@ log = logging.getLogger(__name__)
 ANNOUNCE_TIMEOUT = 0.25
 
 
+def message(key: bytes, published_ms: int) -> bytes:
+    """The announcement of a write of `key` published at `published_ms` (Unix ms). A key
+    never holds a space (keys.py takes them from request-targets, which cannot), so the poll
+    server splits at the first one."""
+    return key + b" " + str(published_ms).encode("ascii")
+
+
 class Announcer:
-    """PUBLISH <channel> <key> on one Redis; thread-safe (redis-py's pool)."""
+    """PUBLISH <channel> <key> <unix_ms> on one Redis; thread-safe (redis-py's pool)."""
 
     def __init__(self, r: redis.Redis, channel: str) -> None:
         self._r = r
@@ -35,7 +49,7 @@ class Announcer:
 
     def announce(self, key: bytes) -> bool:
         try:
-            self._r.publish(self.channel, key)
+            self._r.publish(self.channel, message(key, time.time_ns() // 1_000_000))
         except redis.RedisError as exc:
             ANNOUNCEMENTS.labels("failed").inc()
             self._warn.warning("announce", f"announcement of a write failed: {exc}")

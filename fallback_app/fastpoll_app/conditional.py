@@ -12,7 +12,6 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Iterable
-from urllib.parse import parse_qsl
 
 import xxhash
 
@@ -62,9 +61,17 @@ def not_modified(lines: Iterable[bytes], etag: str) -> bool:
 
 def wait_seconds(query: bytes, settings: PollSettings) -> int:
     """The poll's `wait=` in seconds, clamped to [poll] max_wait; 0 without one. BadWait if
-    it is given twice or is not 0-6 decimal digits (the same rule as the poll server)."""
-    pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True, encoding="latin-1")
-    values = [v for n, v in pairs if n == WAIT_PARAM]
+    it is given twice or is not 0-6 decimal digits (the same rule as the poll server).
+
+    Read on the raw query, name and value, without percent-decoding, as the poll server and
+    nginx's $arg_wait read it: `wait=%31` is not digits (400), and `w%61it=1` is not `wait`
+    (docs/api.md, "`wait`: long polls")."""
+    name = WAIT_PARAM.encode("ascii")
+    values = [
+        v.decode("latin-1")
+        for n, _, v in (p.partition(b"=") for p in query.split(b"&"))
+        if n == name
+    ]
     if not values:
         return 0
     if len(values) > 1 or not _WAIT.fullmatch(values[0]):

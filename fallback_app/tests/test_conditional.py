@@ -15,7 +15,7 @@ import xxhash
 from prometheus_client import REGISTRY
 from starlette.testclient import TestClient
 
-from fastpoll_app import conditional
+from fastpoll_app import announce, conditional
 from fastpoll_app.app import create_app
 from fastpoll_app.config import ConfigError, PollSettings
 
@@ -136,7 +136,7 @@ def test_if_none_match_unit() -> None:
 @pytest.mark.parametrize(
     ("query", "want"),
     [("", 0), ("&wait=0", 0), ("&wait=20", 20), ("&wait=25", 25), ("&wait=26", 25),
-     ("&wait=999999", 25)],
+     ("&wait=999999", 25), ("&w%61it=abc", 0), ("&wait2=x&await=y", 0)],
 )  # fmt: skip
 def test_wait_is_clamped(query: str, want: int) -> None:
     s = PollSettings(max_wait=25)
@@ -144,8 +144,10 @@ def test_wait_is_clamped(query: str, want: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "query", ["wait=", "wait=-1", "wait=1.5", "wait=abc", "wait=1000000", "wait=1&wait=2"]
-)
+    "query",
+    ["wait=", "wait", "wait=-1", "wait=1.5", "wait=abc", "wait=1000000", "wait=1&wait=2",
+     "wait=%31", "wait=+1", "wait=1&wait=%31"],
+)  # fmt: skip
 def test_bad_wait_is_400(plain: TestClient, query: str) -> None:
     r = plain.get(f"{URL}&{query}")
     assert r.status_code == 400 and "wait" in r.json()["error"]
@@ -201,8 +203,19 @@ def _subscriber(srv: Server) -> redis.client.PubSub:
 
 
 def _next(sub: redis.client.PubSub) -> bytes | None:
+    """The key of the next announcement, after checking its publish time is now's."""
     msg = sub.get_message(timeout=2)
-    return None if msg is None else msg["data"]  # type: ignore[no-any-return]
+    if msg is None:
+        return None
+    key, sep, ms = msg["data"].partition(b" ")
+    assert sep and ms.isdigit() and abs(int(ms) - time.time() * 1000) < 5000, msg["data"]
+    return key  # type: ignore[no-any-return]
+
+
+def test_the_announcement_carries_the_publish_time() -> None:
+    assert announce.message(b"/Poll/getMessages?user_id=42", 1795000000123) == (
+        b"/Poll/getMessages?user_id=42 1795000000123"
+    )
 
 
 @pytest.mark.parametrize("name", ["memcached", "redis"])

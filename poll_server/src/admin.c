@@ -57,6 +57,8 @@ static const char *const accept_names[FP_STAT_NACCEPT] = {
 static const char *const result_names[4] = { "hit", "miss", "error", "timeout" };
 static const unsigned long long bucket_us[FP_STAT_NBUCKETS] =
     FP_STAT_LATENCY_BUCKETS;
+static const unsigned long long delivery_ms[FP_STAT_NDELIVERY] =
+    FP_STAT_DELIVERY_BUCKETS;
 
 /* Which outcomes a method can have: 405 is for the other methods only. */
 static int outcome_possible(int m, int o)
@@ -184,6 +186,34 @@ static void write_holds(struct out *o)
     metric_u64(o, "fastpoll_announce_subscribed", "gauge",
                "1 while subscribed to [announce] channel, else 0 (none "
                "configured, or connecting).", fp_stats.subscriber_up ? 1 : 0);
+    metric_u64(o, "fastpoll_announcements_malformed_total", "counter",
+               "Announcements whose publish time (after the key) did not parse: "
+               "the key was used, the time ignored.",
+               fp_stats.announce_malformed);
+    head(o, "fastpoll_publish_to_delivery_seconds", "histogram",
+         "Held polls answered with a new body after an announcement that "
+         "carried its publish time: this host's clock at the answer minus the "
+         "app's at the publish.");
+    {
+        unsigned long long cum = 0;
+
+        for (int k = 0; k <= FP_STAT_NDELIVERY; k++) {
+            cum += fp_stats.delivery_buckets[k];
+            if (k < FP_STAT_NDELIVERY)
+                out_printf(o, "fastpoll_publish_to_delivery_seconds_bucket"
+                           "{le=\"%g\"} %llu\n", (double)delivery_ms[k] / 1e3, cum);
+            else
+                out_printf(o, "fastpoll_publish_to_delivery_seconds_bucket"
+                           "{le=\"+Inf\"} %llu\n", cum);
+        }
+        out_printf(o, "fastpoll_publish_to_delivery_seconds_sum %.3f\n"
+                   "fastpoll_publish_to_delivery_seconds_count %llu\n",
+                   (double)fp_stats.delivery_sum_ms / 1e3, cum);
+    }
+    metric_u64(o, "fastpoll_publish_to_delivery_negative_total", "counter",
+               "Deliveries timed before their publish (the app's clock ahead "
+               "of this host's): counted as 0 s in the histogram.",
+               fp_stats.delivery_negative);
 }
 
 /* `name{server="<server>"` : the caller adds the other labels and "}". */

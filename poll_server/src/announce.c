@@ -6,7 +6,13 @@
  * Setup on a new connection: AUTH [username] password if configured, then
  * SUBSCRIBE; a connection not subscribed within SETUP_MS (a server that
  * accepts and never answers) is dropped and tried again, with a backoff
- * from RETRY_MIN_MS doubling to RETRY_MAX_MS. */
+ * from RETRY_MIN_MS doubling to RETRY_MAX_MS. A host name is resolved once,
+ * at start-up: redisAsyncConnect() with a name calls getaddrinfo(), which
+ * would block the loop on DNS at every reconnect. */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L /* getaddrinfo under -std=c11 */
+#endif
+#include <netdb.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +23,7 @@
 
 #include "announce.h"
 #include "log.h"
+#include "resolve.h"
 #include "settings.h"
 #include "stats.h"
 
@@ -29,6 +36,7 @@ struct fp_announce {
     const char *host, *unix_path, *password, *username, *channel;
     unsigned port;
     char name[300];             /* for messages */
+    char ip[NI_MAXHOST];        /* host, resolved at start-up */
     redisAsyncContext *ac;      /* NULL while down */
     int subscribed;
     int logged_down;            /* a failure was logged since the last up */
@@ -135,9 +143,43 @@ static void sub_cb(redisAsyncContext *ac, void *reply, void *priv)
         a->up(a->arg);
     } else if (strcmp(kind->str, "message") == 0 &&
                r->element[2]->type == REDIS_REPLY_STRING) {
+        size_t keylen;
+        uint64_t published_ms;
+
         fp_stat_announcement();
-        a->msg(a->arg, r->element[2]->str, r->element[2]->len);
+        if (fp_announce_parse(r->element[2]->str, r->element[2]->len, &keylen,
+                              &published_ms) != 0)
+            fp_stat_announce_malformed();
+        a->msg(a->arg, r->element[2]->str, keylen, published_ms);
     }
+}
+
+int fp_announce_parse(const char *msg, size_t len, size_t *keylen,
+                      uint64_t *published_ms)
+{
+    const char *sp = memchr(msg, ' ', len);
+    size_t i, n;
+    uint64_t v = 0;
+
+    *published_ms = 0;
+    if (sp == NULL) {           /* an app from before the time suffix */
+        *keylen = len;
+        return 0;
+    }
+    *keylen = (size_t)(sp - msg);
+    n = len - *keylen - 1;
+    /* 15 digits: far past any date, and v cannot overflow. */
+    if (n == 0 || n > 15)
+        return -1;
+    for (i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)sp[1 + i];
+
+        if (ch < '0' || ch > '9')
+            return -1;
+        v = v * 10 + (uint64_t)(ch - '0');
+    }
+    *published_ms = v;
+    return 0;
 }
 
 static void connect_cb(const redisAsyncContext *ac, int status)
@@ -172,7 +214,7 @@ static void do_connect(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     ac = a->unix_path != NULL ? redisAsyncConnectUnix(a->unix_path)
-                              : redisAsyncConnect(a->host, (int)a->port);
+                              : redisAsyncConnect(a->ip, (int)a->port);
     if (ac == NULL || ac->err) {
         if (ac != NULL)
             redisAsyncFree(ac);
@@ -203,6 +245,19 @@ static void do_connect(evutil_socket_t fd, short what, void *arg)
     ms_tv(SETUP_MS, &tv);
     if (evtimer_add(a->setup, &tv) != 0)
         fp_log(FP_LOG_ERROR, "announce: cannot arm the setup timer");
+}
+
+/* host -> a->ip, numeric (getaddrinfo blocks: the loop is not running). */
+static int resolve(struct fp_announce *a)
+{
+    int rc = fp_resolve_numeric(a->host, a->port, a->ip, sizeof(a->ip));
+
+    if (rc != 0) {
+        fp_log(FP_LOG_ERROR, "announce %s: cannot resolve: %s", a->name,
+               gai_strerror(rc));
+        return -1;
+    }
+    return 0;
 }
 
 int fp_announce_new(struct event_base *base, const struct fp_settings *s,
@@ -248,6 +303,10 @@ int fp_announce_new(struct event_base *base, const struct fp_settings *s,
     a->up = up;
     a->arg = arg;
     a->backoff_ms = RETRY_MIN_MS;
+    if (a->unix_path == NULL && (a->host == NULL || resolve(a) != 0)) {
+        fp_announce_free(a);
+        return -1;
+    }
     a->retry = evtimer_new(base, do_connect, a);
     a->setup = evtimer_new(base, setup_timeout, a);
     a->drop = event_new(base, -1, 0, drop_cb, a);

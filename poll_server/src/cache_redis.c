@@ -35,6 +35,7 @@
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* getaddrinfo under -std=c11 */
 #endif
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +51,7 @@
 #include "cache_redis.h"
 #include "health.h"
 #include "log.h"
+#include "resolve.h"
 #include "settings.h"
 #include "stats.h"
 
@@ -364,14 +366,22 @@ static void do_connect(struct fp_redis *r)
 
 /* ---- Sentinel ---------------------------------------------------------- */
 
-/* A master address from a sentinel (a numeric IP in practice). 0 or -1. */
+/* A master address from a sentinel: 0 or -1. Numeric only: a host name
+ * (sentinels with announce-hostnames) would make redisAsyncConnect() call
+ * getaddrinfo(), blocking the loop on DNS. */
 static int set_master(struct fp_redis *r, const char *ip, const char *port)
 {
     char *end;
     long p = strtol(port, &end, 10);
+    unsigned char addr[sizeof(struct in6_addr)];
 
     if (*end != '\0' || p <= 0 || p > 65535 || strlen(ip) >= sizeof(r->ip))
         return -1;
+    if (inet_pton(AF_INET, ip, addr) != 1 && inet_pton(AF_INET6, ip, addr) != 1) {
+        fp_log(FP_LOG_WARN, "redis: sentinel gave master %s as %s, not an IP "
+               "address (resolving it would block): asking again", r->master_name, ip);
+        return -1;
+    }
     if (strcmp(r->ip, ip) != 0 || r->port != (int)p)
         fp_log(FP_LOG_INFO, "redis: sentinel says master %s is %s:%ld",
                r->master_name, ip, p);
@@ -677,23 +687,8 @@ fail_fast:
 
 static int resolve(struct fp_redis *r, const char *host, uint16_t port)
 {
-    struct addrinfo hints, *res = NULL;
-    char ps[8];
-    int rc;
+    int rc = fp_resolve_numeric(host, port, r->ip, sizeof(r->ip));
 
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    (void)snprintf(ps, sizeof(ps), "%u", (unsigned)port);
-    rc = getaddrinfo(host, ps, &hints, &res);
-    if (rc == 0 && res != NULL)
-        rc = getnameinfo(res->ai_addr, res->ai_addrlen, r->ip, sizeof(r->ip),
-                         NULL, 0, NI_NUMERICHOST);
-    else if (rc == 0)
-        rc = EAI_NONAME;
-    if (res != NULL)
-        freeaddrinfo(res);
     if (rc != 0) {
         fp_log(FP_LOG_ERROR, "redis %s: cannot resolve: %s", r->name,
                gai_strerror(rc));

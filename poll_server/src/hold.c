@@ -5,9 +5,12 @@
  * re-check timer walks from the front. Key objects are recycled through a
  * free list. A read is never shared with an announcement that came during
  * it (the read may have been answered by the cache before the write): the
- * announcement marks the key to be read once more when that read ends. */
+ * announcement marks the key to be read once more when that read ends.
+ * The publish time an announcement carries goes with the first read that
+ * starts after it; that read's new bodies are timed against it. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <event2/event.h>
 
@@ -35,6 +38,10 @@ struct fp_hkey {
     int again;                  /* ... and another is wanted after it */
     enum fp_stat_wake cause, again_cause;
     uint64_t checked_ms;        /* when its last read started */
+    /* Publish times (Unix ms, 0: unknown) for the metric: the earliest of
+     * the announcements no read has started after yet, and the one the
+     * read in flight answers for. */
+    uint64_t pub_ms, read_pub_ms;
     struct fp_hkey *qprev, *qnext; /* the re-check queue */
     struct fp_hkey *free_next;
     size_t keylen;
@@ -66,6 +73,15 @@ static uint64_t now_ms(struct fp_hold *ho)
     if (event_base_gettimeofday_cached(ho->base, &tv) != 0)
         return 0;
     return (uint64_t)tv.tv_sec * 1000u + (uint64_t)tv.tv_usec / 1000u;
+}
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+
+    if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 static void q_remove(struct fp_hold *ho, struct fp_hkey *k)
@@ -154,7 +170,11 @@ static void on_read(enum fp_cache_status st, const char *value, size_t len,
         next = hd->next;
         hd->next = NULL;
         ho->release(hd, st, value, len, tag, k->cause, ho->arg);
+        /* Timed once its answer is handed to the socket. */
+        if (st == FP_CACHE_HIT && k->read_pub_ms != 0)
+            fp_stat_delivered(k->read_pub_ms, wall_ms());
     }
+    k->read_pub_ms = 0;
     k->reading = 0;
     /* After an error the re-check reads it (and the cache may be closing:
      * fp_cache_free answers pending reads with errors). */
@@ -187,6 +207,8 @@ static void read_key(struct fp_hkey *k, enum fp_stat_wake cause)
         return;
     }
     k->reading = 1;
+    k->read_pub_ms = k->pub_ms;
+    k->pub_ms = 0;
 }
 
 /* The re-check: the keys not read for recheck_ms, oldest first, at most
@@ -235,9 +257,10 @@ static void on_subscribed(void *arg)
     }
 }
 
-static void on_message(void *arg, const char *key, size_t len)
+static void on_message(void *arg, const char *key, size_t len,
+                       uint64_t published_ms)
 {
-    fp_hold_announced(arg, key, len);
+    fp_hold_announced(arg, key, len, published_ms);
 }
 
 struct fp_hold *fp_hold_new(struct event_base *base,
@@ -337,15 +360,19 @@ size_t fp_hold_count(const struct fp_hold *ho)
     return ho->held;
 }
 
-void fp_hold_announced(struct fp_hold *ho, const char *key, size_t len)
+void fp_hold_announced(struct fp_hold *ho, const char *key, size_t len,
+                       uint64_t published_ms)
 {
     struct fp_hkey *k;
 
     if (len == 0 || len > FP_MAX_KEY_LEN)
         return;
     HASH_FIND(hh, ho->table, key, len, k);
-    if (k != NULL && k->nholders > 0)
-        read_key(k, FP_STAT_WAKE_ANNOUNCEMENT);
+    if (k == NULL || k->nholders == 0)
+        return;
+    if (published_ms != 0 && (k->pub_ms == 0 || published_ms < k->pub_ms))
+        k->pub_ms = published_ms;
+    read_key(k, FP_STAT_WAKE_ANNOUNCEMENT);
 }
 
 void fp_hold_free(struct fp_hold *ho)

@@ -57,8 +57,11 @@ void fp_hold_remove(struct fp_held *hd);
 /* Polls held now. */
 size_t fp_hold_count(const struct fp_hold *ho);
 
-/* An announcement of key (any bytes): a held key is read again. */
-void fp_hold_announced(struct fp_hold *ho, const char *key, size_t len);
+/* An announcement of key (any bytes): a held key is read again. Its polls
+ * answered with a new body by that read are timed against published_ms
+ * (Unix ms; 0: not known) in fastpoll_publish_to_delivery_seconds. */
+void fp_hold_announced(struct fp_hold *ho, const char *key, size_t len,
+                       uint64_t published_ms);
 
 /* Closes the subscriber. Free the cache first (its pending reads are
  * answered then) and remove every held poll. */

@@ -15,7 +15,10 @@
 #include <sys/types.h>
 
 #define FP_HTTP_MAX_HEADERS 100 /* header lines per request */
-#define FP_HTTP_MAX_INM 8       /* If-None-Match lines kept (etag.h) */
+/* If-None-Match lines kept (etag.h): all a head may have, so that several
+ * lines are one list as the app reads them; the 1,024-byte bound on the
+ * joined value (FP_INM_MAX) is what limits them. */
+#define FP_HTTP_MAX_INM FP_HTTP_MAX_HEADERS
 
 enum fp_hmethod { FP_HM_GET, FP_HM_HEAD, FP_HM_POST, FP_HM_OTHER };
 
@@ -29,7 +32,8 @@ struct fp_http_head {
     int has_length;             /* Content-Length given */
     unsigned long long content_length;
     /* If-None-Match values (trimmed), in the caller's buffer; ninm counts
-     * every line, so more than FP_HTTP_MAX_INM tells the header is too big. */
+     * every line (never more than FP_HTTP_MAX_INM: a head with more header
+     * lines is refused). */
     const char *inm[FP_HTTP_MAX_INM];
     size_t inm_len[FP_HTTP_MAX_INM];
     size_t ninm;

@@ -119,6 +119,23 @@ int epoll_ctl(int epfd, int op, int fd, struct epoll_event *event)
     return rc;
 }
 
+static const uint64_t delivery_ms[FP_STAT_NDELIVERY] = FP_STAT_DELIVERY_BUCKETS;
+
+void fp_stat_delivered(uint64_t published_ms, uint64_t now_ms)
+{
+    uint64_t d = 0;
+    size_t k;
+
+    if (now_ms >= published_ms)
+        d = now_ms - published_ms;
+    else
+        fp_stats.delivery_negative++;
+    fp_stats.delivery_sum_ms += d;
+    for (k = 0; k < FP_STAT_NDELIVERY && d > delivery_ms[k]; k++)
+        ;
+    fp_stats.delivery_buckets[k]++;
+}
+
 void fp_stat_backend_done(size_t i, enum fp_cache_status st, uint64_t t0)
 {
     struct fp_stat_backend *b;

@@ -55,6 +55,12 @@ enum fp_stat_wake {
       500000, 1000000 }
 #define FP_STAT_NBUCKETS 13
 
+/* Publish-to-delivery buckets, upper bounds in milliseconds (+Inf implied):
+ * 1 ms (same host, idle) to 30 s (the longest default wait). */
+#define FP_STAT_DELIVERY_BUCKETS \
+    { 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000 }
+#define FP_STAT_NDELIVERY 14
+
 /* One cache server: memcached nodes in config order, or the Redis server. */
 struct fp_stat_backend {
     char name[300];             /* host:port or unix:/path, the metric label */
@@ -84,6 +90,12 @@ struct fp_stats {
     uint64_t held_over_cap;     /* answered at once: [server] max_held reached */
     uint64_t announcements;     /* messages received on [announce] channel */
     int subscriber_up;          /* subscribed to the channel now */
+    uint64_t announce_malformed; /* a time suffix that did not parse */
+    /* Held polls answered with a new body after a timed announcement:
+     * delivery - publish (wall clocks of two hosts, hence the clamp). */
+    uint64_t delivery_buckets[FP_STAT_NDELIVERY + 1]; /* not cumulative */
+    uint64_t delivery_sum_ms;
+    uint64_t delivery_negative; /* publish after delivery: counted as 0 */
     struct timespec started;    /* CLOCK_MONOTONIC */
     time_t started_wall;
 };
@@ -115,6 +127,8 @@ void fp_stats_backend_name(size_t i, const char *name);
 #define fp_stat_over_cap() ((void)0)
 #define fp_stat_announcement() ((void)0)
 #define fp_stat_subscriber(up) ((void)(up))
+#define fp_stat_announce_malformed() ((void)0)
+#define fp_stat_delivered(pub, now) ((void)(pub), (void)(now))
 
 #else
 
@@ -188,6 +202,15 @@ static inline void fp_stat_subscriber(int up)
 {
     fp_stats.subscriber_up = up;
 }
+
+static inline void fp_stat_announce_malformed(void)
+{
+    fp_stats.announce_malformed++;
+}
+
+/* A held poll got a new body at now_ms (Unix ms) for a write the app
+ * published at published_ms. */
+void fp_stat_delivered(uint64_t published_ms, uint64_t now_ms);
 
 /* Monotonic nanoseconds (vDSO clock_gettime: no system call). */
 static inline uint64_t fp_stat_now(void)
