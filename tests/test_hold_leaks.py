@@ -47,7 +47,12 @@ def lean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         cache_timeout_ms=30000 if VALGRIND else 1000,
         extra_ini={
             "poll": {"max_wait": "60"},
-            "server": {"max_held": str(N + 100), "recheck_ms": "2000"},
+            "server": {
+                "max_held": str(N + 100),
+                "recheck_ms": "2000",
+                # At least the cache timeout (the poll server checks).
+                "request_timeout_ms": "60000" if VALGRIND else "10000",
+            },
         },
     )
     s._allocate_ports()
