@@ -79,9 +79,18 @@ class Deliveries:
     pending: dict[int, deque[tuple[bytes, float]]] = field(default_factory=dict)
     latencies_s: list[float] = field(default_factory=list)
     superseded: int = 0  # delivered by a later message's answer (fastpoll shows the newest)
+    # The part after the publish request was answered (the write path excluded): from its
+    # answer to the delivery, for the messages whose answer came back before their delivery.
+    answered_at: dict[bytes, float] = field(default_factory=dict)
+    after_answer_s: list[float] = field(default_factory=list)
+    before_answer: int = 0  # delivered before the publish request's answer was read
 
     def published(self, user: int, marker: bytes, t: float) -> None:
         self.pending.setdefault(user, deque()).append((marker, t))
+
+    def publish_answered(self, marker: bytes, t: float) -> None:
+        if any(marker == m for q in self.pending.values() for m, _ in q):
+            self.answered_at[marker] = t
 
     def answer(self, user: int, body: bytes, t: float) -> int:
         """A 200 for user: the newest pending marker it holds delivers it and every older one."""
@@ -93,8 +102,12 @@ class Deliveries:
             if marker in body:
                 last = i
         for i in range(last + 1):
-            _, sent = q.popleft()
+            marker, sent = q.popleft()
             self.latencies_s.append(t - sent)
+            if marker in self.answered_at:
+                self.after_answer_s.append(t - self.answered_at.pop(marker))
+            else:
+                self.before_answer += 1
             if i < last:
                 self.superseded += 1
         return last + 1
@@ -198,15 +211,20 @@ class HoldRun:
         rng = random.Random(seed)
         tasks: list[asyncio.Task[None]] = []
         pub_status: Counter[str] = Counter()
+        answered: list[float] = []  # the publish request's own time, until its answer
         seq = 0
 
         async def one(user: int, n: int) -> None:
-            self.deliveries.published(user, marker_of(n), time.monotonic())
+            sent = time.monotonic()
+            self.deliveries.published(user, marker_of(n), sent)
             try:
                 status = await self.publish(user, f"lp{n}")
             except Exception as e:  # noqa: BLE001 - counted: the run goes on
                 self.errors[f"publish_{type(e).__name__}"] += 1
                 return
+            done = time.monotonic()
+            answered.append(done - sent)
+            self.deliveries.publish_answered(marker_of(n), done)
             pub_status[str(status)] += 1
             if status not in self.publish_ok:
                 self.errors[f"publish_status_{status}"] += 1
@@ -220,7 +238,12 @@ class HoldRun:
             seq += 1
             tasks.append(asyncio.create_task(one(rng.choice(self.users), seq)))
         await asyncio.gather(*tasks)
-        return {"published": seq, "publish_status": dict(pub_status)}
+        return {
+            "published": seq,
+            "publish_status": dict(pub_status),
+            "publish_answered_p50_ms": quantile_ms(answered, 0.5),
+            "publish_answered_p99_ms": quantile_ms(answered, 0.99),
+        }
 
     async def drain(self, grace_s: float) -> None:
         """Wait until every publish is delivered, or grace_s."""
