@@ -1,7 +1,7 @@
 """Long polls and conditional polls, fastpoll and Nchan side by side (issue 12, "Benchmarks").
 
     .venv/bin/python loadtests/longpoll.py [--sizes 1000 5000 15000] [--seconds 20]
-                                           [--interval-conns 50 10000] [--interval-seconds 8]
+                                           [--interval-conns 50 10000] [--interval-seconds 6]
                                            [--quick]
 
 One run, both systems on this machine, measured one after the other:
@@ -97,6 +97,18 @@ def nchan_subscribers(base_url: str) -> int:
     if not m:
         raise RuntimeError(f"nchan_stub_status without subscribers: {text!r}")
     return int(m.group(1))
+
+
+WAKE_CAUSES = ("announcement", "recheck", "timeout")
+WAKE_METRICS = [
+    *(f'fastpoll_held_wakeups_total{{cause="{c}"}}' for c in WAKE_CAUSES),
+    "fastpoll_held_over_cap_total",
+]
+
+
+def poller_counters(ports: list[int]) -> dict[str, float]:
+    """The poll servers' wake-ups by cause and polls over max_held, summed."""
+    return {m: metric_sum(ports, m) for m in WAKE_METRICS}
 
 
 def http_text(url: str) -> str:
@@ -242,6 +254,8 @@ async def hold_run(
         publish_ok=sd["publish_ok"],
         wait_s=WAIT_S,
     )
+    fp_ports = sysm.stack.admin_ports if system == "fastpoll" else []
+    counters0 = poller_counters(fp_ports)
     pss_before = {g: pss_kb(p) for g, p in groups.items()}
     t_connect = time.monotonic()
     tasks = await run.hold()
@@ -268,6 +282,7 @@ async def hold_run(
     cpu = meter.stop()
     self1 = resource.getrusage(resource.RUSAGE_SELF)
     n_held_end = await asyncio.to_thread(held)
+    counters1 = poller_counters(fp_ports)
     run.stopping = True
     for t in tasks:
         t.cancel()
@@ -319,6 +334,7 @@ async def hold_run(
             g: round((pss_held[g] - pss_before[g]) / n * 1000) for g in groups
         },
         "poll_answers": dict(run.statuses),
+        "poll_server_counters": {m: counters1[m] - counters0[m] for m in counters0},
         "polls": run.polls,
         "errors": errors,
         "error_count": sum(errors.values()),
@@ -519,7 +535,7 @@ def main() -> int:
     p.add_argument("--sizes", type=int, nargs="+", default=[1000, 5000, 15000])
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--interval-conns", type=int, nargs="+", default=[50, 10000])
-    p.add_argument("--interval-seconds", type=float, default=8)
+    p.add_argument("--interval-seconds", type=float, default=6)
     p.add_argument("--ab-reps", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="200 clients, 5 s, c=50: a smoke run")
     args = p.parse_args()
