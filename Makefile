@@ -10,7 +10,7 @@ APT_PACKAGES := build-essential pkg-config libevent-dev libmemcached-dev libhire
 	apache2-utils wrk python3-venv python3-dev zlib1g-dev postgresql libpq5 redis-sentinel
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: all deps venv build up down status test test-unit test-integration bench bench-quick clean
+.PHONY: all deps venv build up down status test test-unit test-integration bench bench-quick bench-longpoll clean
 
 all: build
 
@@ -142,6 +142,12 @@ bench: venv build
 bench-quick: venv build
 	$(PY) loadtests/bench.py --quick
 	$(VENV)/bin/pytest -q loadtests/tests
+
+# Long polls and conditional polls with Nchan side by side (issue 12; <= 10 min, not in `make test`):
+# loadtests/results/longpoll-*.json. Debian's Nchan module is installed for it (its nginx only).
+bench-longpoll: venv build
+	$(call apt_install,libnginx-mod-nchan)
+	$(PY) loadtests/longpoll.py
 
 clean:
 	$(MAKE) -C poll_server clean

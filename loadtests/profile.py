@@ -28,9 +28,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import bench  # noqa: E402
 import clients  # noqa: E402
 import peers  # noqa: E402
+import plans  # noqa: E402
 import preload  # noqa: E402
 import stackctl  # noqa: E402
 import sysinfo  # noqa: E402
@@ -101,7 +101,7 @@ def strace_hits(out: Path) -> None:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    t = stackctl.start(work / "stack", bench.TUNING, {"log": {"level": "warn"}}, n_pollers=1)
+    t = stackctl.start(work / "stack", plans.TUNING, {"log": {"level": "warn"}}, n_pollers=1)
     try:
         preload.preload([f"127.0.0.1:{p}" for p in t.memcached_ports], 10)
         signer = Signer(t.stack)
@@ -137,7 +137,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--attach", type=Path)
-    ap.add_argument("--users", type=int, default=bench.USERS)
+    ap.add_argument("--users", type=int, default=plans.USERS)
     ap.add_argument(
         "--strace",
         action="store_true",
@@ -145,7 +145,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     if args.strace:
-        out = bench.RESULTS / "strace-poll_server-hit.txt"
+        out = plans.RESULTS / "strace-poll_server-hit.txt"
         strace_hits(out)
         print(f"wrote {out.relative_to(ROOT)}")
         return 0
@@ -157,7 +157,7 @@ def main() -> int:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    out_txt = bench.RESULTS / f"profile-{stamp}.txt"
+    out_txt = plans.RESULTS / f"profile-{stamp}.txt"
     report: list[str] = [
         f"# profile {stamp}: wrk -t2 -c50 keep-alive, {args.seconds:g}s per case",
         f"# machine: {sysinfo.cpu_model()}, {os.cpu_count()} cores",
@@ -166,15 +166,15 @@ def main() -> int:
     if args.attach:
         target = stackctl.attach(args.attach.resolve())
     else:
-        target = stackctl.start(work / "stack", bench.TUNING, {"log": {"level": "warn"}})
+        target = stackctl.start(work / "stack", plans.TUNING, {"log": {"level": "warn"}})
     mc_servers = [f"127.0.0.1:{p}" for p in target.memcached_ports]
     peer = peers.Peer(
         "memcached_pass",
         work / "peer",
-        {k: v for k, v in bench.TUNING.items() if not k.startswith("fastpoll_")},
+        {k: v for k, v in plans.TUNING.items() if not k.startswith("fastpoll_")},
         {
             "memcached": mc_servers[0],
-            "upstream_keepalive": bench.TUNING["fastpoll_upstream_keepalive"],
+            "upstream_keepalive": plans.TUNING["fastpoll_upstream_keepalive"],
         },
     )
     try:

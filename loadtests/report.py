@@ -5,7 +5,7 @@
 bench.py calls it at the end of a full run; run it alone to redo the plots and the page from a
 stored run. The prose lives in loadtests/benchmarks.md.j2 and loadtests/analysis.md.j2.
 --rederive recomputes the JSON's derived figures from its raw results first (after a change to
-bench.derive).
+derive.py).
 """
 
 from __future__ import annotations
@@ -20,17 +20,11 @@ import jinja2
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-DOC = ROOT / "docs" / "benchmarks.md"
+sys.path.insert(0, str(HERE))
 
-# The processes each system's requests go through, for CPU per request (bench.py uses it too).
-PATH_GROUPS = {
-    "fastpoll": ("nginx", "poll_servers", "memcached", "app"),
-    "fastpoll_all": ("nginx", "poll_servers", "memcached", "app"),
-    "direct": ("poll_servers", "memcached"),
-    "memcached_pass": ("peer_memcached_pass", "memcached"),
-    "return200": ("peer_return200",),
-    "app": ("peer_app",),
-}
+from derive import PATH_GROUPS, derive  # noqa: E402  (CPU per request: the processes on a path)
+
+DOC = ROOT / "docs" / "benchmarks.md"
 
 LABELS = {
     "fastpoll": "fastpoll (nginx → poll_server → memcached)",
@@ -329,10 +323,8 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
 def rederive(doc: dict) -> dict:
     """The derived figures again from the stored raw results (they are a pure function of them);
     what was measured apart (memory, the hop) is kept."""
-    import bench
-
     old = doc["derived"]
-    new = bench.derive(doc["results"], old.get("rss", {}))
+    new = derive(doc["results"], old.get("rss", {}))
     for k in ("poll_server_peak_rss_kb", "hop"):
         if k in old:
             new[k] = old[k]

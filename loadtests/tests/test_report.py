@@ -11,7 +11,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-import bench  # noqa: E402
+import derive  # noqa: E402
+import plans  # noqa: E402
 import report  # noqa: E402
 
 CPU = {
@@ -122,7 +123,7 @@ def results() -> list[dict]:
 
 
 def test_derive(results: list[dict]) -> None:
-    d = bench.derive(results, {})
+    d = derive.derive(results, {})
     r = d["ratios"]
     assert r["ab_vs_return200"] == pytest.approx(0.95)
     assert r["c50_vs_memcached_pass_hot"] == pytest.approx(20000.5 / 18000, abs=1e-3)
@@ -164,10 +165,10 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
             },
             "git": {"commit": "abc", "dirty": False},
         },
-        "tuning": {"nginx": bench.TUNING, "nginx_applied_via": "test", "sysctl_changed": {}},
+        "tuning": {"nginx": plans.TUNING, "nginx_applied_via": "test", "sysctl_changed": {}},
         "stack": {"poller_ports": [1, 2]},
         "users": 100000,
-        "derived": bench.derive(
+        "derived": derive.derive(
             results,
             {
                 "answered": 10000,

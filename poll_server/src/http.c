@@ -9,9 +9,14 @@
  * What nginx sends is small and regular, so here:
  *
  * - A connection is a `struct conn` from a free list, with its three
- *   events (read, write, timer) and a fixed input buffer of max_header_size
- *   bytes: nothing is allocated per request. An answer the socket does not
- *   take at once is the one exception (a copy of what is left, then freed).
+ *   events (read, write, timer) and a small input buffer of its own
+ *   (IN_SMALL bytes: what nginx sends is 100-400). A head that does not fit
+ *   gets a buffer of max_header_size from a pool until the connection's
+ *   input is empty again, so an idle connection holds the small one only
+ *   (a fixed 8 KB buffer doubled the memory of an idle keep-alive
+ *   connection). Nothing is allocated per request in steady state. An
+ *   answer the socket does not take at once is the one exception (a copy of
+ *   what is left, then freed).
  * - One read per readiness; a request head is parsed in place once its
  *   empty line is in (httpparse.c); a body is read and discarded as it
  *   comes. One request per connection at a time: pipelined ones wait in
@@ -74,6 +79,11 @@
  * retried after a second. */
 #define LISTEN_BACKLOG 4096
 #define OUT_KEEP 65536     /* a slow answer's buffer is kept up to this */
+/* Each connection's own input buffer. nginx's requests to a poller are a
+ * request line (the URI with its signature), Host and at most one
+ * If-None-Match: 100-400 bytes (docs/benchmarks.md, "Hit path"). */
+#define IN_SMALL 1024
+#define BIG_KEEP 64        /* pooled max_header_size buffers kept */
 /* A poll URL without a valid signature (docs/security.md). */
 static const char forbidden_body[] =
     "{\"error\":\"missing, invalid or expired signature\"}\n";
@@ -115,12 +125,15 @@ struct conn {
     unsigned pace_ms;               /* ... and this Poll-Interval-Ms */
     struct fp_held held;
     /* Input: in[in_off, in_len) not parsed yet; `scanned` bytes of it were
-     * searched for the end of a head already. */
-    size_t in_off, in_len, scanned;
+     * searched for the end of a head already. `in` is `small` (in_cap:
+     * h->in_small) or, while a long head is read, a pooled buffer of
+     * h->in_max bytes. */
+    char *in;
+    size_t in_cap, in_off, in_len, scanned;
     /* What the socket did not take of an answer (the slow path). */
     char *out;
     size_t out_off, out_len, out_cap;
-    char in[];                      /* h->in_cap bytes */
+    char small[];                   /* h->in_small bytes */
 };
 
 struct fp_http {
@@ -137,7 +150,10 @@ struct fp_http {
     struct fp_accept_guard *guard; /* pauses accepting on EMFILE */
     struct conn *conns;         /* open */
     struct conn *free_list;
-    size_t nfree, in_cap;
+    size_t nfree;
+    size_t in_small, in_max;    /* input buffer sizes (see struct conn) */
+    char *big_free;             /* pooled in_max buffers, linked through */
+    size_t nbig;                /* ... their first bytes; how many */
     unsigned long inflight;
     int draining;
     void (*drained)(void *arg);
@@ -226,6 +242,47 @@ static void read_off(struct conn *c)
     c->reading = 0;
 }
 
+/* A head does not fit the small buffer: move the input to a buffer of
+ * in_max bytes (pooled). Returns 0, or -1 if out of memory. */
+static int in_grow(struct conn *c)
+{
+    struct fp_http *h = c->h;
+    char *b = h->big_free;
+
+    if (b != NULL) {
+        memcpy(&h->big_free, b, sizeof(h->big_free));
+        h->nbig--;
+    } else if ((b = malloc(h->in_max)) == NULL) {
+        return -1;
+    }
+    memcpy(b, c->in + c->in_off, c->in_len - c->in_off);
+    c->in_len -= c->in_off;
+    c->in_off = 0;
+    c->in = b;
+    c->in_cap = h->in_max;
+    return 0;
+}
+
+/* The input is empty: a big buffer goes back to the pool (or is freed when
+ * the pool is full) and the connection reads into its small one again. */
+static void in_shrink(struct conn *c)
+{
+    struct fp_http *h = c->h;
+
+    c->in_off = c->in_len = 0;
+    if (c->in == c->small)
+        return;
+    if (h->nbig < BIG_KEEP) {
+        memcpy(c->in, &h->big_free, sizeof(h->big_free));
+        h->big_free = c->in;
+        h->nbig++;
+    } else {
+        free(c->in);
+    }
+    c->in = c->small;
+    c->in_cap = h->in_small;
+}
+
 /* A connection for fd, from the free list or new; NULL if out of memory. */
 static struct conn *conn_get(struct fp_http *h, evutil_socket_t fd)
 {
@@ -235,7 +292,7 @@ static struct conn *conn_get(struct fp_http *h, evutil_socket_t fd)
         h->free_list = c->next;
         h->nfree--;
     } else {
-        if ((c = malloc(sizeof(*c) + h->in_cap)) == NULL)
+        if ((c = malloc(sizeof(*c) + h->in_small)) == NULL)
             return NULL;
         memset(c, 0, sizeof(*c));
         c->rev = event_new(h->base, -1, 0, on_read, c);
@@ -265,6 +322,8 @@ static struct conn *conn_get(struct fp_http *h, evutil_socket_t fd)
     c->fd = fd;
     c->state = C_HEAD;
     c->reading = c->resume = c->counted = 0;
+    c->in = c->small;
+    c->in_cap = h->in_small;
     c->in_off = c->in_len = c->scanned = 0;
     c->out_off = c->out_len = 0;
     memset(&c->w, 0, sizeof(c->w));
@@ -331,6 +390,7 @@ static void conn_close(struct conn *c)
     if (c->next != NULL)
         c->next->prev = c->prev;
     fp_stat_conn_closed();
+    in_shrink(c);
     if (c->out_cap > OUT_KEEP) {
         free(c->out);
         c->out = NULL;
@@ -363,7 +423,7 @@ static void linger(struct conn *c)
         return;
     }
     c->state = C_LINGER;
-    c->in_off = c->in_len = 0;
+    in_shrink(c);
     read_on(c);
     arm(c, c->h->request_tv);
 }
@@ -798,7 +858,7 @@ static void process(struct conn *c)
         int done, st;
 
         if (avail == 0) {
-            c->in_off = c->in_len = 0;
+            in_shrink(c);
             return;
         }
         if (c->state == C_HEAD) {
@@ -808,7 +868,7 @@ static void process(struct conn *c)
                 continue;
             }
             if ((end = fp_http_head_end(p, avail, c->scanned)) == 0) {
-                if (avail >= h->in_cap) {
+                if (avail >= h->in_max) {
                     refuse(c, 431);
                     return;
                 }
@@ -878,13 +938,22 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
         c->in_len -= c->in_off;
         c->in_off = 0;
     }
-    if (c->in_len == h->in_cap) {
-        /* Full while a request waits or is written: read again once it is
-         * answered (answered() turns reading back on). */
-        read_off(c);
-        return;
+    if (c->in_len == c->in_cap) {
+        if (c->state != C_HEAD || c->in_cap == h->in_max) {
+            /* Full while a request waits or is written: read again once it
+             * is answered (answered() turns reading back on). */
+            read_off(c);
+            return;
+        }
+        /* A head longer than the small buffer (process() refuses one
+         * longer than in_max). */
+        if (in_grow(c) != 0) {
+            fp_log(FP_LOG_ERROR, "http: out of memory for a request head");
+            conn_close(c);
+            return;
+        }
     }
-    n = read(fd, c->in + c->in_len, h->in_cap - c->in_len);
+    n = read(fd, c->in + c->in_len, c->in_cap - c->in_len);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
         return;
     if (n <= 0) {
@@ -1124,7 +1193,8 @@ struct fp_http *fp_http_start(struct event_base *base,
     }
     h->base = base;
     h->s = s;
-    h->in_cap = s->max_header_size;
+    h->in_max = s->max_header_size;
+    h->in_small = h->in_max < IN_SMALL ? h->in_max : IN_SMALL;
     ms_to_tv(s->request_timeout_ms, &req);
     ms_to_tv(s->idle_timeout_ms, &idle);
     /* A first request must be in within request_timeout_ms of the accept,
@@ -1256,6 +1326,12 @@ void fp_http_free(struct fp_http *h)
     while ((c = h->free_list) != NULL) {
         h->free_list = c->next;
         conn_destroy(c);
+    }
+    while (h->big_free != NULL) {
+        char *b = h->big_free;
+
+        memcpy(&h->big_free, b, sizeof(h->big_free));
+        free(b);
     }
     fp_accept_guard_free(h->guard);
     fp_coalesce_free(h->co);

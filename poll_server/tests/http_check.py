@@ -148,6 +148,42 @@ def keepalive_many(c: Check) -> None:
     c.ok(f"keep-alive: 300 requests on one connection, {good} right", good == 300)
 
 
+def long_heads(c: Check) -> None:
+    """Heads longer than a connection's small input buffer (1 KB) but within max_header_size
+    (8 KB): read into a pooled big buffer, trickled or pipelined, and the connection goes back
+    to its small buffer for the next request."""
+    pad = b"X-Pad: " + b"p" * 7000 + b"\r\n"
+    long_req = b"GET /getMessages?user_id=1 HTTP/1.1\r\nHost: x\r\n" + pad + b"\r\n"
+    short_req = b"GET /getMessages?user_id=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+    answers: list[bytes] = []
+    with socket.create_connection(("127.0.0.1", c.port), timeout=3) as s:
+        rest = b""
+        for i in range(20):
+            if i % 4 == 0:
+                # Trickled: the small buffer fills before the head ends.
+                for k in range(0, len(long_req), 900):
+                    s.sendall(long_req[k : k + 900])
+                    time.sleep(0.002)
+                answer, rest = read_answer(s, rest)
+                answers.append(answer)
+            elif i % 4 == 1:
+                s.sendall(short_req)
+                answer, rest = read_answer(s, rest)
+                answers.append(answer)
+            else:
+                # Pipelined: a short head, a long one and a short one in one send.
+                s.sendall(short_req + long_req + short_req)
+                for _ in range(3):
+                    answer, rest = read_answer(s, rest)
+                    answers.append(answer)
+    good = sum(a.startswith(b"HTTP/1.1 200") and a.endswith(b"hello") for a in answers)
+    c.ok(
+        f"heads of 7 KB between short ones on one connection: {good}/{len(answers)} answered",
+        good == len(answers) == 40,
+        [a[:40] for a in answers if not a.endswith(b"hello")][:3],
+    )
+
+
 def big_value_slow_reader(c: Check) -> None:
     """A value larger than the socket buffers: what the first write leaves is written later
     by the bufferevent, and the connection then serves its next request."""
@@ -237,6 +273,7 @@ def run_checks(c: Check) -> None:
         r,
     )
     keepalive_many(c)
+    long_heads(c)
     big_value_slow_reader(c)
     for m in (b"PUT", b"DELETE", b"OPTIONS", b"PATCH", b"TRACE", b"BREW"):
         r = c.req(b"/getMessages?user_id=1", m)

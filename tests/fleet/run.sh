@@ -248,8 +248,9 @@ all:
       -o UserKnownHostsFile=$RUN/known_hosts -o StrictHostKeyChecking=yes -o ConnectTimeout=5
     # The hosts cannot reach a mirror; everything is in the image.
     fastpoll_apt_cache_valid_time: 0
-    # This machine caps open files at 20000 per process.
+    # This machine caps open files at 20000 per process. Held long polls stay below it (checked).
     poll_server_limit_nofile: 20000
+    fastpoll_server_max_held: 16000
     fallback_app_limit_nofile: 20000
     nginx_worker_rlimit_nofile: 20000
     nginx_worker_connections: 4096
@@ -268,6 +269,10 @@ all:
     monitoring_evaluation_interval: 2s
     monitoring_alert_for: {PollerDown: 10s}
     fallback_app_workers: 2
+    # Checks poll keys published minutes earlier (the seeded user after scaling): on a loaded
+    # machine more than the default 300 s passed in between (505 s in session 5) and the key
+    # had expired. The runs that change the config later pass fastpoll_cache_ttl=299.
+    fastpoll_cache_ttl: 3600
     memcached_memory_mb: 32
     redis_maxmemory: 32mb
     # Clients authenticate as this Redis ACL user (Redis's default user is off).
@@ -525,6 +530,120 @@ for n in "${POLLERS[@]}"; do
     expect "$got" "$want" "$n: POST body reached the app intact"
 done
 say "miss -> fallback -> hit, and a POST through the fallback: ok on ${POLLERS[*]}"
+
+# Long polls through the edge (issue 12). The rendered config first: the [server] long-poll keys,
+# [poll] and [announce] (the fleet's Redis, with the memcached backend) in fp-poll1's ini, and
+# nginx's held-poll read timeout from the same max_wait (30 + 10 s).
+on fp-poll1 bash -s "${IP[fp-data1]}" <<'EOF' || die "fp-poll1: long-poll config check failed"
+set -euo pipefail
+ini=/etc/fastpoll/fastpoll.ini
+sect() { awk -v s="[$1]" '$0 == s {f=1; next} /^\[/ {f=0} f && /^[a-z_]+ = / {print}' "$ini" | tr '\n' ';'; }
+want="max_held = 16000;recheck_ms = 2000;"
+[[ "$(sect server)" == *"$want" ]] || { echo "[server] is '$(sect server)', want it to end in '$want'"; exit 1; }
+want="interval_ms = 1000;fallback_interval_ms = 3000;jitter_pct = 20;max_wait = 30;"
+[ "$(sect poll)" = "$want" ] || { echo "[poll] is '$(sect poll)', want '$want'"; exit 1; }
+want="server = $1:6379;password_file = /etc/fastpoll/redis.pass;username = fastpoll;channel = fastpoll:announce;"
+[ "$(sect announce)" = "$want" ] || { echo "[announce] is '$(sect announce)', want '$want'"; exit 1; }
+t=$(awk '/location @poll_held/ {f=1} f && $1 == "proxy_read_timeout" {print $2; exit}' /etc/nginx/sites-enabled/fastpoll.conf)
+[ "$t" = "40s;" ] || { echo "@poll_held proxy_read_timeout is '$t', want 40s"; exit 1; }
+# Every instance subscribed to the announcements (within 10 s).
+for admin in 9101 9102; do
+    for _ in $(seq 1 20); do
+        curl -fsS "http://127.0.0.1:$admin/metrics" | grep -qx 'fastpoll_announce_subscribed 1' && continue 2
+        sleep 0.5
+    done
+    echo "admin $admin: not subscribed to the announcements"; exit 1
+done
+EOF
+# wakeups CAUSE: fp-poll1's held polls answered for CAUSE, summed over its instances.
+wakeups() {
+    on fp-poll1 "for a in 9101 9102; do curl -fsS http://127.0.0.1:\$a/metrics; done" \
+        | awk -v c="fastpoll_held_wakeups_total{cause=\"$1\"}" '$1 == c {s += $2} END {print s + 0}'
+}
+# Then, through fp-poll1's nginx: a poll with the current ETag and no wait gets 304; with wait=20
+# it is held until a publish through the app wakes it, by its announcement (not the re-check),
+# and its answer (200 from the cache, the new message, a new ETag) arrives within 1 s of the
+# publish's answer.
+lp_user=$((RANDOM % 9000 + 50000))
+expect "$(publish fp-data1 "$lp_user" "before the hold")" 201 "long poll: first publish"
+lp_path=$(signed "/Poll/getMessages?user_id=$lp_user")
+ann_before=$(wakeups announcement)
+assert_route "${IP[fp-poll1]}"
+assert_route "${IP[fp-data1]}"
+lp=$("$REPO/.venv/bin/python" - "${IP[fp-poll1]}" "$lp_path" "${IP[fp-data1]}:8000" "$RUN/api.token" "$lp_user" <<'PY'
+import http.client
+import json
+import sys
+import threading
+import time
+
+edge, path, app, token_file, user = sys.argv[1:6]
+with open(token_file) as f:
+    token = f.read().strip()
+
+
+def fail(msg: str) -> None:
+    print(msg)
+    sys.exit(1)
+
+
+def get(target: str, headers: dict[str, str], timeout: float) -> tuple[int, str, str, bytes]:
+    c = http.client.HTTPConnection(edge, timeout=timeout)
+    c.request("GET", target, headers=headers)
+    r = c.getresponse()
+    body = r.read()
+    c.close()
+    return r.status, r.getheader("ETag") or "", r.getheader("X-Poll-Source") or "", body
+
+
+status, tag, src, _ = get(path, {}, 10)
+if (status, src) != (200, "cache") or not tag:
+    fail(f"first poll: {status} {src} ETag {tag!r}, want 200 cache with an ETag")
+status, tag2, src, body = get(path, {"If-None-Match": tag}, 10)
+if status != 304 or body or tag2 != tag:
+    fail(f"poll with the current ETag: {status} ETag {tag2!r}, {len(body)} bytes; want 304, {tag}, no body")
+held: dict[str, object] = {}
+
+
+def hold() -> None:
+    try:
+        held["answer"] = get(path + "&wait=20", {"If-None-Match": tag}, 25)
+    except OSError as exc:
+        held["answer"] = exc
+    held["at"] = time.monotonic()
+
+
+t = threading.Thread(target=hold)
+t.start()
+time.sleep(1.0)
+if "answer" in held:
+    fail(f"the wait=20 poll was answered before any publish (not held): {held['answer']!r}")
+c = http.client.HTTPConnection(app, timeout=10)
+sent = time.monotonic()
+c.request("POST", "/api/messages", body=json.dumps({"user_id": int(user), "text": "wakes the hold"}),
+          headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+pub = c.getresponse()
+pub.read()
+published = time.monotonic()
+if pub.status != 201:
+    fail(f"publish: {pub.status}")
+t.join(25)
+answer = held.get("answer")
+at = held.get("at")
+if not isinstance(answer, tuple) or not isinstance(at, float):
+    fail(f"held poll: {answer!r}")
+status, tag3, src, body = answer
+if (status, src) != (200, "cache") or b"wakes the hold" not in body or not tag3 or tag3 == tag:
+    fail(f"held poll woke with {status} {src} ETag {tag3!r} (was {tag}): {body[:200]!r}")
+if at - published > 1.0:
+    fail(f"held poll answered {at - published:.3f} s after the publish's answer (want <= 1 s)")
+print(f"{(at - sent) * 1000:.0f} ms after the publish was sent ({(published - sent) * 1000:.0f} ms to its answer)")
+PY
+) || die "long poll through fp-poll1's nginx: $lp"
+ann_after=$(wakeups announcement)
+[ "$ann_after" -gt "$ann_before" ] \
+    || die "long poll: answered, but not woken by an announcement (announcement wake-ups $ann_before -> $ann_after)"
+say "long poll via fp-poll1's nginx: the current ETag gets 304; wait=20 held, woken by the announcement, answered $lp"
 
 # ---- 7. instances under systemd ---------------------------------------------------------------
 # check_instances N [HOST...]: N active instances on every poller (or HOST), each pinned to its

@@ -1,0 +1,246 @@
+"""The benchmark's derived figures (ratios, CPU per request, the targets) from its raw results: a
+pure function of them, so loadtests/report.py --rederive can redo them from a stored run."""
+
+from __future__ import annotations
+
+import statistics
+
+# The processes each system's requests go through, for CPU per request.
+PATH_GROUPS = {
+    "fastpoll": ("nginx", "poll_servers", "memcached", "app"),
+    "fastpoll_all": ("nginx", "poll_servers", "memcached", "app"),
+    "direct": ("poll_servers", "memcached"),
+    "memcached_pass": ("peer_memcached_pass", "memcached"),
+    "return200": ("peer_return200",),
+    "app": ("peer_app",),
+}
+
+
+# ---- derived figures ---------------------------------------------------------------------------
+
+
+def _median(rows: list[dict[str, object]], key: str = "rps") -> float | None:
+    vals = [float(r[key]) for r in rows if r.get(key) is not None]  # type: ignore[arg-type]
+    return statistics.median(vals) if vals else None
+
+
+def pick(results: list[dict[str, object]], **kw: object) -> list[dict[str, object]]:
+    return [r for r in results if all(r.get(k) == v for k, v in kw.items())]
+
+
+def cost_us(r: dict[str, object], client: bool = True) -> float:
+    """CPU microseconds one request cost the processes on its path (and the client's own)."""
+    cpu: dict[str, float] = r["cpu_s"]  # type: ignore[assignment]
+    total = sum(cpu.get(g, 0.0) for g in PATH_GROUPS[str(r["system"])])
+    if client:
+        total += float(r["client_cpu_s"])  # type: ignore[arg-type]
+    return total / max(1, int(r["requests"])) * 1e6  # type: ignore[call-overload]
+
+
+def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str, object]:
+    def med(**kw: object) -> float | None:
+        return _median(pick(results, **kw))
+
+    def cost(**kw: object) -> float | None:
+        """CPU µs per request over the matching runs (their CPU over their requests)."""
+        rows = pick(results, **kw)
+        n = sum(int(r["requests"]) for r in rows)  # type: ignore[call-overload]
+        return sum(cost_us(r) * int(r["requests"]) for r in rows) / n if n else None  # type: ignore
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a and b else None
+
+    def ab_bound(system: str) -> float | None:
+        """ab's two-core model: ab on one core, the servers on the other; the slower side
+        sets the pace (µs per request)."""
+        rows = pick(results, group="ab", system=system, keepalive=False)
+        n = sum(int(r["requests"]) for r in rows)  # type: ignore[call-overload]
+        if not n:
+            return None
+        server = sum(cost_us(r, client=False) * int(r["requests"]) for r in rows) / n  # type: ignore
+        client = sum(float(r["client_cpu_s"]) for r in rows) / n * 1e6  # type: ignore[arg-type]
+        return max(server, client)
+
+    ab = {
+        f"{s}{'_k' if ka else ''}": med(group="ab", system=s, keepalive=ka)
+        for s in ("fastpoll", "return200", "memcached_pass", "app")
+        for ka in (False, True)
+    }
+    c50 = {
+        f"{s}_{sc}": med(group="c50", system=s, scenario=sc, method="GET")
+        for s in ("fastpoll", "memcached_pass", "return200", "direct")
+        for sc in ("hit-hot", "hit-many")
+    }
+    for sc in ("nocache-msg", "nocache-empty"):
+        c50[f"app_{sc}"] = med(group="c50", system="app", scenario=sc)
+    for sc in ("mix95", "mix50", "miss"):
+        c50[f"fastpoll_{sc}"] = med(group="c50", system="fastpoll", scenario=sc)
+    for sc in ("hit-hot", "hit-many"):
+        c50[f"fastpoll_{sc}_POST"] = med(group="c50", system="fastpoll", scenario=sc, method="POST")
+    c50["return200_hit-hot_POST"] = med(group="c50", system="return200", method="POST")
+
+    sweep: dict[str, dict[int, dict[str, object]]] = {}
+    for r in pick(results, group="sweep"):
+        point = {
+            k: r.get(k)
+            for k in (
+                "rps",
+                "p50_ms",
+                "p99_ms",
+                "failed",
+                "errors",
+                "non2xx",
+                "other_cpu_share",
+                "fallbacks_seen",
+                "tcp",
+            )
+        }
+        n = max(1, int(r["requests"]))  # type: ignore[arg-type]
+        point["cpu_us_per_req"] = {
+            g: round(v / n * 1e6, 1)  # the path's own processes
+            for g, v in r["cpu_s"].items()  # type: ignore[union-attr]
+            if g in PATH_GROUPS[str(r["system"])]
+        }
+        point["client_us_per_req"] = round(float(r["client_cpu_s"]) / n * 1e6, 1)  # type: ignore
+        sweep.setdefault(str(r["system"]), {})[int(r["conns"])] = point  # type: ignore[arg-type]
+
+    def flat(system: str, c: int) -> float | None:
+        s = sweep.get(system, {})
+        if c in s and 50 in s:
+            return ratio(s[c]["rps"], s[50]["rps"])  # type: ignore[arg-type]
+        return None
+
+    # CPU of the poll servers per 100,000 hits, in the c50 GET hit runs through nginx.
+    cpu = {}
+    for sys_ in ("fastpoll", "direct"):
+        for sc in ("hit-hot", "hit-many"):
+            rows = pick(results, group="c50", system=sys_, scenario=sc, method="GET")
+            reqs = sum(int(r["requests"]) for r in rows)  # type: ignore[arg-type]
+            secs = sum(float(r["cpu_s"]["poll_servers"]) for r in rows)  # type: ignore[index]
+            if reqs:
+                cpu[f"{sys_}_{sc}"] = round(secs / reqs * 100_000 * 1000, 1)  # ms
+    ratios = {
+        "c50_vs_memcached_pass_hot": ratio(c50["fastpoll_hit-hot"], c50["memcached_pass_hit-hot"]),
+        "c50_vs_memcached_pass_many": ratio(
+            c50["fastpoll_hit-many"], c50["memcached_pass_hit-many"]
+        ),
+        "c50_vs_return200_hot": ratio(c50["fastpoll_hit-hot"], c50["return200_hit-hot"]),
+        "ab_vs_return200": ratio(ab["fastpoll"], ab["return200"]),
+        "ab_k_vs_return200": ratio(ab["fastpoll_k"], ab["return200_k"]),
+        "ab_vs_memcached_pass": ratio(ab["fastpoll"], ab["memcached_pass"]),
+        "c50_vs_app": ratio(c50["fastpoll_hit-many"], c50["app_nocache-msg"]),
+        "c50_vs_app_empty": ratio(c50["fastpoll_hit-many"], c50["app_nocache-empty"]),
+        "ab_vs_app": ratio(ab["fastpoll"], ab["app"]),
+        "sweep_10000_vs_50": flat("fastpoll", 10000),
+        "sweep_15000_vs_50": flat("fastpoll", 15000),
+        "peer_memcached_pass_15000_vs_50": flat("memcached_pass", 15000),
+        "peer_return200_15000_vs_50": flat("return200", 15000),
+    }
+    fp = sweep.get("fastpoll", {})
+    sweep_errors = sum(int(v["failed"]) for c, v in fp.items() if c >= 10000)  # type: ignore
+
+    # The same ratios from CPU cost per request: the other system's cost over ours. On a machine
+    # whose CPU other work shares, req/s depends on how much CPU was left to each run; the cost of
+    # a request does not, and on an idle machine (everything CPU-bound) it predicts the req/s ratio.
+    def cratio(ours: float | None, theirs: float | None) -> float | None:
+        return round(theirs / ours, 3) if ours and theirs else None
+
+    def sweep_cost(system: str, c: int) -> float | None:
+        return cost(group="sweep", system=system, conns=c)
+
+    costs = {
+        "c50_vs_memcached_pass_hot": cratio(
+            cost(group="c50", system="fastpoll", scenario="hit-hot", method="GET"),
+            cost(group="c50", system="memcached_pass", scenario="hit-hot", method="GET"),
+        ),
+        "c50_vs_memcached_pass_many": cratio(
+            cost(group="c50", system="fastpoll", scenario="hit-many", method="GET"),
+            cost(group="c50", system="memcached_pass", scenario="hit-many", method="GET"),
+        ),
+        "c50_vs_app": cratio(
+            cost(group="c50", system="fastpoll", scenario="hit-many", method="GET"),
+            cost(group="c50", system="app", scenario="nocache-msg"),
+        ),
+        "c50_vs_app_empty": cratio(
+            cost(group="c50", system="fastpoll", scenario="hit-many", method="GET"),
+            cost(group="c50", system="app", scenario="nocache-empty"),
+        ),
+        "ab_vs_return200": cratio(ab_bound("fastpoll"), ab_bound("return200")),
+        "sweep_10000_vs_50": cratio(sweep_cost("fastpoll", 10000), sweep_cost("fastpoll", 50)),
+        "sweep_15000_vs_50": cratio(sweep_cost("fastpoll", 15000), sweep_cost("fastpoll", 50)),
+    }
+    targets = [
+        _target(
+            "wrk -c50 keep-alive, hot key: fastpoll >= 1.0x nginx memcached_pass",
+            ratios["c50_vs_memcached_pass_hot"],
+            1.0,
+            costs["c50_vs_memcached_pass_hot"],
+        ),
+        _target(
+            "wrk -c50 keep-alive, 100,000 keys: fastpoll >= 1.0x nginx memcached_pass",
+            ratios["c50_vs_memcached_pass_many"],
+            1.0,
+            costs["c50_vs_memcached_pass_many"],
+        ),
+        _target(
+            "sweep flat: 10,000 connections >= 0.9x its own 50",
+            ratios["sweep_10000_vs_50"],
+            0.9,
+            costs["sweep_10000_vs_50"],
+        ),
+        _target(
+            "sweep flat: 15,000 connections >= 0.9x its own 50",
+            ratios["sweep_15000_vs_50"],
+            0.9,
+            costs["sweep_15000_vs_50"],
+        ),
+        {
+            "target": "sweep: 0 errors or timeouts at 10,000 and 15,000",
+            "value": sweep_errors,
+            "need": 0,
+            "met": (sweep_errors == 0) if {10000, 15000} & set(fp) else None,
+            "by_cost": None,
+            "met_by_cost": None,
+        },
+        _target(
+            "ab -c 50 -n 5000: fastpoll >= 0.95x nginx return 200",
+            ratios["ab_vs_return200"],
+            0.95,
+            costs["ab_vs_return200"],
+        ),
+        _target(
+            "wrk -c50: fastpoll >= 10x the app alone (users with a message)",
+            ratios["c50_vs_app"],
+            10.0,
+            costs["c50_vs_app"],
+        ),
+        _target(
+            "wrk -c50: fastpoll >= 10x the app alone (users with nothing new)",
+            ratios["c50_vs_app_empty"],
+            10.0,
+            costs["c50_vs_app_empty"],
+        ),
+    ]
+    return {
+        "ab": ab,
+        "c50": c50,
+        "sweep": sweep,
+        "ratios": ratios,
+        "cost_ratios": costs,
+        "cpu_ms_per_100k_hits": cpu,
+        "rss": rss,
+        "targets": targets,
+    }
+
+
+def _target(
+    what: str, value: float | None, need: float, by_cost: float | None = None
+) -> dict[str, object]:
+    return {
+        "target": what,
+        "value": value,
+        "need": need,
+        "met": None if value is None else value >= need,
+        "by_cost": by_cost,
+        "met_by_cost": None if by_cost is None else by_cost >= need,
+    }
