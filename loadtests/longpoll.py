@@ -14,7 +14,7 @@ One run, both systems on this machine, measured one after the other:
 
 **Held clients** (longpoll_client.py): for each size N, N clients in this process each hold a poll
 (fastpoll: If-None-Match + wait=25 as client/fastpoll.js does; Nchan: its long-poll), and once
-the servers report N held, a publisher sends to a random 1% of the users per second for
+the servers report 99% of them held, a publisher sends to a random 1% of the users per second for
 `--seconds` (fastpoll: POST /api/messages to the app; Nchan: POST /pub/<channel>). Per message:
 time from the publish request's send to the waiting client's read of the answer holding it.
 CPU per delivered message: the servers' utime+stime from /proc over the publish window (and up to
