@@ -33,6 +33,10 @@ N = int(os.environ.get("FP_HOLD_N", "500" if VALGRIND else "3000"))
 HOLD_DEADLINE = 600.0 if VALGRIND else 120.0
 FREE_DEADLINE = 300.0 if VALGRIND else 60.0
 BASE_UID = 700_000_000  # far from conftest's new_uid() range: no test shares these keys
+# Longer than it takes to hold N polls (the holds must not end before the closes), and a
+# re-check that does not re-read N keys every 2 s (under valgrind that alone outruns it).
+WAIT_S = 300
+RECHECK_MS = 60000 if VALGRIND else 2000
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +50,10 @@ def lean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # would answer them 503 instead of holding them.
         cache_timeout_ms=30000 if VALGRIND else 1000,
         extra_ini={
-            "poll": {"max_wait": "60"},
+            "poll": {"max_wait": str(WAIT_S)},
             "server": {
                 "max_held": str(N + 100),
-                "recheck_ms": "2000",
+                "recheck_ms": str(RECHECK_MS),
                 # At least the cache timeout (the poll server checks).
                 "request_timeout_ms": "60000" if VALGRIND else "10000",
             },
@@ -95,9 +99,9 @@ def connect(sk: socket.socket, path: str, deadline: float) -> None:
             time.sleep(0.01)
 
 
-def request(uid: int, tag: str) -> bytes:
+def request(uid: int, tag: str, wait: int = WAIT_S) -> bytes:
     return (
-        f"GET /getMessages?user_id={uid}&wait=60 HTTP/1.1\r\nHost: x\r\n"
+        f"GET /getMessages?user_id={uid}&wait={wait} HTTP/1.1\r\nHost: x\r\n"
         f"If-None-Match: {tag}\r\n\r\n"
     ).encode()
 
@@ -116,6 +120,8 @@ def hold_then_drop(stack: Stack, uids: list[int]) -> None:
     assert metric(stack, "fastpoll_held_requests") == 0
     base_conns = metric(stack, "fastpoll_open_connections")
     base_fds = settled_fds(stack, time.monotonic() + 10)
+    nm = metric(stack, 'fastpoll_requests_total{method="GET",outcome="not_modified"}')
+    be = metric(stack, 'fastpoll_requests_total{method="GET",outcome="backend_error"}')
     socks: list[socket.socket] = []
     deadline = time.monotonic() + HOLD_DEADLINE
     try:
@@ -129,6 +135,9 @@ def hold_then_drop(stack: Stack, uids: list[int]) -> None:
             assert time.monotonic() < deadline, f"{held} of {N} polls held"
             time.sleep(0.2)
         assert held == N
+        # None answered meanwhile (a 503 from a cache read that failed, a wait that ended).
+        assert metric(stack, 'fastpoll_requests_total{method="GET",outcome="not_modified"}') == nm
+        assert metric(stack, 'fastpoll_requests_total{method="GET",outcome="backend_error"}') == be
         # Every held client has its descriptor (the check below can see a leak).
         assert fds(stack) >= base_fds + N
         assert metric(stack, "fastpoll_open_connections") == base_conns + N
@@ -154,7 +163,7 @@ def hold_then_drop(stack: Stack, uids: list[int]) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sk:
         sk.settimeout(60)
         sk.connect(path)
-        sk.sendall(request(uid, tags[uid]).replace(b"wait=60", b"wait=1"))
+        sk.sendall(request(uid, tags[uid], wait=1))
         got = b""
         while b"\r\n\r\n" not in got:
             chunk = sk.recv(4096)
