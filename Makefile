@@ -33,7 +33,8 @@ $(VENV)/.done: fallback_app/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# pylibmc from source: it must link Debian's libmemcached, the same ketama as the poll server.
-	$(PIP) install -q --no-binary pylibmc -e 'fallback_app[test]' jinja2 ruff matplotlib
+	# types-PyYAML: stubs for make test-unit's mypy over tests/ (test_monitoring imports yaml).
+	$(PIP) install -q --no-binary pylibmc -e 'fallback_app[test]' jinja2 ruff matplotlib types-PyYAML
 	touch $@
 
 venv: deps $(VENV)/.done
@@ -55,6 +56,7 @@ test-unit: venv build
 	$(MAKE) -C poll_server test check
 	$(VENV)/bin/ruff check fallback_app tests loadtests tools
 	cd fallback_app && ../$(VENV)/bin/mypy fastpoll_app
+	$(VENV)/bin/mypy tools tests  # settings: mypy.ini
 	$(VENV)/bin/pytest -q fallback_app/tests
 
 test-integration: venv build deps-monitoring deps-browser

@@ -6,6 +6,7 @@ import itertools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import httpx
 import pylibmc
@@ -44,7 +45,8 @@ class Cache:
     def get(self, key: str) -> bytes | None:
         if self.backend == "memcached":
             return self.mc.get(key)
-        return self.r.get(key)
+        # redis-py's stubs say bytes | str whatever decode_responses is; without it, it is bytes.
+        return cast("bytes | None", self.r.get(key))
 
     def delete(self, key: str) -> None:
         if self.backend == "memcached":

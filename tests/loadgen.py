@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 LUA = r"""
 -- fastpoll drill script: round-robin over the requests in FP_REQUESTS (one "METHOD target"
@@ -196,7 +197,19 @@ class Load:
         )
 
 
-def run(base_url: str, requests: list[str], seconds: float, **kw: int) -> LoadResult:
+class LoadOptions(TypedDict, total=False):
+    """Load's keyword arguments, for run()."""
+
+    connections: int
+    threads: int
+    limit: int
+    timeout_s: int
+    keepalive: bool
+
+
+def run(
+    base_url: str, requests: list[str], seconds: float, **kw: Unpack[LoadOptions]
+) -> LoadResult:
     """A whole run in the foreground."""
     return Load(base_url, requests, seconds, **kw).result()
 

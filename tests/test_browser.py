@@ -111,7 +111,11 @@ def test_messages_arrive_within_a_second_and_stop_is_clean(
             wait_held(demo_stack)  # the page's next poll, with the new tag
         text = f"message {i} ☃ <b>not html</b>"
         t0 = publish(demo_stack, uid, text)
-        WebDriverWait(browser, 5, 0.02).until(lambda d, t=text: t in shown(d))
+
+        def has_text(d: webdriver.Chrome, t: str = text) -> bool:
+            return t in shown(d)
+
+        WebDriverWait(browser, 5, 0.02).until(has_text)
         at = browser.find_element(By.CSS_SELECTOR, "#messages li").get_attribute("data-shown-at")
         latencies.append(int(at or 0) / 1000 - t0)
         time.sleep(0.1)

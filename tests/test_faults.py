@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -28,7 +29,7 @@ def make_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MakeStack]:
     """Stacks of the drill's own, stopped afterwards; a sanitizer report in a poller log fails."""
     stacks: list[Stack] = []
 
-    def make(backend: str = "memcached", **kw: object) -> Stack:
+    def make(backend: str = "memcached", **kw: Any) -> Stack:
         kw.setdefault("n_memcached", 3)
         kw.setdefault("n_pollers", 2)
         s = Stack(
@@ -274,8 +275,8 @@ def test_hung_memcached_node_delays_only_its_keys(make_stack: MakeStack) -> None
                         )
     finally:
         _signal(stack, "memcached-0", signal.SIGCONT)
-    r = load.result()
-    assert_no_failures(r, "one memcached node hung")
+    res = load.result()
+    assert_no_failures(res, "one memcached node hung")
 
     assert all(st == 200 and src == "cache" for st, src, _ in seen["healthy"]), [
         x for x in seen["healthy"] if x[:2] != (200, "cache")
@@ -380,9 +381,9 @@ def test_app_down_misses_get_fast_json_503_hits_still_served(
                     time.monotonic() - t0,
                 )
             )
-    r = load.result()
-    assert_no_failures(r, "hits while the app is down")
-    assert r.sources == {"cache": r.requests}, r.summary()
+    res = load.result()
+    assert_no_failures(res, "hits while the app is down")
+    assert res.sources == {"cache": res.requests}, res.summary()
 
     assert misses
     for status, ctype, content, _ in misses:

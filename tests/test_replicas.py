@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -33,7 +34,7 @@ MakeStack = Callable[..., Stack]
 def make_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MakeStack]:
     stacks: list[Stack] = []
 
-    def make(**kw: object) -> Stack:
+    def make(**kw: Any) -> Stack:
         kw.setdefault("n_memcached", 3)
         kw.setdefault("n_pollers", 2)
         s = Stack(
@@ -260,8 +261,8 @@ def test_sigstop_publish_during_hang_resume_never_the_old_answer(
         finally:
             for d in directs:
                 d.close()
-    r = load.result()
-    assert_no_failures(r, "a node hung and resumed")
+    res = load.result()
+    assert_no_failures(res, "a node hung and resumed")
     assert not stale, f"{len(stale)} stale answers after the resume: {stale[:5]}"
     assert all(seen_recovering), seen_recovering
     # The outbox rewrote the node itself: its own copy is the new answer.

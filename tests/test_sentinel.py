@@ -228,11 +228,11 @@ def test_sentinel_failover_through_nginx(procs: Procs, tmp_path: Path) -> None:
             p = procs.spawn(
                 f"sentinel-{port}", ["redis-server", str(conf), "--sentinel"]
             )
-            wait_for(
-                "sentinel",
-                lambda port=port: tcp_ask(port, b"PING\r\n", b"+PONG"),
-                proc=p.popen,
-            )
+
+            def pong(port: int = port) -> bool:
+                return tcp_ask(port, b"PING\r\n", b"+PONG")
+
+            wait_for("sentinel", pong, proc=p.popen)
             ports.append(port)
         wait_sentinels_ready(ports)
         urls = prime(stack, 50)  # cached on the master, replicated to the replica

@@ -734,7 +734,8 @@ class Stack:
                     popen.kill()
                     return popen.wait()
             return popen.returncode
-        return _stop_pid(proc, sig, timeout)
+        _stop_pid(proc, sig, timeout)
+        return None
 
     def stop(self) -> None:
         # nginx first, so no client is sent to a part that is going away.
