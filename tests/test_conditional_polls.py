@@ -140,7 +140,8 @@ def test_the_rendered_config_routes_waits_and_passes_if_none_match(gz_stack: Sta
 
 # ---- the poll server's half ----------------------------------------------------------------
 
-RECHECK_MS = 2000
+RECHECK_MS = 2000  # while subscribed (recheck_subscribed_ms)
+RECHECK_DOWN_MS = 500  # while not (recheck_ms)
 Answers = list[tuple[float, httpx.Response]]  # (time.monotonic() when answered, answer)
 HELD_CLIENTS = int(os.environ.get("FP_HELD_CLIENTS", "2000"))
 
@@ -156,7 +157,11 @@ def held_stack(
     run_dir = tmp_path_factory.mktemp(f"held-{request.param}")
     extra: dict[str, dict[str, str]] = {
         "poll": {"interval_ms": "1000", "jitter_pct": "20", "max_wait": "10"},
-        "server": {"recheck_ms": str(RECHECK_MS), "max_held": str(HELD_CLIENTS + 100)},
+        "server": {
+            "recheck_ms": str(RECHECK_DOWN_MS),
+            "recheck_subscribed_ms": str(RECHECK_MS),
+            "max_held": str(HELD_CLIENTS + 100),
+        },
     }
     if request.param == "memcached":
         extra["announce"] = {
@@ -391,8 +396,35 @@ def test_unannounced_write_is_found_by_the_recheck(held_stack: Stack) -> None:
     threads[0].join(15)
     t_done, r = out[0]
     assert r.status_code == 200 and r.content.startswith(b'{"written"')
-    assert t_done - t0 < RECHECK_MS / 1000 + 1
+    # Subscribed: the re-check's period is recheck_subscribed_ms, not the shorter recheck_ms.
+    assert RECHECK_MS / 1000 - 0.8 <= t_done - t0 < RECHECK_MS / 1000 + 1
     assert metric(held_stack, 'fastpoll_held_wakeups_total{cause="recheck"}') - woken == 1
+
+
+def test_recheck_is_faster_while_unsubscribed(tmp_path: Path) -> None:
+    """Announcements from a Redis that is not there: held keys are re-read every recheck_ms
+    (recheck_subscribed_ms, a minute, would never find the write within the wait)."""
+    extra = {
+        "server": {"recheck_ms": str(RECHECK_DOWN_MS), "recheck_subscribed_ms": "60000"},
+        "announce": {"server": f"127.0.0.1:{free_port()}"},  # nothing listens there
+    }
+    s = start_stack(tmp_path, "memcached", n_pollers=1, extra_ini=extra, cache_timeout_ms=1000)
+    try:
+        assert metric(s, "fastpoll_announce_subscribed") == 0
+        uid = new_uid()
+        cache = Cache(s)
+        cache.set(poll_key(uid), b'{"v":1}')
+        with http_client(s) as c:
+            tag = hit(c, uid).headers["etag"]
+        threads, out = start_held(s, uid, tag, 10)
+        t0 = time.monotonic()
+        cache.set(poll_key(uid), b'{"v":2}')
+        threads[0].join(15)
+        t_done, r = out[0]
+        assert r.status_code == 200 and r.content == b'{"v":2}'
+        assert t_done - t0 < RECHECK_DOWN_MS / 1000 + 1
+    finally:
+        s.stop()
 
 
 def test_held_poll_ends_with_304_after_its_wait(held_stack: Stack) -> None:

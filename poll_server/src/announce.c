@@ -45,7 +45,7 @@ struct fp_announce {
     struct event *setup;        /* not subscribed in time */
     struct event *drop;         /* drop the context, outside hiredis */
     fp_announce_msg *msg;
-    fp_announce_up *up;
+    fp_announce_state *state;
     void *arg;
 };
 
@@ -59,12 +59,16 @@ static void went_down(struct fp_announce *a, const char *why)
 {
     struct timeval tv;
 
-    if (a->subscribed || !a->logged_down)
+    int was = a->subscribed;
+
+    if (was || !a->logged_down)
         fp_log(FP_LOG_WARN, "announce %s: %s; held polls rely on the "
                "re-check until subscribed again", a->name, why);
     a->logged_down = 1;
     a->subscribed = 0;
     fp_stat_subscriber(0);
+    if (was)
+        a->state(a->arg, 0);
     (void)event_del(a->setup);
     ms_tv(a->backoff_ms, &tv);
     if (evtimer_add(a->retry, &tv) != 0)
@@ -140,7 +144,7 @@ static void sub_cb(redisAsyncContext *ac, void *reply, void *priv)
         fp_stat_subscriber(1);
         fp_log(FP_LOG_INFO, "announce %s: subscribed to %s", a->name,
                a->channel);
-        a->up(a->arg);
+        a->state(a->arg, 1);
     } else if (strcmp(kind->str, "message") == 0 &&
                r->element[2]->type == REDIS_REPLY_STRING) {
         size_t keylen;
@@ -261,7 +265,7 @@ static int resolve(struct fp_announce *a)
 }
 
 int fp_announce_new(struct event_base *base, const struct fp_settings *s,
-                    fp_announce_msg *msg, fp_announce_up *up, void *arg,
+                    fp_announce_msg *msg, fp_announce_state *state, void *arg,
                     struct fp_announce **out)
 {
     struct fp_announce *a;
@@ -300,7 +304,7 @@ int fp_announce_new(struct event_base *base, const struct fp_settings *s,
         (void)snprintf(a->name, sizeof(a->name), "%s:%u",
                        a->host != NULL ? a->host : "?", a->port);
     a->msg = msg;
-    a->up = up;
+    a->state = state;
     a->arg = arg;
     a->backoff_ms = RETRY_MIN_MS;
     if (a->unix_path == NULL && (a->host == NULL || resolve(a) != 0)) {
@@ -317,6 +321,11 @@ int fp_announce_new(struct event_base *base, const struct fp_settings *s,
     event_active(a->retry, EV_TIMEOUT, 1); /* connect from the loop */
     *out = a;
     return 0;
+}
+
+int fp_announce_subscribed(const struct fp_announce *a)
+{
+    return a != NULL && a->subscribed;
 }
 
 void fp_announce_free(struct fp_announce *a)

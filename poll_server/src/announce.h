@@ -17,15 +17,16 @@ struct fp_announce;
  * when the app published it (Unix ms), 0 if the message does not say. */
 typedef void fp_announce_msg(void *arg, const char *key, size_t len,
                              uint64_t published_ms);
-/* The subscription is (re)established: announcements may have been lost. */
-typedef void fp_announce_up(void *arg);
+/* The subscription is (re)established (subscribed 1: announcements may have
+ * been lost meanwhile) or lost (0). */
+typedef void fp_announce_state(void *arg, int subscribed);
 
 /* Starts subscribing (connects lazily, never blocks, reconnects forever).
  * Returns 0 with *out set, or with *out NULL when there is nothing to
  * subscribe to (memcached without [announce] server); -1 if out of memory
  * or the host cannot be resolved (once, here: never on the loop). */
 int fp_announce_new(struct event_base *base, const struct fp_settings *s,
-                    fp_announce_msg *msg, fp_announce_up *up, void *arg,
+                    fp_announce_msg *msg, fp_announce_state *state, void *arg,
                     struct fp_announce **out);
 
 /* Splits a message, `<key>` or `<key> <unix_ms>` (keys never hold a space;
@@ -35,6 +36,9 @@ int fp_announce_new(struct event_base *base, const struct fp_settings *s,
  * *published_ms is 0). */
 int fp_announce_parse(const char *msg, size_t len, size_t *keylen,
                       uint64_t *published_ms);
+
+/* 1 while subscribed; 0 while down, and for NULL (nothing to subscribe to). */
+int fp_announce_subscribed(const struct fp_announce *a);
 
 /* Closes the connection; no callback after this. NULL is a no-op. */
 void fp_announce_free(struct fp_announce *a);

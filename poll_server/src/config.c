@@ -1032,6 +1032,7 @@ static const struct option_def options[] = {
     { "server", "shutdown_timeout_ms", set_uint, F(shutdown_timeout_ms), 0, 600000, false },
     { "server", "max_held", set_uint, F(max_held), 0, 1000000, false },
     { "server", "recheck_ms", set_uint, F(recheck_ms), 100, 600000, false },
+    { "server", "recheck_subscribed_ms", set_uint, F(recheck_subscribed_ms), 100, 600000, false },
     { "keys", "prefix", set_prefix, 0, 0, 0, false },
     { "keys", "params", set_params, 0, 0, 0, false },
     { "cache", "backend", set_backend, 0, 0, 0, false },
@@ -1144,6 +1145,7 @@ int fp_config_defaults(struct fp_settings *s, char *err, size_t errlen)
     s->shutdown_timeout_ms = 5000;
     s->max_held = 20000;
     s->recheck_ms = 2000;
+    s->recheck_subscribed_ms = 10000;
     s->poll_interval_ms = 1000;
     s->poll_jitter_pct = 20;
     s->poll_max_wait = 30;

@@ -211,12 +211,20 @@ static void read_key(struct fp_hkey *k, enum fp_stat_wake cause)
     k->pub_ms = 0;
 }
 
-/* The re-check: the keys not read for recheck_ms, oldest first, at most
+/* While subscribed, only an announcement lost without a disconnect (an app
+ * that died between its write and its publish) needs the re-check. */
+static uint64_t recheck_period(const struct fp_hold *ho)
+{
+    return fp_announce_subscribed(ho->sub) ? ho->s->recheck_subscribed_ms
+                                           : ho->s->recheck_ms;
+}
+
+/* The re-check: the keys not read for a period, oldest first, at most
  * HOLD_BATCH per turn. */
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct fp_hold *ho = arg;
-    uint64_t now = now_ms(ho), period = ho->s->recheck_ms;
+    uint64_t now = now_ms(ho), period = recheck_period(ho);
     unsigned n = 0;
 
     (void)fd;
@@ -243,13 +251,15 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         arm_tick(ho, ho->qhead->checked_ms + period - now);
 }
 
-/* Subscribed (again): every held key is read, batched by the timer. */
-static void on_subscribed(void *arg)
+/* Subscribed (again): every held key is read, batched by the timer.
+ * Unsubscribed: the timer is re-armed for the shorter period. */
+static void on_subscription(void *arg, int subscribed)
 {
     struct fp_hold *ho = arg;
 
-    for (struct fp_hkey *k = ho->qhead; k != NULL; k = k->qnext)
-        k->checked_ms = 0;
+    if (subscribed)
+        for (struct fp_hkey *k = ho->qhead; k != NULL; k = k->qnext)
+            k->checked_ms = 0;
     if (ho->qhead != NULL) {
         if (ho->tick_armed && event_del(ho->tick) == 0)
             ho->tick_armed = 0;
@@ -285,7 +295,7 @@ struct fp_hold *fp_hold_new(struct event_base *base,
         return NULL;
     }
     if ((ho->tick = evtimer_new(base, on_tick, ho)) == NULL ||
-        fp_announce_new(base, s, on_message, on_subscribed, ho, &ho->sub) != 0) {
+        fp_announce_new(base, s, on_message, on_subscription, ho, &ho->sub) != 0) {
         fp_hold_free(ho);
         return NULL;
     }
@@ -321,7 +331,7 @@ int fp_hold_add(struct fp_hold *ho, const char *key, size_t keylen,
             return -1;
         }
         q_push(ho, k);
-        arm_tick(ho, ho->s->recheck_ms);
+        arm_tick(ho, recheck_period(ho));
     }
     hd->prev = NULL;
     hd->next = k->holders;

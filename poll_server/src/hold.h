@@ -4,7 +4,8 @@
  * Held polls are grouped by key: one entry per key however many polls wait
  * on it, and one cache read at a time per key. A key is read again when an
  * announcement names it (announce.c), and at the latest every
- * [server] recheck_ms (a lost announcement), in batches of at most
+ * [server] recheck_ms, or recheck_subscribed_ms while subscribed (a lost
+ * announcement), in batches of at most
  * HOLD_BATCH keys per timer turn; all of them at once after every
  * (re)subscription. A read whose answer differs from a poll's If-None-Match
  * releases that poll with it; the others keep waiting. The caller ends a

@@ -37,7 +37,8 @@ struct fp_settings {
     unsigned max_held;           /* wait= polls held at once, default 20000;
                                   * past it a poll is answered at once */
     unsigned recheck_ms;         /* each held key is read again at least this
-                                  * often (lost announcements), default 2000 */
+                                  * often while not subscribed, default 2000 */
+    unsigned recheck_subscribed_ms; /* ... and while subscribed, default 10000 */
 
     /* [keys] */
     char *key_prefix;            /* default "/Poll" */

@@ -551,6 +551,7 @@ static void test_example_file(void **state)
     assert_int_equal(s.log_level, d.log_level);
     assert_int_equal(s.max_held, d.max_held);
     assert_int_equal(s.recheck_ms, d.recheck_ms);
+    assert_int_equal(s.recheck_subscribed_ms, d.recheck_subscribed_ms);
     assert_int_equal(s.poll_interval_ms, d.poll_interval_ms);
     assert_int_equal(s.poll_jitter_pct, d.poll_jitter_pct);
     assert_int_equal(s.poll_max_wait, d.poll_max_wait);
@@ -569,6 +570,8 @@ static void test_poll_and_announce(void **state)
         { "[poll]\nfallback_interval_ms = -1\n", ":2:", "fallback_interval_ms" },
         { "[poll]\nrecheck_ms = 5\n", ":2:", "unknown key \"recheck_ms\"" },
         { "[server]\nrecheck_ms = 5\n", ":2:", "[server] recheck_ms" },
+        { "[server]\n\nrecheck_subscribed_ms = 600001\n", ":3:",
+          "[server] recheck_subscribed_ms" },
         { "[announce]\nserver = nohost\n", ":2:", "[announce] server" },
         { "[announce]\nchannel =\n", ":2:", "[announce] channel" },
         { "[announce]\nchannel = a b\n", ":2:", "[announce] channel" },
@@ -588,6 +591,7 @@ static void test_poll_and_announce(void **state)
     assert_int_equal(s.poll_max_wait, 30);
     assert_int_equal(s.max_held, 20000);
     assert_int_equal(s.recheck_ms, 2000);
+    assert_int_equal(s.recheck_subscribed_ms, 10000);
     assert_null(s.announce.host);
     assert_string_equal(s.announce_channel, "fastpoll:announce");
     fp_config_free(&s);
@@ -598,6 +602,7 @@ static void test_poll_and_announce(void **state)
     close(fd);
     (void)snprintf(text, sizeof(text),
                    "[server]\nmax_held = 5\nrecheck_ms = 500\n"
+                   "recheck_subscribed_ms = 7000\n"
                    "[poll]\ninterval_ms = 250\nfallback_interval_ms = 900\n"
                    "jitter_pct = 0\nmax_wait = 300\n"
                    "[announce]\nserver = 10.0.0.5:6380\npassword_file = %s\n"
@@ -605,6 +610,7 @@ static void test_poll_and_announce(void **state)
     assert_int_equal(load(&s, text), 0);
     assert_int_equal(s.max_held, 5);
     assert_int_equal(s.recheck_ms, 500);
+    assert_int_equal(s.recheck_subscribed_ms, 7000);
     assert_int_equal(s.poll_interval_ms, 250);
     assert_int_equal(s.poll_jitter_pct, 0);
     assert_int_equal(s.poll_max_wait, 300);
