@@ -5,9 +5,8 @@ every poll gets an answer (a hit, or a fast 503 that nginx hands to the app), ca
 back within the failover time, and what is served afterwards is the new master's data.
 
 test_sentinel_failover_under_load reaches one poll server directly (its 503 is what nginx turns
-into a fallback); test_sentinel_failover_through_nginx runs the whole stack under wrk, the pollers
-on Sentinel (their own config file: the app does not read [redis] sentinels yet, and keeps
-writing to the server it was given).
+into a fallback); test_sentinel_failover_through_nginx runs the whole stack under wrk, the app
+(redis-py's Sentinel) and the pollers asking the same sentinels for the master.
 """
 
 from __future__ import annotations
