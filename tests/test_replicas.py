@@ -3,7 +3,7 @@
 down, hung, recovering or failing, and a membership change written to both placements.
 
 Each test runs a stack of its own (3 memcached nodes, 2 pollers) and checks what clients see:
-X-Poll-Source and the answer's newest message id. docs/architecture.md, "Replicas", explains the
+X-Poll-Source and the answer's newest message id. docs/design.md, "Replicas", explains the
 design; docs/operations.md has the full drills' figures.
 """
 

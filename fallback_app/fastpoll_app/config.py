@@ -72,7 +72,7 @@ RECOVERY_MS_DEFAULT = 5000
 class MemcachedSettings:
     servers: tuple[str, ...] = ("127.0.0.1:11211",)
     # Every key is also written to its replica (ketama over the other servers); 1 by default
-    # with at least 2 servers (docs/architecture.md, "Replicas").
+    # with at least 2 servers (docs/design.md, "Replicas").
     replicas: int = 0
     recovery_ms: int = RECOVERY_MS_DEFAULT
     # The list before a membership change: while set, every key is written to both placements

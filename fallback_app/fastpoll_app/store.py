@@ -1,7 +1,8 @@
 """The messages, the authority every poll answer is computed from: one Store interface, two
 implementations, SQLite (embedded, one host) and PostgreSQL (shared by every app host).
 
-What the rest of the app relies on (docs/api.md, "No stale answer"; docs/architecture.md):
+What the rest of the app relies on (docs/api.md, "No stale answer"; docs/design.md, "The app
+tier"):
 
 - ``store.user(uid)`` holds the user's **order**: writes, fills and repairs of one user never
   overlap, across threads, worker processes and (PostgreSQL) hosts. SQLite: a striped fcntl lock
@@ -41,7 +42,7 @@ PG_POOL_MAX = 20
 OUTBOX_GRACE = 2.0
 # Repair back-off: 0.5 s after the first claim, then 1 s. Rows are claimed fewest attempts
 # first, so a dead node's keys do not crowd out keys on healthy nodes. The cap stays well below
-# [memcached] recovery_ms (default 5 s, docs/architecture.md "Replicas"): the poll servers read a
+# [memcached] recovery_ms (default 5 s, docs/design.md "Replicas"): the poll servers read a
 # node back from a hang through its replicas for that long, and the outbox must rewrite its stale
 # keys within it (cap + the repair loop's 1 s + pylibmc's 1 s retry_timeout: about 3 s at worst).
 # The claim itself is the lease: while one worker repairs a user, the row is not due for others.

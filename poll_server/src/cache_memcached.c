@@ -34,7 +34,7 @@
  * - a request not answered within cache_timeout_ms: TIMEOUT alone while the
  *   server is still sending, or the server is hung (health.h).
  *
- * Replicas ([memcached] replicas = 1; docs/architecture.md, "Replicas"):
+ * Replicas ([memcached] replicas = 1; docs/design.md, "Replicas"):
  * the app writes every key to its ketama node and to the node ketama picks
  * over the other servers. A get goes to the primary; when the primary is
  * down, back from a hang but silent, recovering, or the get fails (ERROR,

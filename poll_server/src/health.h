@@ -1,5 +1,5 @@
 /* health.h -- the failure model both cache backends share (one server's
- * view of another; docs/architecture.md, "Failure model").
+ * view of another; docs/design.md, "Failure model").
  *
  * - A request not answered within timeout_ms fails alone (TIMEOUT) if
  *   anything came from the server during the last timeout_ms: it is slow,

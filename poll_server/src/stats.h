@@ -145,7 +145,7 @@ static inline void fp_stat_backend_up(size_t i, int up)
 }
 
 /* A get for a key whose primary cannot answer went to backend i, its
- * replica (docs/architecture.md, "Replicas"). */
+ * replica (docs/design.md, "Replicas"). */
 static inline void fp_stat_replica_read(size_t i)
 {
     if (i < FP_MAX_SERVERS)
