@@ -46,7 +46,7 @@ import peers  # noqa: E402
 import preload  # noqa: E402
 import stackctl  # noqa: E402
 import sysinfo  # noqa: E402
-from derive import derive  # noqa: E402
+from derive import Row, derive  # noqa: E402
 from plans import (  # noqa: E402
     APP_USERS,
     HOT_USER,
@@ -203,8 +203,8 @@ def main() -> int:
     )
     failures: list[str] = []
     rss: dict[str, object] = {}
-    hop: list[dict[str, object]] = []
-    doc: dict[str, object] = {}
+    hop: list[Row] = []
+    doc: Row = {}
     try:
         mc_servers = [f"127.0.0.1:{p}" for p in target.memcached_ports]
         t0 = time.monotonic()
@@ -282,18 +282,18 @@ def main() -> int:
                 f"{p.name:44} {fmt_row(row)}",
                 flush=True,
             )
-            if row.get("check") and row["check"].get("miss_reused"):  # type: ignore[union-attr]
+            if row.get("check") and row["check"].get("miss_reused"):
                 failures.append(
                     f"{p.name}: the pool of miss URLs ran out "
                     f"({row['check']['miss_reused']} reused)"
-                )  # type: ignore[index]
+                )
             if quick or p.check:
                 if row["failed"]:
                     failures.append(
                         f"{p.name}: {row['failed']} failed requests "
                         f"(errors {row['errors']}, non-2xx {row['non2xx']})"
                     )
-                if row.get("check") and row["check"]["n_hit"] + row["check"]["n_miss"] == 0:  # type: ignore
+                if row.get("check") and row["check"]["n_hit"] + row["check"]["n_miss"] == 0:
                     failures.append(f"{p.name}: no requests were checked")
             # Let the closed connections settle (TIME_WAIT, nginx's upstream pool) before the next.
             time.sleep(0.2 if quick else (2.0 if p.conns >= 5000 else 0.5))
@@ -379,7 +379,7 @@ def main() -> int:
         if not args.no_docs and not partial:
             md = report.write_markdown(doc, out_json, pngs)
             print(f"  wrote {md.relative_to(ROOT)}")
-        for t in doc["derived"]["targets"]:  # type: ignore[index]
+        for t in doc["derived"]["targets"]:
             mark = {True: "met   ", False: "MISSED", None: "n/a   "}[t["met"]]
             by_cost = {True: "met", False: "missed", None: "n/a"}[t.get("met_by_cost")]
             print(

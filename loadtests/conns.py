@@ -48,15 +48,15 @@ class ConnectionCrowd:
         state: dict[socket.socket, bytearray] = {}
         try:
             for _ in range(n):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                s.setblocking(False)
-                err = s.connect_ex(("127.0.0.1", self.port))
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                err = sock.connect_ex(("127.0.0.1", self.port))
                 if err not in (0, errno.EINPROGRESS):
-                    s.close()
+                    sock.close()
                     self.failed += 1
                     continue
-                state[s] = bytearray()
-                sel.register(s, selectors.EVENT_WRITE)
+                state[sock] = bytearray()
+                sel.register(sock, selectors.EVENT_WRITE)
             while sel.get_map() and time.monotonic() < deadline:
                 for key, ev in sel.select(timeout=1.0):
                     s = key.fileobj
@@ -82,7 +82,8 @@ class ConnectionCrowd:
                         self.socks.append(s)
                         self.answered += 1
             for key in list(sel.get_map().values()):  # still waiting at the deadline
-                self._drop(sel, state, key.fileobj)  # type: ignore[arg-type]
+                if isinstance(key.fileobj, socket.socket):  # all it holds: registered above
+                    self._drop(sel, state, key.fileobj)
         finally:
             sel.close()
 

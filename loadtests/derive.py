@@ -4,6 +4,7 @@ pure function of them, so loadtests/report.py --rederive can redo them from a st
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 # The processes each system's requests go through, for CPU per request.
 PATH_GROUPS = {
@@ -18,34 +19,38 @@ PATH_GROUPS = {
 
 # ---- derived figures ---------------------------------------------------------------------------
 
+# One run's result row, and the derived document, as stored in the run's JSON: their fields are
+# numbers, strings and nested objects by key, so their values are typed as JSON values (Any).
+Row = dict[str, Any]
 
-def _median(rows: list[dict[str, object]], key: str = "rps") -> float | None:
-    vals = [float(r[key]) for r in rows if r.get(key) is not None]  # type: ignore[arg-type]
+
+def _median(rows: list[Row], key: str = "rps") -> float | None:
+    vals = [float(r[key]) for r in rows if r.get(key) is not None]
     return statistics.median(vals) if vals else None
 
 
-def pick(results: list[dict[str, object]], **kw: object) -> list[dict[str, object]]:
+def pick(results: list[Row], **kw: object) -> list[Row]:
     return [r for r in results if all(r.get(k) == v for k, v in kw.items())]
 
 
-def cost_us(r: dict[str, object], client: bool = True) -> float:
+def cost_us(r: Row, client: bool = True) -> float:
     """CPU microseconds one request cost the processes on its path (and the client's own)."""
-    cpu: dict[str, float] = r["cpu_s"]  # type: ignore[assignment]
+    cpu: dict[str, float] = r["cpu_s"]
     total = sum(cpu.get(g, 0.0) for g in PATH_GROUPS[str(r["system"])])
     if client:
-        total += float(r["client_cpu_s"])  # type: ignore[arg-type]
-    return total / max(1, int(r["requests"])) * 1e6  # type: ignore[call-overload]
+        total += float(r["client_cpu_s"])
+    return total / max(1, int(r["requests"])) * 1e6
 
 
-def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str, object]:
+def derive(results: list[Row], rss: Row) -> Row:
     def med(**kw: object) -> float | None:
         return _median(pick(results, **kw))
 
     def cost(**kw: object) -> float | None:
         """CPU µs per request over the matching runs (their CPU over their requests)."""
         rows = pick(results, **kw)
-        n = sum(int(r["requests"]) for r in rows)  # type: ignore[call-overload]
-        return sum(cost_us(r) * int(r["requests"]) for r in rows) / n if n else None  # type: ignore
+        n = sum(int(r["requests"]) for r in rows)
+        return sum(cost_us(r) * int(r["requests"]) for r in rows) / n if n else None
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return round(a / b, 3) if a and b else None
@@ -54,11 +59,11 @@ def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str
         """ab's two-core model: ab on one core, the servers on the other; the slower side
         sets the pace (µs per request)."""
         rows = pick(results, group="ab", system=system, keepalive=False)
-        n = sum(int(r["requests"]) for r in rows)  # type: ignore[call-overload]
+        n = sum(int(r["requests"]) for r in rows)
         if not n:
             return None
-        server = sum(cost_us(r, client=False) * int(r["requests"]) for r in rows) / n  # type: ignore
-        client = sum(float(r["client_cpu_s"]) for r in rows) / n * 1e6  # type: ignore[arg-type]
+        server = sum(cost_us(r, client=False) * int(r["requests"]) for r in rows) / n
+        client = sum(float(r["client_cpu_s"]) for r in rows) / n * 1e6
         return max(server, client)
 
     ab = {
@@ -79,7 +84,7 @@ def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str
         c50[f"fastpoll_{sc}_POST"] = med(group="c50", system="fastpoll", scenario=sc, method="POST")
     c50["return200_hit-hot_POST"] = med(group="c50", system="return200", method="POST")
 
-    sweep: dict[str, dict[int, dict[str, object]]] = {}
+    sweep: dict[str, dict[int, Row]] = {}
     for r in pick(results, group="sweep"):
         point = {
             k: r.get(k)
@@ -95,19 +100,19 @@ def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str
                 "tcp",
             )
         }
-        n = max(1, int(r["requests"]))  # type: ignore[arg-type]
+        n = max(1, int(r["requests"]))
         point["cpu_us_per_req"] = {
             g: round(v / n * 1e6, 1)  # the path's own processes
-            for g, v in r["cpu_s"].items()  # type: ignore[union-attr]
+            for g, v in r["cpu_s"].items()
             if g in PATH_GROUPS[str(r["system"])]
         }
-        point["client_us_per_req"] = round(float(r["client_cpu_s"]) / n * 1e6, 1)  # type: ignore
-        sweep.setdefault(str(r["system"]), {})[int(r["conns"])] = point  # type: ignore[arg-type]
+        point["client_us_per_req"] = round(float(r["client_cpu_s"]) / n * 1e6, 1)
+        sweep.setdefault(str(r["system"]), {})[int(r["conns"])] = point
 
     def flat(system: str, c: int) -> float | None:
         s = sweep.get(system, {})
         if c in s and 50 in s:
-            return ratio(s[c]["rps"], s[50]["rps"])  # type: ignore[arg-type]
+            return ratio(s[c]["rps"], s[50]["rps"])
         return None
 
     # CPU of the poll servers per 100,000 hits, in the c50 GET hit runs through nginx.
@@ -115,8 +120,8 @@ def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str
     for sys_ in ("fastpoll", "direct"):
         for sc in ("hit-hot", "hit-many"):
             rows = pick(results, group="c50", system=sys_, scenario=sc, method="GET")
-            reqs = sum(int(r["requests"]) for r in rows)  # type: ignore[arg-type]
-            secs = sum(float(r["cpu_s"]["poll_servers"]) for r in rows)  # type: ignore[index]
+            reqs = sum(int(r["requests"]) for r in rows)
+            secs = sum(float(r["cpu_s"]["poll_servers"]) for r in rows)
             if reqs:
                 cpu[f"{sys_}_{sc}"] = round(secs / reqs * 100_000 * 1000, 1)  # ms
     ratios = {
@@ -137,7 +142,7 @@ def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str
         "peer_return200_15000_vs_50": flat("return200", 15000),
     }
     fp = sweep.get("fastpoll", {})
-    sweep_errors = sum(int(v["failed"]) for c, v in fp.items() if c >= 10000)  # type: ignore
+    sweep_errors = sum(int(v["failed"]) for c, v in fp.items() if c >= 10000)
 
     # The same ratios from CPU cost per request: the other system's cost over ours. On a machine
     # whose CPU other work shares, req/s depends on how much CPU was left to each run; the cost of
@@ -233,9 +238,7 @@ def derive(results: list[dict[str, object]], rss: dict[str, object]) -> dict[str
     }
 
 
-def _target(
-    what: str, value: float | None, need: float, by_cost: float | None = None
-) -> dict[str, object]:
+def _target(what: str, value: float | None, need: float, by_cost: float | None = None) -> Row:
     return {
         "target": what,
         "value": value,

@@ -202,11 +202,22 @@ class StaleChecker:
         }
 
 
-def drill_stack(**kw: object) -> tuple[Path, tuple[float, float, float], Stack]:
+def drill_stack(
+    n_memcached: int = 1,
+    extra_ini: dict[str, dict[str, str]] | None = None,
+    nginx_vars: dict[str, object] | None = None,
+) -> tuple[Path, tuple[float, float, float], Stack]:
     """A fresh stack with nginx's access log (the drills' timeline), and the load average before."""
     run_dir = Path(tempfile.mkdtemp(prefix="fastpoll-drill-"))
     load_avg = os.getloadavg()
-    stack = Stack(run_dir=run_dir, backend="memcached", access_log=True, **kw)  # type: ignore[arg-type]
+    stack = Stack(
+        run_dir=run_dir,
+        backend="memcached",
+        access_log=True,
+        n_memcached=n_memcached,
+        extra_ini=extra_ini or {},
+        nginx_vars=nginx_vars or {},
+    )
     stack.start()
     return run_dir, load_avg, stack
 

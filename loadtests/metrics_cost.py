@@ -13,6 +13,7 @@ One JSON file per run goes to loadtests/results/metrics-cost-<stamp>.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -94,8 +95,8 @@ def main() -> int:
             procs.append(p)
             wait_for(
                 name,
-                lambda port=port: tcp_ask(
-                    port, b"GET /getMessages?user_id=1 HTTP/1.0\r\n\r\n", b"200 OK"
+                functools.partial(
+                    tcp_ask, port, b"GET /getMessages?user_id=1 HTTP/1.0\r\n\r\n", b"200 OK"
                 ),
                 proc=p,
             )

@@ -15,8 +15,12 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jinja2
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes  # imported at run time only in plots(), after use("Agg")
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -66,16 +70,16 @@ def plots(doc: dict, out_dir: Path) -> list[Path]:
 
     levels = sorted({c for pts in sweep.values() for c in pts})
 
-    def conc_axis(ax: object) -> None:
-        ax.set_xscale("log")  # type: ignore[attr-defined]
+    def conc_axis(ax: Axes) -> None:
+        ax.set_xscale("log")
         ax.set_xticks(
             levels,
             [f"{c:,}" for c in levels],
-            rotation=45,  # type: ignore
+            rotation=45,
             fontsize=8,
         )
-        ax.minorticks_off()  # type: ignore[attr-defined]
-        ax.set_xlabel("concurrent connections")  # type: ignore[attr-defined]
+        ax.minorticks_off()
+        ax.set_xlabel("concurrent connections")
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for system, points in sweep.items():

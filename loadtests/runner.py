@@ -20,6 +20,7 @@ import peers  # noqa: E402
 import preload  # noqa: E402
 import stackctl  # noqa: E402
 import sysinfo  # noqa: E402
+from derive import Row  # noqa: E402  (a result row: JSON values by key)
 from plans import APP_EMPTY_BASE, APP_USERS, HOT_USER, TUNING, Plan  # noqa: E402
 from signing import Signer  # noqa: E402
 
@@ -35,7 +36,7 @@ class Ctx:
     app_users: int = APP_USERS
     miss_pool: int = 40_000
     miss_prefix: int = 0
-    results: list[dict[str, object]] = field(default_factory=list)
+    results: list[Row] = field(default_factory=list)
 
     def next_miss_prefix(self) -> str:
         # A miss polls a user id nobody polled before: 11 digits of tenths of a second (unique
@@ -113,7 +114,7 @@ def cpu_groups(ctx: Ctx) -> dict[str, list[int]]:
     return groups
 
 
-def run_plan(ctx: Ctx, p: Plan, users: int) -> dict[str, object]:
+def run_plan(ctx: Ctx, p: Plan, users: int) -> Row:
     base, path = system_url(ctx, p.system)
     app = p.system == "app"
     empty = p.scenario == "nocache-empty"  # users the app has nothing for
@@ -165,7 +166,7 @@ def run_plan(ctx: Ctx, p: Plan, users: int) -> dict[str, object]:
     busy1, irq1, total1 = sysinfo.machine_cpu()
     tcp1 = sysinfo.tcp_counters()
     mc = stackctl.mc_delta(mc_before, stackctl.memcached_stats(ctx.target.memcached_ports))
-    row: dict[str, object] = {
+    row: Row = {
         "name": p.name,
         "group": p.group,
         "system": p.system,
@@ -225,28 +226,28 @@ def measure_rss(ctx: Ctx, count: int) -> dict[str, object]:
     }
 
 
-def fmt_row(r: dict[str, object]) -> str:
-    def ms(v: object) -> str:
-        return "-" if v is None else (f"{v:.2f}ms" if float(v) < 100 else f"{v:.0f}ms")  # type: ignore
+def fmt_row(r: Row) -> str:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else (f"{v:.2f}ms" if float(v) < 100 else f"{v:.0f}ms")
 
     s = (
-        f"{float(r['rps']):>10,.0f} req/s  p50 {ms(r['p50_ms']):>8}  p99 {ms(r['p99_ms']):>8}"  # type: ignore
+        f"{float(r['rps']):>10,.0f} req/s  p50 {ms(r['p50_ms']):>8}  p99 {ms(r['p99_ms']):>8}"
         f"  failed {r['failed']}"
     )
     c = r.get("check") or {}
-    if "bad_status" in c:  # type: ignore[operator]
-        bad = sum(c[k] for k in ("bad_status", "bad_body", "bad_source"))  # type: ignore[index]
-        s += f"  answers checked: {c['n_hit'] + c['n_miss']:,}, wrong {bad}"  # type: ignore
+    if "bad_status" in c:
+        bad = sum(c[k] for k in ("bad_status", "bad_body", "bad_source"))
+        s += f"  answers checked: {c['n_hit'] + c['n_miss']:,}, wrong {bad}"
     if r.get("fallbacks_seen"):
         s += f"  fallbacks(app adds) {r['fallbacks_seen']}"
     tcp = r.get("tcp") or {}
-    if tcp.get("ListenOverflows") or tcp.get("TCPSynRetrans"):  # type: ignore[union-attr]
+    if tcp.get("ListenOverflows") or tcp.get("TCPSynRetrans"):
         s += (
-            f"  [tcp: {tcp.get('ListenOverflows', 0)} listen overflows, "  # type: ignore
+            f"  [tcp: {tcp.get('ListenOverflows', 0)} listen overflows, "
             f"{tcp.get('TCPSynRetrans', 0)} SYN retransmits]"
-        )  # type: ignore[union-attr]
-    if float(r.get("other_cpu_share") or 0) >= 0.05:  # type: ignore[arg-type]
-        s += f"  [other load on the machine: {float(r['other_cpu_share']):.0%} of its CPU]"  # type: ignore
+        )
+    if float(r.get("other_cpu_share") or 0) >= 0.05:
+        s += f"  [other load on the machine: {float(r['other_cpu_share']):.0%} of its CPU]"
     return s
 
 

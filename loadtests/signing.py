@@ -16,19 +16,23 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastpoll_app.keys import derive_key
 from fastpoll_app.signing import load_secrets, signed_query
 
 from preload import PARAMS, POLL_PATH, PREFIX
 
+if TYPE_CHECKING:
+    from stack import Stack  # tools/stack.py: its callers have it on sys.path
+
 TTL_S = 3600  # the stack's [signing] ttl: longer than any run, not longer than allowed
 
 
 class Signer:
-    def __init__(self, stack: object) -> None:
+    def __init__(self, stack: Stack) -> None:
         self.stack = stack
-        secret_path: Path = stack.secret_path  # type: ignore[attr-defined]
+        secret_path: Path = stack.secret_path
         self.enabled = bool(getattr(stack, "signing", False)) and secret_path.exists()
         self.secret = load_secrets(secret_path)[0] if self.enabled else b""
         self.exp = int(time.time()) + TTL_S

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,7 +142,7 @@ def test_derive(results: list[dict]) -> None:
 
 
 def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
-    doc = {
+    doc: dict[str, Any] = {
         "run_id": "bench-test",
         "mode": "full",
         "started_utc": "x",
