@@ -56,7 +56,7 @@ test-unit: venv build
 	$(MAKE) -C poll_server test check
 	$(VENV)/bin/ruff check fallback_app tests loadtests tools
 	cd fallback_app && ../$(VENV)/bin/mypy fastpoll_app
-	$(VENV)/bin/mypy tools tests  # settings: mypy.ini
+	$(VENV)/bin/mypy tools tests loadtests  # settings: mypy.ini
 	$(VENV)/bin/pytest -q fallback_app/tests
 
 test-integration: venv build deps-monitoring deps-browser
