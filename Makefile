@@ -34,7 +34,10 @@ $(VENV)/.done: fallback_app/pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# pylibmc from source: it must link Debian's libmemcached, the same ketama as the poll server.
 	# types-PyYAML: stubs for make test-unit's mypy over tests/ (test_monitoring imports yaml).
-	$(PIP) install -q --no-binary pylibmc -e 'fallback_app[test]' jinja2 ruff matplotlib types-PyYAML
+	# selenium: tests/test_browser.py's driver, here so that mypy sees its types; the browser
+	# itself comes from make deps-browser.
+	$(PIP) install -q --no-binary pylibmc -e 'fallback_app[test]' jinja2 ruff matplotlib \
+		types-PyYAML 'selenium>=4.20,<5'
 	touch $@
 
 venv: deps $(VENV)/.done
@@ -65,12 +68,8 @@ test-integration: venv build deps-monitoring deps-browser
 # tests/test_browser.py: the browser client (client/) in headless Chromium, driven by Selenium.
 .PHONY: deps-browser
 BROWSER_PACKAGES := chromium chromium-driver
-deps-browser: $(VENV)/.browser
+deps-browser: venv
 	$(call apt_install,$(BROWSER_PACKAGES))
-
-$(VENV)/.browser: $(VENV)/.done
-	$(PIP) install -q 'selenium>=4.20,<5'
-	touch $@
 
 # Everything CI runs (.ci/run). Fast checks first; the fleet deploy (about 15 minutes) last.
 test: test-unit test-integration test-monitoring bench-quick test-security test-deploy
