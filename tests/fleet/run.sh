@@ -538,7 +538,7 @@ on fp-poll1 bash -s "${IP[fp-data1]}" <<'EOF' || die "fp-poll1: long-poll config
 set -euo pipefail
 ini=/etc/fastpoll/fastpoll.ini
 sect() { awk -v s="[$1]" '$0 == s {f=1; next} /^\[/ {f=0} f && /^[a-z_]+ = / {print}' "$ini" | tr '\n' ';'; }
-want="max_held = 16000;recheck_ms = 2000;"
+want="max_held = 16000;recheck_ms = 2000;recheck_subscribed_ms = 10000;"
 [[ "$(sect server)" == *"$want" ]] || { echo "[server] is '$(sect server)', want it to end in '$want'"; exit 1; }
 want="interval_ms = 1000;fallback_interval_ms = 3000;jitter_pct = 20;max_wait = 30;"
 [ "$(sect poll)" = "$want" ] || { echo "[poll] is '$(sect poll)', want '$want'"; exit 1; }
