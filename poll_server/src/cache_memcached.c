@@ -65,6 +65,7 @@
 #include "cache_memcached.h"
 #include "health.h"
 #include "log.h"
+#include "resolve.h"
 #include "settings.h"
 #include "stats.h"
 
@@ -1094,30 +1095,13 @@ fail_fast:
  * not running yet). The first address wins. */
 static int server_resolve(struct mc_server *s, const struct fp_server_addr *a)
 {
-    struct addrinfo hints, *res = NULL;
-    char port[8];
-    int rc;
+    int rc = fp_resolve(a->host, a->port, &s->addr, &s->addrlen);
 
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    (void)snprintf(port, sizeof(port), "%u", (unsigned)a->port);
-    rc = getaddrinfo(a->host, port, &hints, &res);
-    if (rc != 0 || res == NULL) {
+    if (rc != 0) {
         fp_log(FP_LOG_ERROR, "memcached %s: cannot resolve: %s", s->name,
-               rc != 0 ? gai_strerror(rc) : "no address");
-        if (res != NULL)
-            freeaddrinfo(res);
+               gai_strerror(rc));
         return -1;
     }
-    if (res->ai_addrlen > sizeof(s->addr)) {
-        freeaddrinfo(res);
-        return -1;
-    }
-    memcpy(&s->addr, res->ai_addr, res->ai_addrlen);
-    s->addrlen = res->ai_addrlen;
-    freeaddrinfo(res);
     return 0;
 }
 

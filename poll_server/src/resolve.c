@@ -1,4 +1,4 @@
-/* resolve.c -- host to numeric address at start-up (resolve.h). */
+/* resolve.c -- host to address at start-up (resolve.h). */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* getaddrinfo under -std=c11 */
 #endif
@@ -9,8 +9,8 @@
 
 #include "resolve.h"
 
-int fp_resolve_numeric(const char *host, unsigned port, char *out,
-                       size_t outlen)
+int fp_resolve(const char *host, unsigned port, struct sockaddr_storage *out,
+               socklen_t *outlen)
 {
     struct addrinfo hints, *res = NULL;
     char ps[8];
@@ -22,12 +22,26 @@ int fp_resolve_numeric(const char *host, unsigned port, char *out,
     hints.ai_flags = AI_NUMERICSERV;
     (void)snprintf(ps, sizeof(ps), "%u", port);
     rc = getaddrinfo(host, ps, &hints, &res);
-    if (rc == 0 && res != NULL)
-        rc = getnameinfo(res->ai_addr, res->ai_addrlen, out, (socklen_t)outlen,
-                         NULL, 0, NI_NUMERICHOST);
-    else if (rc == 0)
+    if (rc == 0 && (res == NULL || res->ai_addrlen > sizeof(*out)))
         rc = EAI_NONAME;
+    if (rc == 0) {
+        memcpy(out, res->ai_addr, res->ai_addrlen);
+        *outlen = res->ai_addrlen;
+    }
     if (res != NULL)
         freeaddrinfo(res);
+    return rc;
+}
+
+int fp_resolve_numeric(const char *host, unsigned port, char *out,
+                       size_t outlen)
+{
+    struct sockaddr_storage sa;
+    socklen_t salen;
+    int rc = fp_resolve(host, port, &sa, &salen);
+
+    if (rc == 0)
+        rc = getnameinfo((struct sockaddr *)&sa, salen, out, (socklen_t)outlen,
+                         NULL, 0, NI_NUMERICHOST);
     return rc;
 }

@@ -1,4 +1,4 @@
-/* resolve.h -- a host name to a numeric address, once, at start-up.
+/* resolve.h -- a host name to an address, once, at start-up.
  *
  * hiredis's redisAsyncConnect() takes a host and calls getaddrinfo() on
  * it, which blocks the loop on DNS; given a numeric address it does not.
@@ -8,6 +8,12 @@
 #define FP_RESOLVE_H
 
 #include <stddef.h>
+#include <sys/socket.h>
+
+/* host:port -> its first address (memcached connects to it directly).
+ * Returns 0, or a getaddrinfo error (EAI_*): give it to gai_strerror(). */
+int fp_resolve(const char *host, unsigned port, struct sockaddr_storage *out,
+               socklen_t *outlen);
 
 /* host:port -> out (numeric, NUL-terminated; outlen NI_MAXHOST is ample).
  * Returns 0, or a getaddrinfo error (EAI_*): give it to gai_strerror(). */
