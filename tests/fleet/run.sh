@@ -66,14 +66,22 @@ exec 8>"$STATE/.run.lock"
 flock -n 8 || die "another fleet test is running (lock $STATE/.run.lock)"
 
 # ---- teardown (by name and pid, never by pattern) ---------------------------------------------
-teardown() {
-    local rc=$?
-    set +e
-    trap - EXIT INT TERM
-    if [ "${FLEET_KEEP:-0}" = 1 ]; then
-        say "FLEET_KEEP=1: fleet left running (rc $rc); tear down with: FLEET_TEARDOWN_ONLY=1 $0"
-        exit "$rc"
+# A pid read back from a file (FLEET_TEARDOWN_ONLY, or a leftover run) counts only while it is
+# still the nspawn of that host's root: after a reboot the number may belong to anything.
+adopt_pid() {
+    local n=$1 p f=$RUN/$1/nspawn.pid
+    [ -f "$f" ] || return 0
+    p=$(cat "$f")
+    [[ $p =~ ^[0-9]+$ ]] || return 0
+    [ -r "/proc/$p/cmdline" ] || return 0
+    if tr '\0' ' ' 2>/dev/null < "/proc/$p/cmdline" | grep -qF -- "--directory=$RUN/$n/root"; then
+        PID[$n]=$p
     fi
+    return 0
+}
+
+# Power off the hosts we started, then remove mounts, links and the run directory we made.
+release_hosts() {
     for n in "${NAMES[@]}"; do
         p=${PID[$n]:-}
         [ -n "$p" ] || continue
@@ -99,6 +107,20 @@ teardown() {
     done
     ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
     [ -d "$RUN" ] && rm -rf --one-file-system "$RUN"
+    PID=()
+    return 0
+}
+
+teardown() {
+    local rc=$?
+    set +e
+    trap - EXIT INT TERM
+    if [ "${FLEET_KEEP:-0}" = 1 ]; then
+        touch "$RUN/.keep" 2>/dev/null
+        say "FLEET_KEEP=1: fleet left running (rc $rc); tear down with: FLEET_TEARDOWN_ONLY=1 $0"
+        exit "$rc"
+    fi
+    release_hosts
     if [ "${FLEET_TEARDOWN_ONLY:-0}" = 1 ]; then
         say "torn down"
     elif [ "$rc" = 0 ]; then
@@ -122,15 +144,19 @@ preflight_network() {
 }
 
 if [ "${FLEET_TEARDOWN_ONLY:-0}" = 1 ]; then
-    for n in "${NAMES[@]}"; do
-        f=$RUN/$n/nspawn.pid
-        [ -f "$f" ] && PID[$n]=$(cat "$f")
-    done
+    for n in "${NAMES[@]}"; do adopt_pid "$n"; done
     trap teardown EXIT
     exit 0
 fi
 [ -x "$ANSIBLE_BIN/ansible-playbook" ] || die "no ansible-playbook in $ANSIBLE_BIN (make venv)"
-[ -e "$RUN" ] && die "$RUN exists (a leftover run? FLEET_TEARDOWN_ONLY=1 $0 cleans it)"
+# We hold the run lock, so a run directory here belongs to a run that died without its EXIT
+# trap (killed, or the machine restarted). FLEET_KEEP leaves one on purpose: keep that.
+if [ -e "$RUN" ]; then
+    [ -e "$RUN/.keep" ] && die "$RUN was kept by FLEET_KEEP=1; tear it down first: FLEET_TEARDOWN_ONLY=1 $0"
+    say "$RUN is left from a run that did not finish; tearing it down first"
+    for n in "${NAMES[@]}"; do adopt_pid "$n"; done
+    release_hosts
+fi
 preflight_network
 trap teardown EXIT
 trap 'exit 130' INT TERM
