@@ -57,9 +57,9 @@ status:
 
 test-unit: venv build
 	$(MAKE) -C poll_server test check
-	$(VENV)/bin/ruff check fallback_app tests loadtests tools
+	$(VENV)/bin/ruff check fallback_app tests loadtests tools poll_server/tests
 	cd fallback_app && ../$(VENV)/bin/mypy fastpoll_app
-	$(VENV)/bin/mypy tools tests loadtests  # settings: mypy.ini
+	$(VENV)/bin/mypy tools tests loadtests poll_server/tests  # settings: mypy.ini
 	$(VENV)/bin/pytest -q fallback_app/tests
 
 test-integration: venv build deps-monitoring deps-browser

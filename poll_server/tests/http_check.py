@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -429,7 +430,7 @@ def hold_polls(c: Check, n: int) -> list[socket.socket]:
     """n long polls (wait=30) of user 7 with its current tag: held, nothing changes."""
     c.mc(b"set /Poll/getMessages?user_id=7 0 0 4\r\nheld\r\n")
     head = c.req(b"/getMessages?user_id=7").split(b"\r\n\r\n")[0]
-    tag = [v for v in head.split(b"\r\n") if v.startswith(b"ETag: ")][0][6:]
+    tag = next(v for v in head.split(b"\r\n") if v.startswith(b"ETag: "))[6:]
     socks = []
     for _ in range(n):
         s = socket.create_connection(("127.0.0.1", c.port))
@@ -527,6 +528,7 @@ def main() -> int:
         mc_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     server = None
+    passed = False
     log = tmp / "poll_server.log"
     try:
         wait_port(mc_port, memcached, "memcached")
@@ -546,16 +548,21 @@ def main() -> int:
             "no sanitizer report in the server's log",
             "Sanitizer" not in text and "runtime error" not in text,
         )
-        print(
-            f"{'ALL PASSED' if not c.failed else f'{c.failed} FAILED'} (server log: {log})"
-        )
-        return 1 if c.failed else 0
+        if c.failed:
+            print(f"{c.failed} FAILED (server log: {log})")
+            return 1
+        print("ALL PASSED")
+        passed = True
+        return 0
     finally:
         for p in (server, memcached):
             if p is not None and p.poll() is None:
                 os.kill(p.pid, signal.SIGCONT)
                 p.terminate()
                 p.wait(timeout=10)
+        # The log is kept only when it is needed: a failed or crashed run.
+        if passed:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
