@@ -374,6 +374,8 @@ done
 export ANSIBLE_CONFIG=$REPO/ansible/ansible.cfg ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0
 export ANSIBLE_HOME=$RUN/ansible-home ANSIBLE_LOCAL_TEMP=$RUN/ansible-tmp
 export ANSIBLE_SSH_CONTROL_PATH_DIR=$RUN/cp
+# Every run's output once more, each line with its time and the run's pid: where a slow run went.
+export ANSIBLE_LOG_PATH=$LOGS/ansible-timed.log
 # Facts (the hardware subset) once per host per test, not once per run: they do not change here.
 export ANSIBLE_CACHE_PLUGIN=jsonfile ANSIBLE_CACHE_PLUGIN_CONNECTION=$RUN/facts ANSIBLE_CACHE_PLUGIN_TIMEOUT=86400
 EXTRA=(-e "@$RUN/secrets.yml" -e "fastpoll_release_dir=$FASTPOLL_BUILD_DIR/current")
