@@ -72,13 +72,14 @@ deps-browser: venv
 	$(call apt_install,$(BROWSER_PACKAGES))
 
 # Everything CI runs (.ci/run). Fast checks first; the fleet deploy (about 15 minutes) last.
-test: test-unit test-integration test-monitoring bench-quick test-security test-deploy
+# tests/test_monitoring.py is part of test-integration's run, so make test adds only the rule checks.
+test: test-unit monitoring-rules test-integration bench-quick test-security test-deploy
 
 # Monitoring (docs/operations.md, "Monitoring"): promtool checks the rules and runs their unit
 # tests; tests/test_monitoring.py checks the rendered prometheus.yml (promtool check config), the
 # dashboard, console and rules against the metrics the running stack and Debian's exporters
 # really export, and the mtail SLI program against nginx's real access log.
-.PHONY: test-monitoring deps-monitoring
+.PHONY: test-monitoring monitoring-rules deps-monitoring
 MONITORING_PACKAGES := prometheus prometheus-node-exporter prometheus-nginx-exporter \
 	prometheus-redis-exporter prometheus-postgres-exporter mtail
 deps-monitoring: $(VENV)/.monitoring
@@ -89,9 +90,11 @@ $(VENV)/.monitoring: $(VENV)/.done
 	$(PIP) install -q pyyaml
 	touch $@
 
-test-monitoring: venv build deps-monitoring
+monitoring-rules: deps-monitoring
 	promtool check rules monitoring/rules/fastpoll.rules.yml
 	promtool test rules monitoring/rules/fastpoll.rules.test.yml
+
+test-monitoring: venv build monitoring-rules
 	$(VENV)/bin/pytest -q tests/test_monitoring.py
 
 # The fleet test (docs/deploy.md): a real Ansible deploy to Debian 12 hosts booted here with
