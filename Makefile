@@ -71,7 +71,7 @@ BROWSER_PACKAGES := chromium chromium-driver
 deps-browser: venv
 	$(call apt_install,$(BROWSER_PACKAGES))
 
-# Everything CI runs (.ci/run). Fast checks first; the fleet deploy (about 15 minutes) last.
+# Everything CI runs (.ci/run). Fast checks first; the fleet deploy (about 31 minutes) last.
 # tests/test_monitoring.py is part of test-integration's run, so make test adds only the rule checks.
 test: test-unit monitoring-rules test-integration bench-quick test-security test-deploy
 

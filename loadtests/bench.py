@@ -177,10 +177,7 @@ def main() -> int:
         # 15,000 connections memcached's -c must exceed that, or the peer's errors are ours
         # (memcached refuses to start with a -c above what its open-files limit can reach).
         fd_hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        maxconns = 18000 if fd_hard == resource.RLIM_INFINITY else min(18000, fd_hard - 100)
-        memcached_args = ["-c", str(maxconns)]
-        if args.memcached_threads:
-            memcached_args += ["-t", str(args.memcached_threads)]
+        mc_conns = 18000 if fd_hard == resource.RLIM_INFINITY else min(18000, fd_hard - 100)
         # The smoke checks every body, so a hit that falls back to the app on a starved CI
         # machine (a cache answer later than 100 ms) would fail it: quick mode allows 1 s.
         target = stackctl.start(
@@ -190,7 +187,8 @@ def main() -> int:
             cache_timeout_ms=1000 if quick else None,
             poller_unix=not args.poller_tcp,
             n_pollers=args.pollers,
-            memcached_args=memcached_args,
+            memcached_args=["-t", str(args.memcached_threads)] if args.memcached_threads else None,
+            memcached_conns=mc_conns,
         )
         print(
             f"  stack up at {target.base_url}: {len(target.poller_ports)} poll servers "

@@ -90,6 +90,7 @@ def start(
     cache_timeout_ms: int | None = None,
     poller_unix: bool = True,
     memcached_args: list[str] | None = None,
+    memcached_conns: int | None = None,
 ) -> Target:
     """A fresh stack on free loopback ports with the bench's nginx tuning; nginx reaches the
     poll servers through unix sockets when the harness and the poll server support it."""
@@ -102,6 +103,8 @@ def start(
         stack.n_pollers = n_pollers
     if memcached_args:
         stack.memcached_args = memcached_args
+    if memcached_conns:
+        stack.memcached_conns = memcached_conns
     via = _apply_nginx_vars(stack, nginx_vars)
     stack.start()
     t = _target(stack, started_here=True)

@@ -293,6 +293,9 @@ class Stack:
     signing: bool = True
     # Extra memcached flags, e.g. ["-vv"]: it then logs every command it receives.
     memcached_args: list[str] = field(default_factory=list)
+    # memcached -c. The benchmark raises it: nginx memcached_pass, its peer, holds one
+    # connection to memcached per request in flight.
+    memcached_conns: int = 4096
     # Pollers also listen on a unix socket (poller_socket()) and nginx reaches them through
     # it (no TCP loopback stack on that hop), as the Ansible deploy does; their TCP ports stay
     # for direct use. FP_POLLER_UNIX=0 makes every stack use TCP on that hop instead.
@@ -481,7 +484,7 @@ class Stack:
 
     def start_memcached(self, i: int) -> None:
         port = self.memcached_ports[i]
-        argv = memcached_argv(port, "-c", "4096", *self.memcached_args)
+        argv = memcached_argv(port, "-c", str(self.memcached_conns), *self.memcached_args)
         name = f"memcached-{i}"
         self._spawn(name, argv, port)
         wait_for(
