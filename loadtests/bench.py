@@ -32,6 +32,7 @@ import json
 import math
 import resource
 import shutil
+import signal
 import sys
 import time
 from datetime import UTC, datetime
@@ -72,7 +73,12 @@ from runner import (  # noqa: E402
 from signing import Signer  # noqa: E402
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # so the run's `finally` stops what it started
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _terminated)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="CI smoke: < 1 minute, checks bodies")
     ap.add_argument(
@@ -115,10 +121,22 @@ def main() -> int:
         f"(default {TUNING['fastpoll_upstream_keepalive']})",
     )
     ap.add_argument(
+        "--nginx-cpu-affinity",
+        default=str(TUNING["worker_cpu_affinity"]),
+        metavar="VALUE",
+        help="worker_cpu_affinity of every nginx in the run, 'off' for none (default %(default)s)",
+    )
+    ap.add_argument(
         "--memcached-threads",
         type=int,
-        default=None,
-        help="memcached -t (default: memcached's own, 4); the peer at its best on 2 cores",
+        default=1,
+        help="memcached -t (default %(default)s: the memcached_pass peer at its best on this "
+        "2-core machine, docs/benchmarks.md 'Hit path'; memcached's own default is 4)",
+    )
+    ap.add_argument(
+        "--no-signing",
+        action="store_true",
+        help="poll URLs unsigned, as the peers' are: what checking a signature costs fastpoll",
     )
     ap.add_argument(
         "--pollers",
@@ -139,6 +157,8 @@ def main() -> int:
     only = {g for g in args.only.split(",") if g}
     if args.upstream_keepalive:
         TUNING["fastpoll_upstream_keepalive"] = args.upstream_keepalive
+    affinity = args.nginx_cpu_affinity
+    TUNING["worker_cpu_affinity"] = "" if affinity == "off" else affinity
 
     for tool in ("wrk", "ab", "nginx", "memcached"):
         if shutil.which(tool) is None:
@@ -189,6 +209,7 @@ def main() -> int:
             n_pollers=args.pollers,
             memcached_args=["-t", str(args.memcached_threads)] if args.memcached_threads else None,
             memcached_conns=mc_conns,
+            signing=not args.no_signing,
         )
         print(
             f"  stack up at {target.base_url}: {len(target.poller_ports)} poll servers "

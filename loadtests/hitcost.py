@@ -10,6 +10,9 @@ server over TCP at c=1 and c=50:
   not times, are what is read);
 - allocations per hit: an LD_PRELOAD counter of malloc/calloc/realloc/free (built here with cc),
   read before and after a wrk run that follows a warm-up, so start-up does not count.
+With --floor, nginx (one worker) answering the same body with `return 200` is measured the same
+way alongside (CPU and system calls of its worker): what one keep-alive answer on loopback costs
+a server that does nothing else, the floor under a poll server's CPU per hit.
 Prints one line per binary and concurrency with the medians; loopback only.
 """
 
@@ -25,12 +28,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import hop_cost  # noqa: E402
 import sysinfo  # noqa: E402
 
 COUNTER_C = r"""
@@ -133,7 +138,29 @@ def allocs(log: Path, pid: int) -> int:
     return sum(nums[:3])  # malloc + calloc + realloc
 
 
+FLOOR = "nginx-return-200"
+
+
+def start_floor(port: int) -> tuple[subprocess.Popen, int]:
+    """nginx with one worker answering the hit's body itself; returns (master, worker pid)."""
+    body = '{"unread":1}'
+    server = f"""    server {{
+        listen 127.0.0.1:{port};
+        default_type application/json;
+        location / {{ return 200 '{body}'; }}
+    }}"""
+    master = hop_cost.start("hitcost-floor", server, free_port())
+    wait_port(port)
+    kids = Path(f"/proc/{master.pid}/task/{master.pid}/children").read_text().split()
+    if len(kids) != 1:
+        master.terminate()
+        raise RuntimeError(f"nginx floor: expected one worker, found {kids}")
+    return master, int(kids[0])
+
+
 def measure(binary: str, label: str, tmp: Path, counter: Path, seconds: int) -> dict[str, float]:
+    if binary == FLOOR:
+        return measure_floor(label, tmp, seconds)
     mc_port, port = free_port(), free_port()
     ini = tmp / "fastpoll.ini"
     ini.write_text(f"[memcached]\nservers = 127.0.0.1:{mc_port}\n[log]\nlevel = warn\n")
@@ -153,26 +180,7 @@ def measure(binary: str, label: str, tmp: Path, counter: Path, seconds: int) -> 
         with open(log, "wb") as err:
             srv = subprocess.Popen([binary, "-c", str(ini), "-p", str(port)], stderr=err, env=env)
         wait_port(port)
-        for conns in (1, 50):
-            wrk(port, conns, 1)  # warm-up: connections, free lists, the cache's buffers
-            a0, c0 = allocs(log, srv.pid), cpu_s(srv.pid)
-            n = wrk(port, conns, seconds)
-            a1, c1 = allocs(log, srv.pid), cpu_s(srv.pid)
-            out[f"cpu_us_c{conns}"] = (c1 - c0) / n * 1e6
-            out[f"allocs_c{conns}"] = (a1 - a0) / n
-            st = tmp / f"strace-{conns}.txt"
-            tr = subprocess.Popen(
-                ["strace", "-c", "-f", "-o", str(st), "-p", str(srv.pid)], stderr=subprocess.DEVNULL
-            )
-            time.sleep(0.5)
-            n = wrk(port, conns, seconds)
-            tr.send_signal(signal.SIGINT)
-            tr.wait(timeout=20)
-            total = re.search(r"-+\n100\.00\s+\S+\s+\S+\s+(\d+)", st.read_text())
-            if total is None:
-                total = re.search(r"\s(\d+)\s+(?:\d+\s+)?total", st.read_text())
-            out[f"syscalls_c{conns}"] = int(total.group(1)) / n if total else float("nan")
-            st.rename(tmp / f"strace-c{conns}-{label}.txt")
+        out = per_hit(port, srv.pid, lambda: allocs(log, srv.pid), label, tmp, seconds)
     finally:
         for p in (srv, mc):
             if p is not None and p.poll() is None:
@@ -181,12 +189,55 @@ def measure(binary: str, label: str, tmp: Path, counter: Path, seconds: int) -> 
     return out
 
 
+def per_hit(
+    port: int, pid: int, count_allocs: Callable[[], int] | None, label: str, tmp: Path, seconds: int
+) -> dict[str, float]:
+    """CPU, allocations and system calls per hit of the server `pid` listening on `port`."""
+    out: dict[str, float] = {}
+    for conns in (1, 50):
+        wrk(port, conns, 1)  # warm-up: connections, free lists, the cache's buffers
+        a0, c0 = count_allocs() if count_allocs else 0, cpu_s(pid)
+        n = wrk(port, conns, seconds)
+        a1, c1 = count_allocs() if count_allocs else 0, cpu_s(pid)
+        out[f"cpu_us_c{conns}"] = (c1 - c0) / n * 1e6
+        out[f"allocs_c{conns}"] = (a1 - a0) / n if count_allocs else float("nan")
+        st = tmp / f"strace-{conns}.txt"
+        tr = subprocess.Popen(
+            ["strace", "-c", "-f", "-o", str(st), "-p", str(pid)], stderr=subprocess.DEVNULL
+        )
+        time.sleep(0.5)
+        n = wrk(port, conns, seconds)
+        tr.send_signal(signal.SIGINT)
+        tr.wait(timeout=20)
+        total = re.search(r"-+\n100\.00\s+\S+\s+\S+\s+(\d+)", st.read_text())
+        if total is None:
+            total = re.search(r"\s(\d+)\s+(?:\d+\s+)?total", st.read_text())
+        out[f"syscalls_c{conns}"] = int(total.group(1)) / n if total else float("nan")
+        st.rename(tmp / f"strace-c{conns}-{label}.txt")
+    return out
+
+
+def measure_floor(label: str, tmp: Path, seconds: int) -> dict[str, float]:
+    port = free_port()
+    master, worker = start_floor(port)
+    try:
+        return per_hit(port, worker, None, label, tmp, seconds)
+    finally:
+        master.terminate()
+        master.wait(timeout=10)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("binaries", nargs="+")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=3)
+    ap.add_argument(
+        "--floor", action="store_true", help="also measure nginx answering `return 200` itself"
+    )
     args = ap.parse_args()
+    if args.floor:
+        args.binaries.append(FLOOR)
     tmp = Path(tempfile.mkdtemp(prefix="fp-hitcost-"))
     counter = tmp / "count_allocs.so"
     (tmp / "count_allocs.c").write_text(COUNTER_C)
@@ -204,8 +255,9 @@ def main() -> int:
                 k: statistics.median(r[f"{k}_c{conns}"] for r in rs)
                 for k in ("cpu_us", "allocs", "syscalls")
             }
+            n_allocs = "-" if b == FLOOR else f"{med['allocs']:.2f}"  # nginx: its own pools
             print(
-                f"{b} c={conns}: {med['cpu_us']:.1f} us CPU/hit, {med['allocs']:.2f} "
+                f"{b} c={conns}: {med['cpu_us']:.1f} us CPU/hit, {n_allocs} "
                 f"allocations/hit, {med['syscalls']:.2f} syscalls/hit (median of {len(rs)}; "
                 f"strace tables in {tmp})"
             )

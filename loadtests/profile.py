@@ -139,6 +139,12 @@ def main() -> int:
     ap.add_argument("--attach", type=Path)
     ap.add_argument("--users", type=int, default=plans.USERS)
     ap.add_argument(
+        "--memcached-threads",
+        type=int,
+        default=None,
+        help="memcached -t (default: memcached's own, 4); 1 is the peer at its best on 2 cores",
+    )
+    ap.add_argument(
         "--strace",
         action="store_true",
         help="only strace one poll server serving single hits (needs strace)",
@@ -166,7 +172,12 @@ def main() -> int:
     if args.attach:
         target = stackctl.attach(args.attach.resolve())
     else:
-        target = stackctl.start(work / "stack", plans.TUNING, {"log": {"level": "warn"}})
+        target = stackctl.start(
+            work / "stack",
+            plans.TUNING,
+            {"log": {"level": "warn"}},
+            memcached_args=["-t", str(args.memcached_threads)] if args.memcached_threads else None,
+        )
     mc_servers = [f"127.0.0.1:{p}" for p in target.memcached_ports]
     peer = peers.Peer(
         "memcached_pass",

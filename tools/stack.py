@@ -555,7 +555,10 @@ class Stack:
             "--workers",
             str(self.app_workers),
         ]
-        self._spawn(name, argv, port)
+        # The workers' metrics files live in run_dir, not in a temporary directory of the
+        # app's own that an app stopped with SIGKILL (the fault drills) would leave behind.
+        metrics = {"PROMETHEUS_MULTIPROC_DIR": str(self.run_dir / f"{name}-metrics")}
+        self._spawn(name, argv, port, env=metrics)
         url = f"http://127.0.0.1:{port}/healthz"
         wait_for(
             name,
