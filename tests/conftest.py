@@ -63,6 +63,12 @@ class Cache:
         return int(self.r.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
 
 
+# nginx keeps a poller's failure mark for fail_timeout (the template's 2 s), compared in whole
+# seconds of its clock (ngx_time()): a mark made early in a second lasts up to 3 s. Tests that
+# wait for a poller to be back in the rotation wait this long.
+NGINX_FAIL_WAIT_S = 3.2
+
+
 def new_uid() -> int:
     """A user id no other test has touched, so tests never share cache keys."""
     return next(_uids)

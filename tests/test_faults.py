@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Cache, http_client, new_uid, poll_key
+from conftest import NGINX_FAIL_WAIT_S, Cache, http_client, new_uid, poll_key
 from loadgen import KeepAliveClients, Load, LoadResult
 from procs import freeze
 from stack import Stack, memcached_ask
@@ -171,7 +171,7 @@ def test_standby_poller_takes_over_only_while_the_active_one_is_down(
     assert requests_served(stack, 1) - before_standby >= r.requests * 0.9, r.summary()
 
     stack.start_poller(0)
-    time.sleep(2.5)  # nginx's fail_timeout (2 s): it tries poller-0 again
+    time.sleep(NGINX_FAIL_WAIT_S)  # nginx's fail_timeout is over: it tries poller-0 again
     before = requests_served(stack, 0), requests_served(stack, 1)
     r = Load(stack.base_url, urls, seconds=2, connections=8).result()
     assert_no_failures(r, "active poller back")
@@ -350,9 +350,7 @@ def test_rolling_restart_of_poll_servers_under_load(make_stack: MakeStack) -> No
         status = stack.stop_proc(f"poller-{i}", signal.SIGTERM)
         assert status == 0, f"poller-{i} exited {status} on SIGTERM"
         stack.start_poller(i)
-        time.sleep(
-            3.0
-        )  # nginx's fail_timeout (2 s): back in the rotation before the next
+        time.sleep(NGINX_FAIL_WAIT_S)  # back in nginx's rotation before the next
     r = load.result()
     assert_no_failures(r, "rolling restart")
     assert r.sources.get("cache", 0) > r.requests * 0.9, r.summary()

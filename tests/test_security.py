@@ -22,7 +22,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Cache, http_client, memcached_stats, new_uid, poll_key
+from conftest import (
+    NGINX_FAIL_WAIT_S,
+    Cache,
+    http_client,
+    memcached_stats,
+    new_uid,
+    poll_key,
+)
 from fastpoll_app.signing import load_secrets, signed_query
 from stack import ROOT, VENV_PYTHON, Stack
 
@@ -172,8 +179,8 @@ def test_fallback_path_checks_signatures_too(sec_stack: Stack) -> None:
 def back_in_rotation(stack: Stack, timeout: float = 20.0) -> None:
     """Wait until nginx sends polls to the poll servers again (after its fail_timeout). Each
     nginx worker keeps its own failure marks, so one worker back in rotation says nothing of
-    the other: first wait out the template's fail_timeout (2 s)."""
-    time.sleep(2.5)
+    the other: first wait out the template's fail_timeout (NGINX_FAIL_WAIT_S)."""
+    time.sleep(NGINX_FAIL_WAIT_S)
     uid = new_uid()
     Cache(stack).set(poll_key(uid), HIT)
     deadline = time.monotonic() + timeout
