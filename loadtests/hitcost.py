@@ -171,7 +171,6 @@ def measure(binary: str, label: str, tmp: Path, counter: Path, seconds: int) -> 
     log = tmp / "poll_server.log"
     env = dict(os.environ, LD_PRELOAD=str(counter))
     srv = None
-    out: dict[str, float] = {}
     try:
         wait_port(mc_port)
         with socket.create_connection(("127.0.0.1", mc_port)) as s:
@@ -180,13 +179,12 @@ def measure(binary: str, label: str, tmp: Path, counter: Path, seconds: int) -> 
         with open(log, "wb") as err:
             srv = subprocess.Popen([binary, "-c", str(ini), "-p", str(port)], stderr=err, env=env)
         wait_port(port)
-        out = per_hit(port, srv.pid, lambda: allocs(log, srv.pid), label, tmp, seconds)
+        return per_hit(port, srv.pid, lambda: allocs(log, srv.pid), label, tmp, seconds)
     finally:
         for p in (srv, mc):
             if p is not None and p.poll() is None:
                 p.terminate()
                 p.wait(timeout=10)
-    return out
 
 
 def per_hit(

@@ -95,8 +95,13 @@ def start(
 ) -> Target:
     """A fresh stack on free loopback ports with the bench's nginx tuning; nginx reaches the
     poll servers through unix sockets when the harness and the poll server support it."""
-    stack = Stack(run_dir=run_dir, backend="memcached", http_port=free_port(), extra_ini=ini)
-    stack.signing = signing
+    stack = Stack(
+        run_dir=run_dir,
+        backend="memcached",
+        http_port=free_port(),
+        extra_ini=ini,
+        signing=signing,
+    )
     if cache_timeout_ms:
         stack.cache_timeout_ms = cache_timeout_ms
     if hasattr(stack, "poller_unix"):
