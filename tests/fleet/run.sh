@@ -296,7 +296,7 @@ all:
     monitoring_alert_for: {PollerDown: 10s}
     fallback_app_workers: 2
     # Checks poll keys published minutes earlier (the seeded user after scaling): on a loaded
-    # machine more than the default 300 s passed in between (505 s in session 5) and the key
+    # machine more than the default 300 s passed in between (505 s in one run) and the key
     # had expired. The runs that change the config later pass fastpoll_cache_ttl=299.
     fastpoll_cache_ttl: 3600
     memcached_memory_mb: 32
