@@ -29,14 +29,15 @@ endef
 deps:
 	$(call apt_install,$(APT_PACKAGES))
 
-$(VENV)/.done: fallback_app/pyproject.toml
+$(VENV)/.done: fallback_app/pyproject.toml pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# pylibmc from source: it must link Debian's libmemcached, the same ketama as the poll server.
 	# types-PyYAML: stubs for make test-unit's mypy over tests/ (test_monitoring imports yaml).
 	# selenium: tests/test_browser.py's driver, here so that mypy sees its types; the browser
 	# itself comes from make deps-browser.
-	$(PIP) install -q --no-binary pylibmc -e 'fallback_app[test]' jinja2 ruff matplotlib \
+	# -e .: the test and bench kit (fastpoll_testkit, loadtests), imported by name everywhere.
+	$(PIP) install -q --no-binary pylibmc -e 'fallback_app[test]' -e . jinja2 ruff matplotlib \
 		types-PyYAML 'selenium>=4.20,<5'
 	touch $@
 
@@ -46,20 +47,20 @@ build: deps
 	$(MAKE) -C poll_server
 
 up: venv build
-	$(PY) tools/stack.py up
+	$(PY) -m fastpoll_testkit.stack up
 
 down:
-	@if [ -x $(PY) ]; then $(PY) tools/stack.py down; else echo "fastpoll: not running"; fi
+	@if [ -x $(PY) ]; then $(PY) -m fastpoll_testkit.stack down; else echo "fastpoll: not running"; fi
 
 # The local stack's health from its admin endpoints; HOSTS=h1,h2 checks fleet hosts over ssh.
 status:
-	@$(PY) tools/fastpoll_status.py $(if $(HOSTS),--hosts $(HOSTS))
+	@$(PY) -m fastpoll_testkit.status $(if $(HOSTS),--hosts $(HOSTS))
 
 test-unit: venv build
 	$(MAKE) -C poll_server test check
-	$(VENV)/bin/ruff check fallback_app tests loadtests tools poll_server/tests
+	$(VENV)/bin/ruff check fallback_app tests loadtests testkit poll_server/tests
 	cd fallback_app && ../$(VENV)/bin/mypy fastpoll_app
-	$(VENV)/bin/mypy tools tests loadtests poll_server/tests  # settings: mypy.ini
+	$(VENV)/bin/mypy testkit/fastpoll_testkit tests loadtests poll_server/tests  # settings: mypy.ini
 	$(VENV)/bin/pytest -q fallback_app/tests
 
 test-integration: venv build deps-monitoring deps-browser
@@ -140,18 +141,18 @@ test-security: lint-c fuzz sanitize-test valgrind
 
 # Full benchmark (<= 10 min): loadtests/results/ and docs/benchmarks.md, on its own free ports.
 bench: venv build
-	$(PY) loadtests/bench.py
+	$(PY) -m loadtests.bench
 
 # CI smoke (< 1 min): every path and peer once; fails on any failed request or wrong body.
 bench-quick: venv build
-	$(PY) loadtests/bench.py --quick
+	$(PY) -m loadtests.bench --quick
 	$(VENV)/bin/pytest -q loadtests/tests
 
 # Long polls and conditional polls with Nchan side by side (issue 12; <= 10 min, not in `make test`):
 # loadtests/results/longpoll-*.json. Debian's Nchan module is installed for it (its nginx only).
 bench-longpoll: venv build
 	$(call apt_install,libnginx-mod-nchan)
-	$(PY) loadtests/longpoll.py
+	$(PY) -m loadtests.longpoll
 
 clean:
 	$(MAKE) -C poll_server clean

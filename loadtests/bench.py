@@ -1,10 +1,10 @@
 """fastpoll's benchmark: `make bench` (full, <= 10 min) and `make bench-quick` (CI smoke, < 1 min).
 
-    .venv/bin/python loadtests/bench.py            # full: results, plots, docs/benchmarks.md
-    .venv/bin/python loadtests/bench.py --quick    # smoke: asserts 0 failed requests, right bodies
-    .venv/bin/python loadtests/bench.py --attach run/   # measure the stack `make up` started
+    .venv/bin/python -m loadtests.bench            # full: results, plots, docs/benchmarks.md
+    .venv/bin/python -m loadtests.bench --quick    # smoke: asserts 0 failed requests, right bodies
+    .venv/bin/python -m loadtests.bench --attach run/   # measure the stack `make up` started
 
-It starts the stack through tools/stack.py (tuned for many connections, see TUNING) unless told to
+It starts the stack through testkit/fastpoll_testkit/stack.py (tuned for many connections, see TUNING) unless told to
 attach to a running one, preloads the answers of 100,000 users into memcached (ketama, the app's
 key function), starts the peers (nginx `return 200`, nginx `memcached_pass`), then runs, with the
 same client for every system:
@@ -38,17 +38,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-
-import clients  # noqa: E402
-import peers  # noqa: E402
-import preload  # noqa: E402
-import stackctl  # noqa: E402
-import sysinfo  # noqa: E402
-from derive import Row, derive  # noqa: E402
-from plans import (  # noqa: E402
+from loadtests import clients, peers, preload, stackctl, sysinfo
+from loadtests.derive import Row, derive
+from loadtests.plans import (
     APP_USERS,
     HOT_USER,
     POLL_SERVER,
@@ -60,7 +52,7 @@ from plans import (  # noqa: E402
     full_plan,
     quick_plan,
 )
-from runner import (  # noqa: E402
+from loadtests.runner import (
     Ctx,
     collect_logs,
     fmt_row,
@@ -70,7 +62,11 @@ from runner import (  # noqa: E402
     set_active_pollers,
     wait_quiet,
 )
-from signing import Signer  # noqa: E402
+from loadtests.signing import Signer
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
 
 
 def _terminated(signum: int, _frame: object) -> None:
@@ -326,7 +322,7 @@ def main() -> int:
             time.sleep(0.2 if quick else (2.0 if p.conns >= 5000 else 0.5))
 
         if not quick and (not only or "hop" in only) and not args.systems:
-            import hop_cost
+            from loadtests import hop_cost
 
             print("  one proxy hop, TCP vs unix socket (nginx -> nginx return 200):", flush=True)
             hop = hop_cost.measure(seconds=3.0, rounds=2)
@@ -397,7 +393,7 @@ def main() -> int:
             print(f"  wrote {out_json.relative_to(ROOT)}")
 
     if not quick and doc:
-        import report
+        from loadtests import report
 
         doc = json.loads(out_json.read_text())  # exactly what is stored (string keys and all)
         pngs = report.plots(doc, RESULTS) if not partial else []

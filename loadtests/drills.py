@@ -7,7 +7,7 @@ while wrk polls random users, and what the clients and the app saw.
     .venv/bin/python loadtests/drills.py herd [--seconds 20] [--conns 400] [--cap 64]
     .venv/bin/python loadtests/drills.py edge [--seconds 20] [--conns 10000 15000]
 
-A fresh stack on free loopback ports (tools/stack.py) with `--nodes` memcached nodes, the answers
+A fresh stack on free loopback ports (testkit/fastpoll_testkit/stack.py) with `--nodes` memcached nodes, the answers
 of `--users` users cached (on both copies with replicas, the default), wrk with `--conns`
 keep-alive connections polling random users for `--seconds`; a third of the way in one node is
 killed (`kill -9`) or hung (SIGSTOP, resumed two thirds of the way in, so the run shows the node's
@@ -50,15 +50,14 @@ from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-sys.path.insert(0, str(HERE.parent / "tools"))
-from procs import freeze  # noqa: E402
-from stack import Stack  # noqa: E402  (the one stack harness)
+from fastpoll_testkit.procs import freeze
+from fastpoll_testkit.stack import Stack  # the one stack harness
 
-import clients  # noqa: E402
-import preload  # noqa: E402
-from signing import Signer  # noqa: E402
+from loadtests import clients, preload
+from loadtests.signing import Signer
+
+HERE = Path(__file__).resolve().parent
+
 
 RESULTS = HERE / "results"
 RECOVERED = 0.95

@@ -18,14 +18,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fastpoll_testkit.stack import free_port, http_status, wait_for
+
+from loadtests import clients, sysinfo
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tools"))
 
-from stack import free_port, http_status, wait_for  # noqa: E402
 
-import clients  # noqa: E402
-import sysinfo  # noqa: E402
 
 WORK = HERE.parent / "run" / "hop_cost"
 

@@ -1,12 +1,12 @@
 """Long polls and conditional polls, fastpoll and Nchan side by side (issue 12, "Benchmarks").
 
-    .venv/bin/python loadtests/longpoll.py [--sizes 1000 5000 15000] [--seconds 20]
+    .venv/bin/python -m loadtests.longpoll [--sizes 1000 5000 15000] [--seconds 20]
                                            [--interval-conns 50 10000] [--interval-seconds 6]
                                            [--quick]
 
 One run, both systems on this machine, measured one after the other:
 
-- fastpoll: a fresh stack from tools/stack.py (memcached backend, announcements on the stack's
+- fastpoll: a fresh stack from testkit/fastpoll_testkit/stack.py (memcached backend, announcements on the stack's
   Redis through `[announce] server`, `[server] max_held` 20,000, 2 poll servers, `make up`'s
   nginx tuning), the largest size's users preloaded in memcached.
 - Nchan: nginx with Debian's libnginx-mod-nchan (loadtests/longpoll_nchan.py, its configuration
@@ -54,17 +54,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tools"))
-from stack import Stack, free_port  # noqa: E402  (the one stack harness)
+from fastpoll_testkit.stack import Stack, free_port  # the one stack harness
 
-import clients  # noqa: E402
-import preload  # noqa: E402
-import sysinfo  # noqa: E402
-from longpoll_client import HoldRun, quantile_ms  # noqa: E402
-from longpoll_nchan import NchanPeer  # noqa: E402
-from peers import Peer  # noqa: E402
-from signing import Signer  # noqa: E402
+from loadtests import clients, preload, sysinfo
+from loadtests.longpoll_client import HoldRun, quantile_ms
+from loadtests.longpoll_nchan import NchanPeer
+from loadtests.peers import Peer
+from loadtests.signing import Signer
+
+HERE = Path(__file__).resolve().parent
+
 
 RESULTS = HERE / "results"
 WAIT_S = 25  # the client's wait=, as client/fastpoll.js; Nchan's nchan_subscriber_timeout

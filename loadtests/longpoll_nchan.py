@@ -21,7 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
-from peers import Peer, free_port  # free_port: tools/stack.py's (the one stack harness)
+from loadtests.peers import Peer, free_port  # free_port: testkit/fastpoll_testkit/stack.py's (the one stack harness)
 
 MODULE = Path("/usr/lib/nginx/modules/ngx_nchan_module.so")  # Debian's libnginx-mod-nchan
 

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
+from fastpoll_testkit.stack import free_port, http_status, wait_for  # the one stack harness
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tools"))
-from stack import free_port, http_status, wait_for  # noqa: E402  (the one stack harness)
 
 TEMPLATES = HERE / "peers"
 

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
+from loadtests.derive import PATH_GROUPS, derive  # CPU per request: the processes on a path
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes  # imported at run time only in plots(), after use("Agg")
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 
-from derive import PATH_GROUPS, derive  # noqa: E402  (CPU per request: the processes on a path)
 
 DOC = ROOT / "docs" / "benchmarks.md"
 

@@ -5,24 +5,18 @@ wait, and the one-line summary of a result."""
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loadtests import clients, conns, peers, preload, stackctl, sysinfo
+from loadtests.derive import Row  # a result row: JSON values by key
+from loadtests.plans import APP_EMPTY_BASE, APP_USERS, HOT_USER, TUNING, Plan
+from loadtests.signing import Signer
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 
-import clients  # noqa: E402
-import conns  # noqa: E402
-import peers  # noqa: E402
-import preload  # noqa: E402
-import stackctl  # noqa: E402
-import sysinfo  # noqa: E402
-from derive import Row  # noqa: E402  (a result row: JSON values by key)
-from plans import APP_EMPTY_BASE, APP_USERS, HOT_USER, TUNING, Plan  # noqa: E402
-from signing import Signer  # noqa: E402
 
 
 @dataclass

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 from fastpoll_app.keys import derive_key
 from fastpoll_app.signing import load_secrets, signed_query
 
-from preload import PARAMS, POLL_PATH, PREFIX
+from loadtests.preload import PARAMS, POLL_PATH, PREFIX
 
 if TYPE_CHECKING:
-    from stack import Stack  # tools/stack.py: its callers have it on sys.path
+    from fastpoll_testkit.stack import Stack
 
 TTL_S = 3600  # the stack's [signing] ttl: longer than any run, not longer than allowed
 

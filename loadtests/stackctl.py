@@ -1,23 +1,23 @@
-"""The stack under test, through the one harness (tools/stack.py): start a tuned one, or attach
+"""The stack under test, through the one harness (testkit/fastpoll_testkit/stack.py): start a tuned one, or attach
 to one that `make up` started. Also the checks that a poll is answered right, and memcached's
 counters (they show fallbacks and coalescing that a req/s figure hides)."""
 
 from __future__ import annotations
 
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fastpoll_testkit.stack import Stack, free_port  # the one stack harness
+from fastpoll_testkit.stack import memcached_stats as node_stats
+
+from loadtests import preload
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT / "tools"))
-from stack import Stack, free_port  # noqa: E402  (the one stack harness)
-from stack import memcached_stats as node_stats  # noqa: E402
 
-import preload  # noqa: E402
 
 
 @dataclass
@@ -127,7 +127,7 @@ def _apply_nginx_vars(stack: Stack, nginx_vars: dict[str, object]) -> str:
     listen_opts = str(vars_.pop("listen_options", ""))
     vars_["fastpoll_listen"] = f"127.0.0.1:{stack.http_port}{listen_opts}"
     stack.nginx_vars.update(vars_)
-    return "Stack.nginx_vars (tools/stack.py)"
+    return "Stack.nginx_vars (testkit/fastpoll_testkit/stack.py)"
 
 
 # ---- answers and counters ---------------------------------------------------------------------

@@ -91,7 +91,7 @@ def machine(poll_server: Path | None = None) -> dict[str, object]:
             "poll_server",
             "nginx",
             "fallback_app",
-            "tools/stack.py",
+            "testkit/fastpoll_testkit/stack.py",
             "loadtests",
         ]
     )

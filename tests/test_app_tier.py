@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
-from conftest import Cache, http_client, new_uid, poll_key
-from procs import freeze
-from stack import Stack, memcached_ask
+from fastpoll_testkit.helpers import Cache, http_client, new_uid, poll_key
+from fastpoll_testkit.procs import freeze
+from fastpoll_testkit.stack import Stack, memcached_ask
 
 
 def eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import redis
-from conftest import Cache, new_uid, poll_key
-from rawhttp import exchange, request
-from stack import Stack
+from fastpoll_testkit.helpers import Cache, new_uid, poll_key
+from fastpoll_testkit.rawhttp import exchange, request
+from fastpoll_testkit.stack import Stack
 
 REQUEST_TIMEOUT_S = 2.0  # [server] request_timeout_ms of these stacks
 IDLE_TIMEOUT_S = 3.0

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Cache, http_client, memcached_stats, new_uid, poll_key, start_stack
-from stack import Stack
+from fastpoll_testkit.helpers import Cache, http_client, new_uid, poll_key, start_stack
+from fastpoll_testkit.stack import Stack, memcached_stats
 
 
 @pytest.fixture(scope="module", params=["memcached", "redis"])

@@ -23,9 +23,9 @@ import httpx
 import pytest
 import redis
 import xxhash
-from conftest import Cache, http_client, new_uid, poll_key, start_stack
-from conftest import poller_metric as metric
-from stack import Stack, free_port
+from fastpoll_testkit.helpers import Cache, http_client, new_uid, poll_key, start_stack
+from fastpoll_testkit.helpers import poller_metric as metric
+from fastpoll_testkit.stack import Stack, free_port
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-from conftest import Cache, http_client, new_uid, poll_key
-from stack import Stack
+from fastpoll_testkit.helpers import Cache, http_client, new_uid, poll_key
+from fastpoll_testkit.stack import Stack
 
 ROUNDS = 40
 POLLERS = 6

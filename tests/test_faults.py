@@ -16,10 +16,19 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import NGINX_FAIL_WAIT_S, Cache, http_client, new_uid, poll_key
-from loadgen import KeepAliveClients, Load, LoadResult
-from procs import freeze
-from stack import Stack, memcached_ask
+from fastpoll_testkit.helpers import (
+    NGINX_FAIL_WAIT_S,
+    Cache,
+    assert_no_failures,
+    at,
+    http_client,
+    new_uid,
+    poll_key,
+    prime,
+)
+from fastpoll_testkit.loadgen import KeepAliveClients, Load
+from fastpoll_testkit.procs import freeze
+from fastpoll_testkit.stack import Stack, memcached_ask
 
 MakeStack = Callable[..., Stack]
 
@@ -70,21 +79,8 @@ def eventually(check: Callable[[], bool], what: str, timeout: float = 20.0) -> N
     raise AssertionError(f"not within {timeout:.0f}s: {what}")
 
 
-def prime(stack: Stack, n: int = 100) -> list[str]:
-    """n users whose answers are cached (the app filled them); their signed poll URLs."""
-    uids = [new_uid() for _ in range(n)]
-    urls = [stack.poll_url(u) for u in uids]
-    with httpx.Client(base_url=stack.base_url, timeout=10) as c:
-        for url in urls:
-            assert c.get(url).status_code == 200
-        for url in urls:
-            assert c.get(url).headers["x-poll-source"] == "cache", url
-    return urls
 
 
-def assert_no_failures(r: LoadResult, what: str) -> None:
-    assert r.requests > 0, f"{what}: no requests ({r.summary()})"
-    assert r.failed == 0, f"{what}: {r.failed} failed: {r.summary()}"
 
 
 def requests_served(stack: Stack, i: int) -> int:
@@ -108,9 +104,6 @@ def rss_kib(pid: int) -> int:
     raise AssertionError(f"no VmRSS for {pid}")
 
 
-def at(load: Load, second: float) -> None:
-    """Sleep until `second` seconds after the load started."""
-    time.sleep(max(0.0, load.started + second - time.monotonic()))
 
 
 # ---- 1. kill -9 one poll server ---------------------------------------------------------

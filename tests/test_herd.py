@@ -19,10 +19,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import new_uid
-from loadgen import run as load
-from procs import freeze
-from stack import Stack
+from fastpoll_testkit.helpers import new_uid
+from fastpoll_testkit.loadgen import run as load
+from fastpoll_testkit.procs import freeze
+from fastpoll_testkit.stack import Stack
 
 CAP = 4
 RETRY_AFTER = 3

@@ -24,8 +24,8 @@ import httpx
 import pylibmc
 import pytest
 import xxhash
-from conftest import poller_metric as metric
-from stack import Stack
+from fastpoll_testkit.helpers import poller_metric as metric
+from fastpoll_testkit.stack import Stack
 
 VALGRIND = "valgrind" in os.environ.get("FP_POLL_WRAPPER", "")
 N = int(os.environ.get("FP_HOLD_N", "500" if VALGRIND else "3000"))

@@ -16,13 +16,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Cache, http_client, new_uid, poll_key
-from procs import freeze
-from stack import POLL_SERVER, ROOT, Stack, free_port, http_status, wait_for
-
-sys.path.insert(0, str(ROOT / "tools"))
-
-from fastpoll_status import parse_metrics, parse_stub_status, total
+from fastpoll_testkit.helpers import Cache, http_client, new_uid, poll_key
+from fastpoll_testkit.procs import freeze
+from fastpoll_testkit.stack import (
+    POLL_SERVER,
+    Stack,
+    free_port,
+    http_status,
+    wait_for,
+)
+from fastpoll_testkit.status import parse_metrics, parse_stub_status, total
 
 Metrics = dict[str, list[tuple[dict[str, str], float]]]
 REQ = "fastpoll_requests_total"
@@ -337,7 +340,7 @@ def test_cli_version_and_admin_config(tmp_path: Path) -> None:
 
 def test_status_command_reads_the_stack(stack: Stack) -> None:
     r = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "fastpoll_status.py"), "--run-dir",
+        [sys.executable, "-m", "fastpoll_testkit.status", "--run-dir",
          str(stack.run_dir), "--interval", "0.2"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip

@@ -1,7 +1,7 @@
 """Monitoring (issue 14, docs/operations.md "Monitoring"): the files the monitoring role deploys,
 checked against the real programs.
 
-One local stack (tools/stack.py, nginx writing its `fastpoll` access log) gets a known mix of
+One local stack (testkit/fastpoll_testkit/stack.py, nginx writing its `fastpoll` access log) gets a known mix of
 polls; then the metric names every rule, dashboard panel and console query uses must be among
 those really exported by: the poll servers and the app (scraped), mtail running
 monitoring/mtail/fastpoll_nginx.mtail over that access log (and counting exactly that mix),
@@ -30,7 +30,7 @@ import httpx
 import jinja2
 import pytest
 import yaml
-from stack import ROOT, Stack, free_port, wait_for
+from fastpoll_testkit.stack import ROOT, Stack, free_port, wait_for
 
 MON = ROOT / "monitoring"
 RULES = MON / "rules" / "fastpoll.rules.yml"

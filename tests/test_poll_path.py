@@ -7,7 +7,7 @@ import os
 
 import httpx
 import pytest
-from conftest import Cache, new_uid, poll_key
+from fastpoll_testkit.helpers import Cache, new_uid, poll_key
 
 
 def poll(client: httpx.Client, uid: int, method: str = "GET", **kw) -> httpx.Response:

@@ -21,11 +21,11 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import http_client, new_uid, poll_key
 from fastpoll_app.cache import MemcachedCache, Placement
-from loadgen import Load, LoadResult
-from procs import freeze
-from stack import Stack, free_port, memcached_ask
+from fastpoll_testkit.helpers import http_client, new_uid, poll_key
+from fastpoll_testkit.loadgen import Load, LoadResult
+from fastpoll_testkit.procs import freeze
+from fastpoll_testkit.stack import Stack, free_port, memcached_ask
 
 MakeStack = Callable[..., Stack]
 
@@ -440,7 +440,7 @@ def test_both_programs_refuse_the_same_bad_keys(
 ) -> None:
     """The poll server (-t) and the app read the same file and name the key and the line."""
     from fastpoll_app import config
-    from stack import POLL_SERVER
+    from fastpoll_testkit.stack import POLL_SERVER
 
     ini = tmp_path / "bad.ini"
     ini.write_text(f"[cache]\nbackend = memcached\n[memcached]\n{memcached}\n")

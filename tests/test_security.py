@@ -22,16 +22,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import (
+from fastpoll_app.signing import load_secrets, signed_query
+from fastpoll_testkit.helpers import (
     NGINX_FAIL_WAIT_S,
     Cache,
     http_client,
-    memcached_stats,
     new_uid,
     poll_key,
 )
-from fastpoll_app.signing import load_secrets, signed_query
-from stack import ROOT, VENV_PYTHON, Stack
+from fastpoll_testkit.stack import ROOT, VENV_PYTHON, Stack, memcached_stats
 
 HIT = b'{"unread":1,"newest":{"id":1,"text":"mine"}}'
 

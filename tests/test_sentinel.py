@@ -20,10 +20,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from loadgen import Load
-from stack import Stack, free_port, tcp_ask, wait_for
-from test_faults import assert_no_failures, at, prime
-from test_robustness import Procs, key, own_procs, redis_cmd
+from fastpoll_testkit.helpers import assert_no_failures, at, prime
+from fastpoll_testkit.loadgen import Load
+from fastpoll_testkit.stack import Stack, free_port, tcp_ask, wait_for
+from fastpoll_testkit.standalone import Procs, key, own_procs, redis_cmd
 
 MASTER = "fpmaster"
 

@@ -11,24 +11,20 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fastpoll_testkit.procs import freeze  # noqa: F401  (a SIGSTOP that has taken effect)
+from fastpoll_testkit.stack import PG_BIN, Postgres  # the one harness's PostgreSQL
 from starlette.testclient import TestClient
 
 from fastpoll_app import config
 from fastpoll_app.app import create_app
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO_ROOT / "tests"))
-sys.path.insert(0, str(REPO_ROOT / "tools"))
-
-from procs import freeze  # noqa: E402,F401  (a SIGSTOP that has taken effect)
-from stack import PG_BIN, Postgres  # noqa: E402  (the one harness's PostgreSQL)
 
 
 def free_port() -> int:

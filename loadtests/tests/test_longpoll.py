@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from loadtests.clients import ToolError
+from loadtests.longpoll import parse_fplp
+from loadtests.longpoll_client import Deliveries, marker_of, quantile_ms, read_response
+from loadtests.longpoll_nchan import MODULE, NchanPeer
 
-from clients import ToolError  # noqa: E402
-from longpoll import parse_fplp  # noqa: E402
-from longpoll_client import Deliveries, marker_of, quantile_ms, read_response  # noqa: E402
-from longpoll_nchan import MODULE, NchanPeer  # noqa: E402
+HERE = Path(__file__).resolve().parent
+
 
 
 def read(raw: bytes) -> tuple[int, dict[bytes, bytes], bytes, int, bytes]:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from loadtests.clients import ToolError, _dur_s, parse_ab, parse_wrk
 
-from clients import ToolError, _dur_s, parse_ab, parse_wrk  # noqa: E402
+HERE = Path(__file__).resolve().parent
+
 
 DATA = HERE / "data"
 

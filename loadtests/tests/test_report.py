@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from loadtests import derive, plans, report
 
-import derive  # noqa: E402
-import plans  # noqa: E402
-import report  # noqa: E402
+HERE = Path(__file__).resolve().parent
+
 
 CPU = {
     "poll_servers": 0.0,

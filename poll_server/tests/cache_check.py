@@ -24,10 +24,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from procs import freeze  # after the path: a SIGSTOP that has taken effect
+from fastpoll_testkit.procs import (
+    freeze,  # after the path: a SIGSTOP that has taken effect
+)
 
 TIMEOUT_MS = 100
 SLACK_MS = 40  # timer slack + scheduling on a loaded 2-core box

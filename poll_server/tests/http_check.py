@@ -27,9 +27,11 @@ import threading
 import time
 from pathlib import Path
 
+from fastpoll_testkit.procs import (
+    freeze,  # after the path: a SIGSTOP that has taken effect
+)
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1] / "tests"))
-from procs import freeze  # after the path: a SIGSTOP that has taken effect
 
 
 def free_port() -> int:

@@ -10,10 +10,10 @@ loopback port) and the app on it, `apps` app processes behind the same nginx.
 The app's write API is private (docs/api.md): nginx does not route it; callers use the app's own
 listener with the bearer token from run_dir/api.token (Stack.api()).
 
-    python tools/stack.py up   [--backend memcached|redis] [--http-port 8080] [--pollers N]
+    python -m fastpoll_testkit.stack up   [--backend memcached|redis] [--http-port 8080] [--pollers N]
                                [--db sqlite|postgresql] [--apps N]
-    python tools/stack.py down
-    python tools/stack.py status
+    python -m fastpoll_testkit.stack down
+    python -m fastpoll_testkit.stack status
 """
 
 from __future__ import annotations
@@ -41,10 +41,12 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
+from fastpoll_testkit.status import start_time
+
 if TYPE_CHECKING:
     import httpx  # the tests' client; `make up` does not need it
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # FP_POLL_SERVER runs every stack on another build (e.g. build/poll_server-asan); FP_POLL_WRAPPER
 # puts a command in front of each poll server (e.g. valgrind). See docs/security.md.
 POLL_SERVER = Path(
@@ -266,15 +268,6 @@ class Proc:
     started: int = 0  # kernel start time of the pid: tells our process from a reused pid
 
 
-def start_time(pid: int) -> int:
-    """Field 22 of /proc/PID/stat (after the parenthesised command, which may hold spaces)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
 @dataclass
 class Stack:
     """The local stack. Ports default to free ones; `make up` passes fixed ones."""
@@ -403,7 +396,7 @@ class Stack:
             fd = os.open(self.secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32) + "\n")
-        lines = ["; written by tools/stack.py for the local stack"]
+        lines = ["; written by testkit/fastpoll_testkit/stack.py for the local stack"]
         for section, values in self.ini_sections().items():
             lines.append(f"\n[{section}]")
             lines.extend(f"{k} = {v}" for k, v in values.items())
@@ -769,7 +762,7 @@ class Stack:
         state = {
             "backend": self.backend,
             "http_port": self.http_port,
-            # For the status command (tools/fastpoll_status.py): where the admin endpoints are.
+            # For the status command (testkit/fastpoll_testkit/status.py): where the admin endpoints are.
             "admin_ports": {f"poller-{i}": p for i, p in enumerate(self.admin_ports)},
             "nginx_status_port": self.nginx_status_port,
             "app_port": self.app_port,

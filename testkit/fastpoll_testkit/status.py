@@ -3,8 +3,8 @@
 
     make status                                  # the local stack (run/stack.json)
     make status HOSTS=web1,web2                  # fleet hosts, over ssh
-    tools/fastpoll_status.py --hosts web1 --via 'ssh -o BatchMode=yes {host}'
-    tools/fastpoll_status.py --hosts localhost   # on a fleet host itself
+    testkit/fastpoll_testkit/status.py --hosts web1 --via 'ssh -o BatchMode=yes {host}'
+    testkit/fastpoll_testkit/status.py --hosts localhost   # on a fleet host itself
 
 For every poll server: up or down, requests per second, hit ratio, backend errors and
 timeouts, open connections, cache servers up, the ATR; for nginx: stub_status (connections,
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENDPOINTS_FILE = "/etc/fastpoll/endpoints.json"
 
 # Runs on the host being checked (locally, or by `python3 -` through ssh): no imports beyond
@@ -267,7 +267,8 @@ def collect(source: str, argv: list[str] | None) -> dict[str, Any]:
 
 
 def start_time(pid: int) -> int:
-    """Field 22 of /proc/PID/stat: with the pid, what identifies a process (tools/stack.py)."""
+    """Field 22 of /proc/PID/stat (after the parenthesised command, which may hold spaces): with
+    the pid, what identifies a process the stack harness started."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

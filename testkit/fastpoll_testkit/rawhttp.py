@@ -3,6 +3,7 @@ comes back until the server closes (or a bound runs out), split it into response
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from dataclasses import dataclass, field
@@ -95,10 +96,8 @@ def exchange(
     got = b""
     closed = False
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        try:
+        with contextlib.suppress(OSError):  # the server may answer and close before reading all
             s.sendall(data)
-        except OSError:  # the server may answer and close before it read everything
-            pass
         while time.monotonic() - t0 < timeout:
             if expect is not None and len(parse(got, head_for)[0]) >= expect:
                 break
