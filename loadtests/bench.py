@@ -4,7 +4,7 @@
     .venv/bin/python -m loadtests.bench --quick    # smoke: asserts 0 failed requests, right bodies
     .venv/bin/python -m loadtests.bench --attach run/   # measure the stack `make up` started
 
-It starts the stack through testkit/fastpoll_testkit/stack.py (tuned for many connections, see TUNING) unless told to
+It starts the stack through the harness (tuned for many connections, see TUNING) unless told to
 attach to a running one, preloads the answers of 100,000 users into memcached (ketama, the app's
 key function), starts the peers (nginx `return 200`, nginx `memcached_pass`), then runs, with the
 same client for every system:

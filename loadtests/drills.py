@@ -7,7 +7,7 @@ while wrk polls random users, and what the clients and the app saw.
     .venv/bin/python loadtests/drills.py herd [--seconds 20] [--conns 400] [--cap 64]
     .venv/bin/python loadtests/drills.py edge [--seconds 20] [--conns 10000 15000]
 
-A fresh stack on free loopback ports (testkit/fastpoll_testkit/stack.py) with `--nodes` memcached nodes, the answers
+A fresh stack on free loopback ports (the harness) with `--nodes` memcached nodes, the answers
 of `--users` users cached (on both copies with replicas, the default), wrk with `--conns`
 keep-alive connections polling random users for `--seconds`; a third of the way in one node is
 killed (`kill -9`) or hung (SIGSTOP, resumed two thirds of the way in, so the run shows the node's

@@ -6,7 +6,7 @@
 
 One run, both systems on this machine, measured one after the other:
 
-- fastpoll: a fresh stack from testkit/fastpoll_testkit/stack.py (memcached backend, announcements on the stack's
+- fastpoll: a fresh stack from the harness (memcached backend, announcements on the stack's
   Redis through `[announce] server`, `[server] max_held` 20,000, 2 poll servers, `make up`'s
   nginx tuning), the largest size's users preloaded in memcached.
 - Nchan: nginx with Debian's libnginx-mod-nchan (loadtests/longpoll_nchan.py, its configuration

@@ -21,7 +21,10 @@ import os
 import shutil
 from pathlib import Path
 
-from loadtests.peers import Peer, free_port  # free_port: testkit/fastpoll_testkit/stack.py's (the one stack harness)
+from loadtests.peers import (  # free_port: fastpoll_testkit.stack's (the one stack harness)
+    Peer,
+    free_port,
+)
 
 MODULE = Path("/usr/lib/nginx/modules/ngx_nchan_module.so")  # Debian's libnginx-mod-nchan
 

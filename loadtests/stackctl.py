@@ -1,4 +1,4 @@
-"""The stack under test, through the one harness (testkit/fastpoll_testkit/stack.py): start a tuned one, or attach
+"""The stack under test, through the one harness: start a tuned one, or attach
 to one that `make up` started. Also the checks that a poll is answered right, and memcached's
 counters (they show fallbacks and coalescing that a req/s figure hides)."""
 
@@ -127,7 +127,7 @@ def _apply_nginx_vars(stack: Stack, nginx_vars: dict[str, object]) -> str:
     listen_opts = str(vars_.pop("listen_options", ""))
     vars_["fastpoll_listen"] = f"127.0.0.1:{stack.http_port}{listen_opts}"
     stack.nginx_vars.update(vars_)
-    return "Stack.nginx_vars (testkit/fastpoll_testkit/stack.py)"
+    return "Stack.nginx_vars (fastpoll_testkit.stack)"
 
 
 # ---- answers and counters ---------------------------------------------------------------------

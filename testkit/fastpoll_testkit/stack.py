@@ -10,8 +10,8 @@ loopback port) and the app on it, `apps` app processes behind the same nginx.
 The app's write API is private (docs/api.md): nginx does not route it; callers use the app's own
 listener with the bearer token from run_dir/api.token (Stack.api()).
 
-    python -m fastpoll_testkit.stack up   [--backend memcached|redis] [--http-port 8080] [--pollers N]
-                               [--db sqlite|postgresql] [--apps N]
+    python -m fastpoll_testkit.stack up [--backend memcached|redis] [--http-port 8080]
+                               [--pollers N] [--db sqlite|postgresql] [--apps N]
     python -m fastpoll_testkit.stack down
     python -m fastpoll_testkit.stack status
 """
@@ -396,7 +396,7 @@ class Stack:
             fd = os.open(self.secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32) + "\n")
-        lines = ["; written by testkit/fastpoll_testkit/stack.py for the local stack"]
+        lines = ["; written by fastpoll_testkit.stack for the local stack"]
         for section, values in self.ini_sections().items():
             lines.append(f"\n[{section}]")
             lines.extend(f"{k} = {v}" for k, v in values.items())
@@ -762,7 +762,7 @@ class Stack:
         state = {
             "backend": self.backend,
             "http_port": self.http_port,
-            # For the status command (testkit/fastpoll_testkit/status.py): where the admin endpoints are.
+            # For the status command (fastpoll_testkit.status): where the admin endpoints are.
             "admin_ports": {f"poller-{i}": p for i, p in enumerate(self.admin_ports)},
             "nginx_status_port": self.nginx_status_port,
             "app_port": self.app_port,
