@@ -127,7 +127,7 @@ def main() -> int:
         type=int,
         default=1,
         help="memcached -t (default %(default)s: the memcached_pass peer at its best on this "
-        "2-core machine, docs/benchmarks.md 'Hit path'; memcached's own default is 4)",
+        "2-core machine, docs/benchmarks.md 'Tuning'; memcached's own default is 4)",
     )
     ap.add_argument(
         "--no-signing",
@@ -402,6 +402,8 @@ def main() -> int:
         if not args.no_docs and not partial:
             md = report.write_markdown(doc, out_json, pngs)
             print(f"  wrote {md.relative_to(ROOT)}")
+            for gone in report.prune(RESULTS, run_id):
+                print(f"  removed {gone.relative_to(ROOT)} (superseded)")
         for t in doc["derived"]["targets"]:
             mark = {True: "met   ", False: "MISSED", None: "n/a   "}[t["met"]]
             by_cost = {True: "met", False: "missed", None: "n/a"}[t.get("met_by_cost")]

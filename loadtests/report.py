@@ -3,7 +3,8 @@
     .venv/bin/python loadtests/report.py [--rederive] loadtests/results/bench-YYYYmmdd-HHMMSS.json
 
 bench.py calls it at the end of a full run; run it alone to redo the plots and the page from a
-stored run. The prose lives in loadtests/benchmarks.md.j2 and loadtests/analysis.md.j2.
+stored run. The prose lives in loadtests/benchmarks.md.j2 and loadtests/analysis.md.j2. The page
+also reports the newest `make bench-longpoll` run found beside the JSON (longpoll-*.json), if any.
 --rederive recomputes the JSON's derived figures from its raw results first (after a change to
 derive.py).
 """
@@ -260,6 +261,29 @@ def ab_rows(doc: dict) -> list[dict]:
     return out
 
 
+def latest_longpoll(results: Path) -> Path | None:
+    """The newest full `make bench-longpoll` run in results/ (stamped names sort by time)."""
+    runs = sorted(results.glob("longpoll-[0-9]*-[0-9]*.json"))
+    return runs[-1] if runs else None
+
+
+def prune(results: Path, run_id: str) -> list[Path]:
+    """Remove the bench and long-poll runs the page no longer cites: the page reports one run of
+    each, and results/ keeps only what it cites (partial runs are *.tmp, ignored by git)."""
+    lp = latest_longpoll(results)
+    gone = [
+        p
+        for p in sorted(results.glob("bench-*")) + sorted(results.glob("longpoll-*.json"))
+        if not p.name.startswith(f"{run_id}-")
+        and not p.name.startswith(f"{run_id}.")
+        and p != lp
+        and not p.name.endswith(".tmp")
+    ]
+    for p in gone:
+        p.unlink()
+    return gone
+
+
 def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC) -> Path:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE),
@@ -295,6 +319,7 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
         c["us"]["total"] = sum(c["us"].values())
     row = {(c["system"], c["scenario"], c["method"]): c for c in c50}
     abrow = {(a["system"], a["keepalive"]): a for a in ab}
+    lp_path = latest_longpoll(json_path.parent)
     text = env.get_template("benchmarks.md.j2").render(
         d=doc,
         m=doc["machine"],
@@ -319,6 +344,8 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
         json_rel=rel(json_path, out.parent),
         raw_rel=rel(json_path.with_name(json_path.name.replace(".json", "-raw.log")), out.parent),
         png={p.stem.rsplit("-", 1)[1]: rel(p, out.parent) for p in pngs},
+        lp=json.loads(lp_path.read_text()) if lp_path else None,
+        lp_rel=rel(lp_path, out.parent) if lp_path else "",
     )
     out.write_text(text)
     return out

@@ -10,6 +10,9 @@ import pytest
 
 from loadtests import derive, plans, report
 
+# The committed long-poll run the page cites (make bench-longpoll replaces it).
+LONGPOLL_RUN = report.latest_longpoll(Path(report.__file__).resolve().parent / "results")
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -209,7 +212,13 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
         "bench-test-c50.png",
     ]
     assert all(p.stat().st_size > 10_000 for p in pngs)
+    # The newest long-poll run beside the bench's is reported with it.
+    assert LONGPOLL_RUN is not None
+    (tmp_path / LONGPOLL_RUN.name).write_text(LONGPOLL_RUN.read_text())
     md = report.write_markdown(doc, json_path, pngs, out=tmp_path / "benchmarks.md").read_text()
+    assert "## Conditional and long polls, against Nchan" in md
+    assert f"[{LONGPOLL_RUN.stem}]({LONGPOLL_RUN.name})" in md
+    assert "× less CPU per\ndelivered message at each size" in md
     assert "![requests per second against concurrency](bench-test-rps.png)" in md
     assert "| 15,000 | 15,000 |" in md  # the sweep table
     assert "0.95×" in md
@@ -217,3 +226,30 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
     assert "saves about **5.0 µs per" in md  # (20 + 10) - (18 + 7)
     assert "### The sweep: flat to 15,000 connections?" in md
     assert "### Against the app alone" in md
+
+
+def test_prune_keeps_only_what_the_page_cites(tmp_path: Path) -> None:
+    names = [
+        "bench-20260101-000000.json",
+        "bench-20260101-000000-raw.log",
+        "bench-20260101-000000-rps.png",
+        "bench-20260102-000000.json",
+        "bench-20260102-000000-raw.log",
+        "bench-20260102-000000-rps.png",
+        "longpoll-20260101-000000.json",
+        "longpoll-20260102-000000.json",
+        "drill-20260101-000000-herd.json",
+        "partial-20260103-000000.json.tmp",
+    ]
+    for n in names:
+        (tmp_path / n).write_text("{}")
+    gone = report.prune(tmp_path, "bench-20260102-000000")
+    assert sorted(p.name for p in gone) == [
+        "bench-20260101-000000-raw.log",
+        "bench-20260101-000000-rps.png",
+        "bench-20260101-000000.json",
+        "longpoll-20260101-000000.json",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        set(names) - {p.name for p in gone}
+    )
