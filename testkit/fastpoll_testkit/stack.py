@@ -528,6 +528,22 @@ class Stack:
         if migrate.returncode != 0:
             raise RuntimeError(f"fastpoll_app migrate failed: {migrate.stderr}")
 
+    def restart_postgres(self, down_s: float = 0.0) -> None:
+        """Fast shutdown of the running PostgreSQL, `down_s` seconds down, then the same server
+        again on its data directory and port (the fault drills; start_postgres makes a new one)."""
+        if self.pg_dir is None:
+            raise RuntimeError("no PostgreSQL in this stack")
+        pg = Postgres(self.pg_port, (self.run_dir / "pg.pass").read_text().strip(), self.pg_dir)
+        self.stop_proc("postgres", signal.SIGINT, timeout=30)
+        time.sleep(down_s)
+        self._spawn("postgres", pg.argv(), self.pg_port, user=pg.run_as)
+        wait_for(
+            "postgres",
+            pg.ready,
+            proc=self._popen["postgres"],
+            logs=[self.run_dir / "postgres.log"],
+        )
+
     @staticmethod
     def app_name(i: int) -> str:
         return "app" if i == 0 else f"app-{i}"
