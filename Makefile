@@ -110,7 +110,7 @@ $(VENV)/.ansible: $(VENV)/.done
 	touch $@
 
 test-deploy: venv build deps-fleet $(VENV)/.ansible
-	$(SUDO) tests/fleet/run.sh
+	$(SUDO) tests/fleet/run.sh $(SCENARIO)
 
 # Security and reliability checks (docs/security.md); `make test` runs them through test-security.
 #   sanitize-test: every integration test but the soak on the ASan+UBSan poll server; any
