@@ -579,7 +579,6 @@ EOF
         say "$n: $want instances"
     done
 }
-check_instances 2
 # wakeups CAUSE: fp-poll1's held polls answered for CAUSE, summed over its instances.
 wakeups() {
     on fp-poll1 "for a in 9101 9102; do curl -fsS http://127.0.0.1:\$a/metrics; done" \
@@ -873,6 +872,7 @@ ann_after=$(wakeups announcement)
 say "long poll via fp-poll1's nginx: the current ETag gets 304; wait=20 held, woken by the announcement, answered $lp"
 
 # ---- 7. instances under systemd ---------------------------------------------------------------
+check_instances 2
 
 # fp-solo, the one-host layout: one instance per vCPU, everything on loopback behind nginx.
 u=$((RANDOM % 9000 + 60000))
