@@ -63,8 +63,13 @@ test-unit: venv build
 	$(VENV)/bin/mypy testkit/fastpoll_testkit tests loadtests poll_server/tests  # settings: mypy.ini
 	$(VENV)/bin/pytest -q fallback_app/tests
 
+# The integration suite runs once, on the ASan+UBSan poll server: any sanitizer report in a poll
+# server's log fails it (tests/conftest.py). The soak runs on the plain build: it checks that the
+# resident memory stays flat, which ASan's quarantine and shadow memory would mask (docs/security.md).
 test-integration: venv build deps-monitoring deps-browser
-	$(VENV)/bin/pytest -q tests
+	$(MAKE) -C poll_server sanitize
+	FP_POLL_SERVER=poll_server/build/poll_server-asan $(VENV)/bin/pytest -q -m "not soak" tests
+	$(VENV)/bin/pytest -q -m soak tests
 
 # tests/test_browser.py: the browser client (client/) in headless Chromium, driven by Selenium.
 .PHONY: deps-browser
@@ -72,9 +77,13 @@ BROWSER_PACKAGES := chromium chromium-driver
 deps-browser: venv
 	$(call apt_install,$(BROWSER_PACKAGES))
 
-# Everything CI runs (.ci/run). Fast checks first; the fleet deploy (about 31 minutes) last.
+# Everything CI runs (.ci/run), one stage after another, fast checks first and the fleet deploy
+# (about 31 minutes) last; tools/stage-times prints each stage's time at the end, also when one
+# fails (then the later ones do not run and the exit code is the failure's).
 # tests/test_monitoring.py is part of test-integration's run, so make test adds only the rule checks.
-test: test-unit monitoring-rules test-integration bench-quick test-security test-deploy
+TEST_STAGES := test-unit monitoring-rules test-integration bench-quick lint-c fuzz valgrind test-deploy
+test:
+	@tools/stage-times $(MAKE) $(TEST_STAGES)
 
 # Monitoring (docs/operations.md, "Monitoring"): promtool checks the rules and runs their unit
 # tests; tests/test_monitoring.py checks the rendered prometheus.yml (promtool check config), the
@@ -82,7 +91,7 @@ test: test-unit monitoring-rules test-integration bench-quick test-security test
 # really export, and the mtail SLI program against nginx's real access log.
 .PHONY: test-monitoring monitoring-rules deps-monitoring
 MONITORING_PACKAGES := prometheus prometheus-node-exporter prometheus-nginx-exporter \
-	prometheus-redis-exporter prometheus-postgres-exporter mtail
+	prometheus-redis-exporter prometheus-postgres-exporter mtail prometheus-alertmanager
 deps-monitoring: $(VENV)/.monitoring
 	$(call apt_install,$(MONITORING_PACKAGES))
 
@@ -112,21 +121,17 @@ $(VENV)/.ansible: $(VENV)/.done
 test-deploy: venv build deps-fleet $(VENV)/.ansible
 	$(SUDO) tests/fleet/run.sh $(SCENARIO)
 
-# Security and reliability checks (docs/security.md); `make test` runs them through test-security.
-#   sanitize-test: every integration test but the soak on the ASan+UBSan poll server; any
-#                  sanitizer report in a poll server's log fails the run (tests/conftest.py).
-#   valgrind:      a subset under valgrind memcheck; any error or leak fails.
+# Security and reliability checks (docs/security.md); `make test` runs each of them, and the
+# ASan+UBSan run is test-integration itself.
+#   valgrind:      a subset under valgrind memcheck, for what ASan cannot see: reads of
+#                  uninitialised memory and blocks still reachable at exit; any of them fails.
 #   fuzz:          each libFuzzer target FUZZ_SECONDS (30) on the committed corpus.
 #   lint-c:        cppcheck and clang-tidy on poll_server/src.
-.PHONY: sanitize-test valgrind fuzz lint-c test-security deps-security
+.PHONY: valgrind fuzz lint-c test-security deps-security
 # libFuzzer's runtime is only "recommended" by clang in Debian: named, since deps skips those.
 SECURITY_PACKAGES := clang libclang-rt-14-dev cppcheck clang-tidy valgrind
 deps-security:
 	$(call apt_install,$(SECURITY_PACKAGES))
-
-sanitize-test: venv build deps-browser
-	$(MAKE) -C poll_server sanitize
-	FP_POLL_SERVER=poll_server/build/poll_server-asan $(VENV)/bin/pytest -q -m "not soak" tests
 
 valgrind: venv build deps-security
 	$(MAKE) -C poll_server valgrind
@@ -137,7 +142,7 @@ fuzz: deps-security
 lint-c: deps-security
 	$(MAKE) -C poll_server lint
 
-test-security: lint-c fuzz sanitize-test valgrind
+test-security: lint-c fuzz valgrind
 
 # Full benchmark (<= 10 min): loadtests/results/ and docs/benchmarks.md, on its own free ports.
 bench: venv build
