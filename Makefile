@@ -58,9 +58,9 @@ status:
 
 test-unit: venv build
 	$(MAKE) -C poll_server test check
-	$(VENV)/bin/ruff check fallback_app tests loadtests testkit poll_server/tests
-	cd fallback_app && ../$(VENV)/bin/mypy fastpoll_app
-	$(VENV)/bin/mypy testkit/fastpoll_testkit tests loadtests poll_server/tests  # settings: mypy.ini
+	$(VENV)/bin/ruff check fallback_app tests loadtests testkit poll_server/tests  # ruff.toml
+	$(VENV)/bin/mypy fallback_app/fastpoll_app testkit/fastpoll_testkit tests loadtests \
+		poll_server/tests  # mypy.ini
 	$(VENV)/bin/pytest -q fallback_app/tests
 
 # The integration suite runs once, on the ASan+UBSan poll server: any sanitizer report in a poll

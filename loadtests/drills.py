@@ -52,7 +52,6 @@ from pathlib import Path
 
 from fastpoll_testkit.procs import freeze
 from fastpoll_testkit.stack import Stack  # the one stack harness
-
 from loadtests import clients, preload
 from loadtests.signing import Signer
 
@@ -103,6 +102,7 @@ def preload_replicas(servers: list[str], users: int, batch: int = 2000) -> None:
     """Write each preloaded answer to its replica too (preload.preload wrote the primaries),
     placed as the app places it (fastpoll_app.cache.Placement)."""
     import pylibmc
+
     from fastpoll_app.cache import Placement
 
     placement = Placement(servers, 1)

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 from fastpoll_testkit.stack import free_port, http_status, wait_for
-
 from loadtests import clients, sysinfo
 
 HERE = Path(__file__).resolve().parent

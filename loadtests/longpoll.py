@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any
 
 from fastpoll_testkit.stack import Stack, free_port  # the one stack harness
-
 from loadtests import clients, preload, sysinfo
 from loadtests.longpoll_client import HoldRun, quantile_ms
 from loadtests.longpoll_nchan import NchanPeer

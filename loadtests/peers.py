@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
+
 from fastpoll_testkit.stack import free_port, http_status, wait_for  # the one stack harness
 
 HERE = Path(__file__).resolve().parent

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import pylibmc
+
 from fastpoll_app.keys import derive_key
 
 PREFIX = b"/Poll"

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from fastpoll_app.keys import derive_key
 from fastpoll_app.signing import load_secrets, signed_query
-
 from loadtests.preload import PARAMS, POLL_PATH, PREFIX
 
 if TYPE_CHECKING:

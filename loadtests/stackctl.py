@@ -12,7 +12,6 @@ from pathlib import Path
 
 from fastpoll_testkit.stack import Stack, free_port  # the one stack harness
 from fastpoll_testkit.stack import memcached_stats as node_stats
-
 from loadtests import preload
 
 HERE = Path(__file__).resolve().parent

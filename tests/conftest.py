@@ -1,4 +1,5 @@
-"""Fixtures: real stacks (testkit/fastpoll_testkit/stack.py, the harness `make up` uses) on free loopback ports."""
+"""Fixtures: real stacks (testkit/fastpoll_testkit/stack.py, the harness `make up` uses) on free
+loopback ports."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+
 from fastpoll_testkit.helpers import Cache, http_client, start_stack
 from fastpoll_testkit.stack import SANITIZER_REPORT, Stack
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
+
 from fastpoll_testkit.helpers import Cache, http_client, new_uid, poll_key
 from fastpoll_testkit.procs import freeze
 from fastpoll_testkit.stack import Stack, memcached_ask

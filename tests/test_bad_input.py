@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import redis
+
 from fastpoll_testkit.helpers import Cache, new_uid, poll_key
 from fastpoll_testkit.rawhttp import exchange, request
 from fastpoll_testkit.stack import Stack

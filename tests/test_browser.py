@@ -18,13 +18,14 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from fastpoll_testkit.helpers import start_stack
-from fastpoll_testkit.stack import Stack, free_port
 from selenium import webdriver  # make deps-browser (the Makefile) installs it
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
+
+from fastpoll_testkit.helpers import start_stack
+from fastpoll_testkit.stack import Stack, free_port
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 INTERVAL_MS = 100

@@ -1,4 +1,5 @@
-"""Several memcached nodes, a cache that goes away and comes back, and keys that must never reach it."""
+"""Several memcached nodes, a cache that goes away and comes back, and keys that must never reach
+it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from fastpoll_testkit.helpers import Cache, http_client, new_uid, poll_key, start_stack
 from fastpoll_testkit.stack import Stack, memcached_stats
 

@@ -23,6 +23,7 @@ import httpx
 import pytest
 import redis
 import xxhash
+
 from fastpoll_testkit.helpers import Cache, http_client, new_uid, poll_key, start_stack
 from fastpoll_testkit.helpers import poller_metric as metric
 from fastpoll_testkit.stack import Stack, free_port

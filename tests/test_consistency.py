@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+
 from fastpoll_testkit.helpers import Cache, http_client, new_uid, poll_key
 from fastpoll_testkit.stack import Stack
 

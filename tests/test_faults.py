@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from fastpoll_testkit.helpers import (
     NGINX_FAIL_WAIT_S,
     Cache,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from fastpoll_testkit.helpers import new_uid
 from fastpoll_testkit.loadgen import run as load
 from fastpoll_testkit.procs import freeze

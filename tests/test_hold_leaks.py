@@ -24,6 +24,7 @@ import httpx
 import pylibmc
 import pytest
 import xxhash
+
 from fastpoll_testkit.helpers import poller_metric as metric
 from fastpoll_testkit.stack import Stack
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from fastpoll_testkit.helpers import Cache, http_client, new_uid, poll_key
 from fastpoll_testkit.procs import freeze
 from fastpoll_testkit.stack import (

@@ -1,9 +1,9 @@
 """Monitoring (issue 14, docs/operations.md "Monitoring"): the files the monitoring role deploys,
 checked against the real programs.
 
-One local stack (testkit/fastpoll_testkit/stack.py, nginx writing its `fastpoll` access log) gets a known mix of
-polls; then the metric names every rule, dashboard panel and console query uses must be among
-those really exported by: the poll servers and the app (scraped), mtail running
+One local stack (testkit/fastpoll_testkit/stack.py, nginx writing its `fastpoll` access log) gets
+a known mix of polls; then the metric names every rule, dashboard panel and console query uses
+must be among those really exported by: the poll servers and the app (scraped), mtail running
 monitoring/mtail/fastpoll_nginx.mtail over that access log (and counting exactly that mix),
 node_exporter serving what monitoring/textfile/memcached_stats.py wrote about the stack's
 memcached, and Debian's nginx, Redis and PostgreSQL exporters pointed at the stack. The dashboard's
@@ -30,6 +30,7 @@ import httpx
 import jinja2
 import pytest
 import yaml
+
 from fastpoll_testkit.stack import ROOT, Stack, free_port, wait_for
 
 MON = ROOT / "monitoring"
@@ -218,8 +219,9 @@ def sample(text: str, name: str, **labels: str) -> float | None:
 def app_declared() -> set[str]:
     """Every metric the app's code declares (fastpoll_app.metrics): under several workers the app
     exports a family only once it has counted something, and a repair round may not happen here."""
-    from fastpoll_app import metrics
     from prometheus_client.metrics import MetricWrapperBase
+
+    from fastpoll_app import metrics
 
     names = set()
     for obj in vars(metrics).values():
@@ -529,7 +531,7 @@ def test_dashboard_is_importable() -> None:
     assert len(ids) == len(set(ids))
     for p in d["panels"]:
         g = p["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
         if p["type"] != "row":
             assert p["datasource"]["uid"] == "${DS_PROMETHEUS}", p["title"]
             assert p["targets"], p["title"]

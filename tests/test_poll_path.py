@@ -1,4 +1,5 @@
-"""The request path end to end, through nginx, on both backends (the `stack` fixture is per backend)."""
+"""The request path end to end, through nginx, on both backends (the `stack` fixture is per
+backend)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 
 import httpx
 import pytest
+
 from fastpoll_testkit.helpers import Cache, new_uid, poll_key
 
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+
 from fastpoll_testkit.helpers import http_client, new_uid
 from fastpoll_testkit.rawhttp import exchange, request
 from fastpoll_testkit.stack import Stack

@@ -9,6 +9,7 @@ design; docs/operations.md has the full drills' figures.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from fastpoll_app.cache import MemcachedCache, Placement
 from fastpoll_testkit.helpers import http_client, new_uid, poll_key
 from fastpoll_testkit.loadgen import Load, LoadResult
@@ -51,10 +53,8 @@ def make_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MakeStack]:
             proc,
         ) in s.procs.items():  # a test may leave a node stopped: wake it first
             if name.startswith("memcached"):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
         s.stop()
     reports = [r for s in stacks for r in s.sanitizer_reports()]
     assert not reports, "\n".join(reports[:20])

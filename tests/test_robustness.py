@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from fastpoll_testkit.stack import (
     POLL_SERVER,
     wait_for,

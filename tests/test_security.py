@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from fastpoll_app.signing import load_secrets, signed_query
 from fastpoll_testkit.helpers import (
     NGINX_FAIL_WAIT_S,

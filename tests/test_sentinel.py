@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from fastpoll_testkit.helpers import assert_no_failures, at, prime
 from fastpoll_testkit.loadgen import Load
 from fastpoll_testkit.stack import Stack, free_port, tcp_ask, wait_for

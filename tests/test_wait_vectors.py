@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from fastpoll_testkit.helpers import http_client, new_uid
 from fastpoll_testkit.stack import Stack
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fastpoll_testkit.procs import freeze  # noqa: F401  (a SIGSTOP that has taken effect)
-from fastpoll_testkit.stack import PG_BIN, Postgres  # the one harness's PostgreSQL
 from starlette.testclient import TestClient
 
 from fastpoll_app import config
 from fastpoll_app.app import create_app
+from fastpoll_testkit.procs import freeze  # noqa: F401  (a SIGSTOP that has taken effect)
+from fastpoll_testkit.stack import PG_BIN, Postgres  # the one harness's PostgreSQL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

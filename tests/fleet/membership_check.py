@@ -1,6 +1,7 @@
 """The fleet test's consistency checker for a memcached membership change (tests/fleet/run.sh).
 
-    membership_check.py SIGNING_KEY API_TOKEN APPS POLLERS FIRST_USER USERS STOP_FILE OUT_JSON [STEP_FILE]
+    membership_check.py SIGNING_KEY API_TOKEN APPS POLLERS FIRST_USER USERS STOP_FILE OUT_JSON \
+        [STEP_FILE]
     membership_check.py --annotate OUT_JSON POLLER=ACCESS_LOG...
 
 Publishes through the app hosts' private write API (APPS: comma-separated addresses, port 8000
@@ -9,9 +10,10 @@ port 80 unless given) until STOP_FILE
 exists (at most 900 s). Each user is published once first, so its answer is cached on the old
 placement before the change starts (then OUT_JSON.ready is written); later publishes go to the
 first tenth of the users only, so the others stay on that first answer: when a poller moves to the
-new list, their moved keys miss once (the hit-ratio dip). A poll sent after a publish returned must show that message
-or a newer one as the newest (the model: loadtests/drills.py, StaleChecker); an older one is
-counted as stale. Writes the counts and the hit ratio per 2 s (X-Poll-Source: cache) to OUT_JSON.
+new list, their moved keys miss once (the hit-ratio dip). A poll sent after a publish returned
+must show that message or a newer one as the newest (the model: loadtests/drills.py,
+StaleChecker); an older one is counted as stale. Writes the counts and the hit ratio per 2 s
+(X-Poll-Source: cache) to OUT_JSON.
 Traffic goes only to the addresses given, which run.sh has checked route through its bridge.
 
 Evidence: every violation (a stale answer, a failed poll) is printed to stderr when seen and kept
