@@ -154,10 +154,12 @@ bench-quick: venv build
 	$(VENV)/bin/pytest -q loadtests/tests
 
 # Long polls and conditional polls with Nchan side by side (issue 12; <= 10 min, not in `make test`):
-# loadtests/results/longpoll-*.json. Debian's Nchan module is installed for it (its nginx only).
+# loadtests/results/longpoll-*.json, then docs/benchmarks.md again from the latest full make bench
+# run and this one. Debian's Nchan module is installed for it (its nginx only).
 bench-longpoll: venv build
 	$(call apt_install,libnginx-mod-nchan)
 	$(PY) -m loadtests.longpoll
+	$(PY) -m loadtests.report $$(ls loadtests/results/bench-*.json | tail -1)
 
 clean:
 	$(MAKE) -C poll_server clean
