@@ -2,8 +2,9 @@
 
 One harness for everyone: `make up` / `make down` call its command line, and the pytest fixtures in
 tests/conftest.py use the Stack class. It starts memcached (one or more nodes), Redis (with a
-password), the fallback app, one poll server per core and nginx, each on its own port, waits until
-every part answers, and records their pids. Stopping kills exactly those pids, never by name.
+password; the app announces every write on it and the poll servers subscribe, so held polls are
+woken at once), the fallback app, one poll server per core and nginx, each on its own port, waits
+until every part answers, and records their pids. Stopping kills exactly those pids, never by name.
 With db="postgresql" it also runs a throwaway PostgreSQL (initdb into its own directory, a free
 loopback port) and the app on it, `apps` app processes behind the same nginx.
 
@@ -19,6 +20,7 @@ listener with the bearer token from run_dir/api.token (Stack.api()).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -301,6 +303,11 @@ class Stack:
     app_ports: list[int] = field(default_factory=list)
     pg_port: int = 0
     pg_dir: Path | None = None
+    # Writes announced on the stack's Redis (docs/configuration.md, [announce]): with memcached,
+    # [announce] server is that Redis; with the Redis backend it is the cache's own. A held poll
+    # is then answered within milliseconds of a publish, not at the poll server's re-check.
+    # False: no [announce] with memcached (the poll server relies on its re-check alone).
+    announce: bool = True
     extra_ini: dict[str, dict[str, str]] = field(default_factory=dict)
     # Extra command-line flags of poller i, after the harness's own (e.g. {0: ["-s", LIST]}:
     # a poller on another server list, as during a membership change).
@@ -376,6 +383,11 @@ class Stack:
         if self.poller_unix:
             # nginx's workers run as nobody when we are root; the socket directory is ours.
             sections["server"]["unix_mode"] = "0666"
+        if self.announce and self.backend == "memcached":
+            sections["announce"] = {
+                "server": f"127.0.0.1:{self.redis_port}",
+                "password_file": str(self.run_dir / "redis.pass"),
+            }
         for section, values in self.extra_ini.items():
             sections.setdefault(section, {}).update(values)
         return sections
@@ -639,6 +651,37 @@ class Stack:
             logs=[self.run_dir / f"{name}.log"],
         )
 
+    def announces_on_own_redis(self) -> bool:
+        """Announcements go through the Redis this stack starts (not a server a test gave)."""
+        ini = self.ini_sections()
+        server = ini.get("announce", {}).get("server")
+        if (
+            server is None
+            and ini["cache"]["backend"] == "redis"
+            and "sentinels" not in ini["redis"]
+        ):
+            server = ini["redis"]["server"]  # the cache's own Redis
+        return server == f"127.0.0.1:{self.redis_port}"
+
+    def wait_subscribed(self, timeout: float = 15.0) -> None:
+        """Until every poller is subscribed to the stack's own announcements, so a held poll
+        is woken by the first publish (no-op without admin listeners or with another server)."""
+        if not self.admin_ports or not self.announces_on_own_redis():
+            return
+
+        def subscribed(port: int) -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                return b"\nfastpoll_announce_subscribed 1\n" in b"\n" + r.read()
+
+        for i, port in enumerate(self.admin_ports[: len(self.poller_ports)]):
+            wait_for(
+                f"poller-{i} subscribed to announcements",
+                functools.partial(subscribed, port),
+                timeout=timeout,
+                proc=self._popen.get(f"poller-{i}"),
+                logs=[self.run_dir / f"poller-{i}.log"],
+            )
+
     def _nginx_test(self) -> Path:
         """`nginx -t` on the rendered config; returns its path."""
         conf = self.run_dir / "nginx" / "nginx.conf"
@@ -677,6 +720,7 @@ class Stack:
                 self.start_app(i)
             for i in range(len(self.poller_ports)):
                 self.start_poller(i)
+            self.wait_subscribed()
             self.start_nginx()
         except BaseException:
             self.stop()
@@ -960,7 +1004,8 @@ def main() -> int:
     print("  health of it all     make status")
     print(f"  memcached            {', '.join(f'127.0.0.1:{p}' for p in stack.memcached_ports)}")
     redis_pass = f"{args.run_dir}/redis.pass"
-    print(f"  redis                127.0.0.1:{stack.redis_port} (password in {redis_pass})")
+    role = "the cache and announcements" if stack.backend == "redis" else "announcements"
+    print(f"  redis                127.0.0.1:{stack.redis_port} ({role}; password in {redis_pass})")
     print("stop it with `make down`")
     return 0
 
