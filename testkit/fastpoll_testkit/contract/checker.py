@@ -1,0 +1,354 @@
+"""The checker: verifies a run's history against the rules of docs/api.md, "The contract, as
+checked". Pure functions of the history (no processes), so it is unit-tested on hand-made ones
+(tests/test_contract_checker.py) and can be re-run on a saved history:
+`python -m fastpoll_testkit.contract --check run/contract-*/history.jsonl`.
+
+The model: one writer per user, so its writes are sequential and state i (the poll answer after
+its i-th write) is known exactly; state 0 is the empty answer of a user with nothing stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from fastpoll_testkit.contract.history import (
+    ANNOUNCE,
+    APP,
+    APPS_DOWN,
+    CACHE,
+    CACHE_DELAY,
+    CACHE_DOWN,
+    DB,
+    OBSERVED,
+    POLLER,
+    Fault,
+    History,
+    Op,
+)
+
+WRITES = ("publish", "read")
+POLLS = ("poll", "cond", "held", "hostile", "final-nginx", "final-app")
+NGINX_POLLS = ("poll", "cond", "held", "hostile", "final-nginx")
+RULES = {
+    "1-no-stale": "no poll sent after a write returned shows an older state",
+    "2-nothing-lost": "after recovery every answer (nginx and app) is the model's final state",
+    "3-held-bound": "held polls answered within the bound of a write (path healthy)",
+    "4-5xx": "5xx only where the docs say",
+    "5-nginx-poller": "nginx marks no poller failed outside a poller/cache fault",
+    "6-hostile": "refused or ignored requests get the documented answer",
+}
+
+
+@dataclass
+class Params:
+    # Rule 3: a held poll is answered this long after the write that changed its answer
+    # returned (plus twice the cache read delay injected then).
+    held_bound_s: float = 0.25
+    # After a fault on the announcement path ends: the subscriber's detection and reconnection
+    # (docs/api.md: reconnect with a backoff up to 5 s) and the re-check when it resubscribes.
+    announce_settle_s: float = 8.0
+    # After a cache fault ends: the poll servers read replicas for recovery_ms (5 s) while the
+    # outbox repairs; answers may come from the re-check meanwhile.
+    cache_settle_s: float = 6.0
+    # Around every fault window: scheduling slack of the clients and the nemesis.
+    pad_s: float = 0.5
+    # After PostgreSQL is back: the app's pool replaces its dead connections.
+    db_grace_s: float = 3.0
+    # nginx logs in whole seconds, and a read timeout (5 s) is logged after the request.
+    log_pad_s: float = 7.0
+
+
+@dataclass
+class Violation:
+    rule: str
+    what: str
+    ops: list[Op] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+
+
+@dataclass
+class RuleResult:
+    checked: int = 0
+    excluded: int = 0
+    violations: list[Violation] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    seed: int
+    config: str
+    rules: dict[str, RuleResult]
+    t0: float
+
+    @property
+    def ok(self) -> bool:
+        return not any(r.violations for r in self.rules.values())
+
+
+def _overlapping(
+    faults: Iterable[Fault], lo: float, hi: float, before: float, after: float
+) -> list[Fault]:
+    """Faults whose window, widened by `before` and `after`, meets [lo, hi]."""
+    return [f for f in faults if f.start - before <= hi and f.end + after >= lo]
+
+
+def _touches(f: Fault, paths: Iterable[str]) -> bool:
+    return any(p == q or (q.endswith(":") and p.startswith(q)) for p in f.paths for q in paths)
+
+
+class _Model:
+    def __init__(self, h: History) -> None:
+        self.writes: dict[int, list[Op]] = {}
+        self.unknown_from: dict[int, float] = {}  # a write with no definite answer: from then on
+        for op in sorted((o for o in h.ops if o.kind in WRITES), key=lambda o: o.index):
+            if op.index < 0:
+                prev = self.unknown_from.get(op.user, op.start)
+                self.unknown_from[op.user] = min(prev, op.start)
+                continue
+            self.writes.setdefault(op.user, []).append(op)
+
+    def bodies(self, user: int) -> list[str]:
+        return [""] + [w.body or "" for w in self.writes.get(user, [])]
+
+    def known(self, user: int, t: float) -> int:
+        """How many writes of the user had returned by t (the state index a poll sent at t must
+        show at least)."""
+        return sum(1 for w in self.writes.get(user, []) if w.end < t)
+
+    def invoked(self, user: int, t: float) -> int:
+        """How many writes had been invoked by t (no answer can show a later one)."""
+        return sum(1 for w in self.writes.get(user, []) if w.start < t)
+
+    def certain(self, user: int, t: float) -> bool:
+        return t < self.unknown_from.get(user, float("inf"))
+
+
+def check(h: History, p: Params | None = None) -> Report:
+    p = p or Params()
+    t0 = min((o.start for o in h.ops), default=0.0)
+    rules = {name: RuleResult() for name in RULES}
+    model = _Model(h)
+    _rule1(h, model, rules["1-no-stale"])
+    _rule2(h, model, rules["2-nothing-lost"])
+    _rule3(h, model, p, rules["3-held-bound"])
+    _rule4(h, p, rules["4-5xx"])
+    _rule5(h, p, rules["5-nginx-poller"])
+    _rule6(h, rules["6-hostile"])
+    return Report(h.seed, h.config, rules, t0)
+
+
+def _related(model: _Model, user: int, lo: int, hi: int) -> list[Op]:
+    ws = model.writes.get(user, [])
+    return ws[max(0, lo - 1) : hi + 1]
+
+
+def _rule1(h: History, model: _Model, r: RuleResult) -> None:
+    for op in h.ops:
+        if op.kind not in POLLS or op.status not in (200, 304) or op.body is None:
+            continue
+        if not model.certain(op.user, op.end):
+            r.excluded += 1
+            continue
+        r.checked += 1
+        bodies = model.bodies(op.user)
+        m = model.known(op.user, op.start)
+        hi = model.invoked(op.user, op.end)
+        if op.body in bodies[m : hi + 1]:
+            continue
+        older = [j for j in range(m) if bodies[j] == op.body]
+        what = (
+            f"user {op.user}: {op.kind} shows state {older[-1]}, sent after write {m} returned"
+            if older
+            else f"user {op.user}: {op.kind} shows an answer no write made ({op.body!r})"
+        )
+        r.violations.append(Violation("1-no-stale", what, [*_related(model, op.user, m, hi), op]))
+
+
+def _rule2(h: History, model: _Model, r: RuleResult) -> None:
+    for op in h.ops:
+        if op.kind == "drain":
+            r.checked += 1
+            if op.status != 200:
+                r.violations.append(Violation("2-nothing-lost", op.note, [op]))
+            continue
+        if op.kind not in ("final-nginx", "final-app"):
+            continue
+        if not model.certain(op.user, op.end):
+            r.excluded += 1
+            continue
+        r.checked += 1
+        final = model.bodies(op.user)[-1]
+        if op.status != 200 or op.body != final:
+            n = len(model.bodies(op.user)) - 1
+            what = f"user {op.user}: after recovery {op.kind} answers {op.status} {op.body!r}, "
+            what += f"the model's state {n} is {final!r}"
+            r.violations.append(
+                Violation("2-nothing-lost", what, [*_related(model, op.user, n, n), op])
+            )
+
+
+def _blocking(faults: list[Fault], lo: float, hi: float, p: Params) -> list[Fault]:
+    """Faults that excuse a late held poll in [lo, hi]: on the announcement path or the cache
+    (held, hung, killed, or judged so by a poll server; each with its settle time after it
+    ends), or a poll server restart."""
+    settles = (
+        (ANNOUNCE, p.announce_settle_s),
+        (CACHE, p.cache_settle_s),
+        (OBSERVED, p.cache_settle_s),
+        (POLLER, p.pad_s),
+    )
+    return [
+        f
+        for f in faults
+        for path, settle in settles
+        if _touches(f, [path]) and f.start - p.pad_s <= hi and f.end + settle >= lo
+    ]
+
+
+def _rule3(h: History, model: _Model, p: Params, r: RuleResult) -> None:
+    """A held poll whose tag stopped being current: the first write k (from the state known when
+    the poll was sent) whose answer differs from the tag's, returned at t_k (or the poll's send
+    time, if state k was already known then), with no later write invoked before the deadline
+    t_k + bound (+ twice an injected cache read delay), so that state k alone was current
+    throughout. The poll must be answered by the deadline, unless a fault touched the
+    announcement path, the cache (held, hung, killed) or a poll server (`blocking`)."""
+    for op in h.ops:
+        if op.kind != "held" or op.status not in (200, 304) or op.inm_body is None:
+            continue
+        if not model.certain(op.user, op.end):
+            r.excluded += 1
+            continue
+        bodies = model.bodies(op.user)
+        ws = model.writes.get(op.user, [])
+        m = model.known(op.user, op.start)
+        found: tuple[int, float, float, list[Fault]] | None = None
+        for k in range(m, len(bodies)):
+            if bodies[k] == op.inm_body:
+                continue
+            t_k = max(op.start, ws[k - 1].end) if k else op.start
+            if t_k > op.start + op.wait - 1.0:
+                break  # the wait ends about then anyway
+            window = _overlapping(h.faults, op.start, t_k + p.held_bound_s + 0.2, p.pad_s, 0.0)
+            delay = max((f.delay_s for f in window if CACHE_DELAY in f.paths), default=0.0)
+            deadline = t_k + p.held_bound_s + 2 * delay
+            if k < len(ws) and ws[k].start <= deadline:
+                continue  # the next write may have made the tag current again
+            found = (k, t_k, deadline, window)
+            break
+        if found is None:
+            continue
+        k, t_k, deadline, window = found
+        r.checked += 1
+        if op.end <= deadline:
+            continue
+
+        blocking = _blocking(h.faults, op.start, deadline, p)
+        if blocking:
+            r.excluded += 1
+            continue
+        what = (
+            f"user {op.user}: held poll (wait={op.wait}) answered {op.status} "
+            f"{(op.end - t_k) * 1000:.0f} ms after write {k} returned "
+            f"(bound {(deadline - t_k) * 1000:.0f} ms)"
+        )
+        r.violations.append(
+            Violation("3-held-bound", what, [*_related(model, op.user, k, k + 1), op], window)
+        )
+
+
+def _rule4(h: History, p: Params, r: RuleResult) -> None:
+    for op in h.ops:
+        if op.kind in NGINX_POLLS:
+            r.checked += 1
+            if op.status and op.status < 500:
+                continue
+            around = _overlapping(h.faults, op.start, op.end, p.pad_s, p.db_grace_s)
+            if any(_touches(f, [APPS_DOWN, DB]) for f in around):
+                continue
+            if (
+                op.status == 503
+                and op.source == "shed"
+                and any(_touches(f, [CACHE]) for f in around)
+            ):
+                continue
+            what = f"user {op.user}: {op.kind} through nginx answered {op.status or 'nothing'}"
+            r.violations.append(Violation("4-5xx", what, [op], around))
+        elif op.kind == "api":
+            r.checked += 1
+            if op.status and op.status < 500:
+                continue
+            around = _overlapping(h.faults, op.start, op.end, p.pad_s, p.db_grace_s)
+            if op.status == 503 and any(_touches(f, [DB]) for f in around):
+                continue
+            if op.status == 0 and any(_touches(f, [APPS_DOWN, APP + op.target]) for f in around):
+                continue
+            what = f"user {op.user}: API {op.target and 'app' + op.target} {op.note} answered "
+            what += f"{op.status or 'nothing'}"
+            r.violations.append(Violation("4-5xx", what, [op], around))
+
+
+def _rule5(h: History, p: Params, r: RuleResult) -> None:
+    for line in h.nginx_errors:
+        r.checked += 1
+        t = float(str(line["t"]))
+        poller = int(str(line.get("poller", -1)))
+        paths = [CACHE_DOWN, POLLER + str(poller) if poller >= 0 else POLLER]
+        around = _overlapping(h.faults, t, t, p.log_pad_s, p.log_pad_s)
+        if any(_touches(f, paths) for f in around):
+            r.excluded += 1
+            continue
+        near = [
+            o
+            for o in h.ops
+            if o.kind == "hostile" and o.start - p.log_pad_s <= t <= o.end + p.log_pad_s
+        ]
+        r.violations.append(Violation("5-nginx-poller", f"nginx: {line['msg']}", near, around))
+
+
+def _rule6(h: History, r: RuleResult) -> None:
+    for op in h.ops:
+        if op.kind != "hostile":
+            continue
+        r.checked += 1
+        if op.status in op.expect and (op.wait <= 0 or op.end - op.start <= op.wait):
+            continue
+        what = f"{op.note}: answered {op.status or 'nothing'} in {op.end - op.start:.2f} s, "
+        what += f"documented: {op.expect}" + (f" within {op.wait} s" if op.wait > 0 else "")
+        r.violations.append(Violation("6-hostile", what, [op]))
+
+
+def _fmt_op(op: Op, t0: float) -> str:
+    body = op.body if op.body is None or len(op.body) < 90 else op.body[:87] + "..."
+    head = {
+        k: v for k, v in op.headers.items() if k in ("x-poll-source", "etag", "x-cache-publish")
+    }
+    return (
+        f"    {op.kind:<11} user {op.user:<4} {op.start - t0:8.3f}-{op.end - t0:8.3f} s "
+        f"status {op.status} {op.target and 'via ' + op.target} index {op.index} "
+        f"wait {op.wait} body {body!r} inm_body {op.inm_body!r} {head} {op.note}"
+    )
+
+
+def render(rep: Report, limit: int = 5) -> str:
+    out = [f"contract check: config {rep.config}, seed {rep.seed}", ""]
+    out.append(f"  {'rule':<16} {'checked':>8} {'excluded':>9} {'violations':>11}  meaning")
+    for name, res in rep.rules.items():
+        out.append(
+            f"  {name:<16} {res.checked:>8} {res.excluded:>9} {len(res.violations):>11}  "
+            f"{RULES[name]}"
+        )
+    for name, res in rep.rules.items():
+        for v in res.violations[:limit]:
+            out.append(f"\nVIOLATION {name} (seed {rep.seed}, config {rep.config}): {v.what}")
+            out.extend(_fmt_op(op, rep.t0) for op in v.ops)
+            for f in v.faults:
+                out.append(
+                    f"    fault {f.kind} on {f.target} {f.start - rep.t0:8.3f}-"
+                    f"{f.end - rep.t0:8.3f} s {f.params}"
+                )
+            if not v.faults:
+                out.append("    (no fault active)")
+        if len(res.violations) > limit:
+            out.append(f"\n  ... and {len(res.violations) - limit} more {name} violations")
+    return "\n".join(out)

@@ -1,0 +1,110 @@
+"""The history of a run: operations (with invoke and complete times) and faults, as JSON lines."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# What a fault touches (Fault.paths): the checker's exclusions are stated in these terms.
+CACHE = "cache"  # the cache path of every key (held, hung, killed: not a mere delay)
+CACHE_DOWN = "cache-down"  # a cache node (or the cache's Redis) hung or killed
+CACHE_DELAY = "cache-delay"  # cache reads slowed by Fault.delay_s; answers still arrive
+ANNOUNCE = "announce"  # the announcement path (Redis pub/sub, the subscriber's connection)
+# A poll server logged that a cache node did not answer in time or failed (not the nemesis: the
+# proxies' own latency on a loaded machine, or a consequence of a fault elsewhere).
+OBSERVED = "cache-observed"
+DB = "db"  # PostgreSQL down or restarting
+APPS_DOWN = "apps-down"  # no app process can answer
+POLLER = "poller:"  # + index: that poll server restarting
+APP = "app:"  # + index: that app process restarting
+
+
+@dataclass
+class Op:
+    """One client operation. kind: publish, read (mark-read), api (one attempt of either),
+    poll, cond, held, hostile, final-nginx, final-app. For writes, `index` is the model's state
+    number after this write and `body` the poll answer it makes; for polls `body` is the answer
+    the poll shows (a 304's is the body of the tag it sent)."""
+
+    kind: str
+    user: int
+    start: float
+    end: float = 0.0
+    status: int = 0  # 0: no answer (connection error, timeout)
+    body: str | None = None
+    inm_body: str | None = None  # held and conditional polls: the body of the tag sent
+    wait: int = 0
+    source: str = ""  # X-Poll-Source, or app0/app1 for API calls
+    headers: dict[str, str] = field(default_factory=dict)
+    index: int = -1
+    target: str = ""
+    expect: list[int] = field(default_factory=list)  # hostile: the documented statuses
+    note: str = ""
+
+
+@dataclass
+class Fault:
+    kind: str
+    target: str
+    start: float
+    end: float = 0.0
+    paths: list[str] = field(default_factory=list)
+    delay_s: float = 0.0
+    params: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class History:
+    seed: int = 0
+    config: str = ""
+    ops: list[Op] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    # time.time() - time.monotonic() at the start: maps nginx's wall-clock log lines.
+    wall_offset: float = 0.0
+    nginx_errors: list[dict[str, object]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, op: Op) -> None:
+        with self._lock:
+            self.ops.append(op)
+
+    def add_fault(self, fault: Fault) -> None:
+        with self._lock:
+            self.faults.append(fault)
+
+    def write(self, path: Path) -> None:
+        with path.open("w") as f:
+            meta = {
+                "type": "meta",
+                "seed": self.seed,
+                "config": self.config,
+                "wall_offset": self.wall_offset,
+                "notes": self.notes,
+            }
+            f.write(json.dumps(meta) + "\n")
+            for fault in self.faults:
+                f.write(json.dumps({"type": "fault", **asdict(fault)}) + "\n")
+            for op in sorted(self.ops, key=lambda o: o.start):
+                f.write(json.dumps({"type": "op", **asdict(op)}) + "\n")
+            for line in self.nginx_errors:
+                f.write(json.dumps({"type": "nginx-error", **line}) + "\n")
+
+    @classmethod
+    def read(cls, path: Path) -> History:
+        h = cls()
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            kind = rec.pop("type")
+            if kind == "meta":
+                h.seed, h.config = rec["seed"], rec["config"]
+                h.wall_offset, h.notes = rec["wall_offset"], rec["notes"]
+            elif kind == "fault":
+                h.faults.append(Fault(**rec))
+            elif kind == "op":
+                h.ops.append(Op(**rec))
+            else:
+                h.nginx_errors.append(rec)
+        return h

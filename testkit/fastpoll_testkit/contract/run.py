@@ -1,0 +1,611 @@
+"""One run of the contract checker on one configuration: a real stack (fastpoll_testkit.stack) with
+fault proxies in its cache and announcement paths, the clients, the nemesis, the final recovery,
+then the checker on the history.
+
+Everything random (the users' operations and pauses, the kind of each poll, the hostile requests,
+the fault schedule and each fault's parameters) is drawn from random.Random generators seeded from
+the run's seed, so a seed replays the same schedule and the same choices; the interleaving with the
+real processes is the operating system's, so a replay is likely, not certain, to show a violation
+again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from fastpoll_testkit import rawhttp
+from fastpoll_testkit.contract import history as hist
+from fastpoll_testkit.contract.checker import Params, Report, check
+from fastpoll_testkit.contract.history import Fault, History, Op
+from fastpoll_testkit.contract.proxy import ProxyControl
+from fastpoll_testkit.procs import freeze
+from fastpoll_testkit.stack import Stack, free_port
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    backend: str
+    n_memcached: int
+    db: str
+    apps: int
+
+
+CONFIGS = {
+    c.name: c
+    for c in (
+        # make up's default: one memcached node without replicas, Redis for announcements.
+        Config("mc1-sqlite", "memcached", 1, "sqlite", 1),
+        # Three nodes, so every key has a replica; two app processes on one database.
+        Config("mc3-pg", "memcached", 3, "postgresql", 2),
+        Config("redis-pg", "redis", 0, "postgresql", 1),
+    )
+}
+
+# The hostile client's requests (docs/api.md, "`wait`: long polls" and "If-None-Match"): what is
+# appended to a valid signed poll URL, the If-None-Match sent, the documented statuses and the
+# longest the answer may take (s). A refused request is 400 from nginx's poller and the app alike.
+HOSTILE: list[tuple[str, str | None, list[int], float]] = [
+    ("&WAIT=0&wait=30", "*", [400], 4.0),  # wait twice, any case: refused
+    ("&wait=5&wait=5", None, [400], 4.0),
+    ("&Wait=2&WAIT=3", "*", [400], 4.0),
+    ("&wait=", None, [400], 4.0),
+    ("&wait", "*", [400], 4.0),
+    ("&wait=%31", None, [400], 4.0),  # never percent-decoded: not digits
+    ("&wait=1234567", None, [400], 4.0),  # more than 6 digits
+    ("&wait=-1", None, [400], 4.0),
+    ("&w%61it=5", "*", [304], 4.0),  # not `wait`: an ordinary poll; `*` matches
+    ("&WAIT=1", "*", [304], 5.0),  # case-insensitive: held 1 s, then 304
+    ("", '"\x01abc"', [200], 4.0),  # a control byte: If-None-Match ignored, full answer
+    ("", '"ab\x7fc"', [200], 4.0),
+    ("", 'W/ "x"', [200], 4.0),  # malformed: ignored
+]
+
+
+@dataclass
+class Settings:
+    seed: int
+    seconds: float
+    users: int = 6
+    params: Params = field(default_factory=Params)
+    # Fault kinds the schedule draws twice per deck: the shapes of the defects the checker must
+    # find (a held cache write, a slow first cache read of a held poll).
+    priority: tuple[str, ...] = ("cache-delay-reads", "cache-hold-writes")
+
+
+def _body_of(uid: int, msg_id: int, text: str) -> str:
+    """The poll answer of a user with one unread message (docs/api.md, "The poll answer")."""
+    return json.dumps(
+        {"unread": 1, "newest": {"id": msg_id, "text": text}},
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+class Run:
+    def __init__(self, config: Config, settings: Settings, run_dir: Path) -> None:
+        self.config = config
+        self.s = settings
+        self.run_dir = run_dir
+        self.history = History(seed=settings.seed, config=config.name)
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        # The fault proxies (a process of their own): "memcached-0".., "redis", "announce".
+        self.proxy: ProxyControl | None = None
+        self.proxy_names: list[str] = []
+        self.app_up = [threading.Event() for _ in range(config.apps)]
+        for e in self.app_up:
+            e.set()
+        self.stack = Stack(
+            run_dir=run_dir,
+            backend=config.backend,
+            n_memcached=max(1, config.n_memcached),
+            n_pollers=2,
+            db=config.db,
+            apps=config.apps,
+        )
+
+    # ---- the stack, with proxies in its paths ------------------------------------------------
+
+    def start(self) -> None:
+        st = self.stack
+        st.run_dir.mkdir(parents=True, exist_ok=True)
+        st.memcached_ports = [free_port() for _ in range(st.n_memcached)]
+        st.redis_port = free_port()
+        ini: dict[str, dict[str, str]] = {}
+        spec: dict[str, list[object]] = {}
+        if self.config.backend == "memcached":
+            for i, port in enumerate(st.memcached_ports):
+                spec[f"memcached-{i}"] = [free_port(), port, "memcached"]
+            servers = [f"127.0.0.1:{v[0]}" for v in spec.values()]
+            ini["memcached"] = {"servers": " ".join(servers)}
+        else:
+            spec["redis"] = [free_port(), st.redis_port, "redis"]
+            ini["redis"] = {"server": f"127.0.0.1:{spec['redis'][0]}"}
+        spec["announce"] = [free_port(), st.redis_port, "none"]
+        ini["announce"] = {
+            "server": f"127.0.0.1:{spec['announce'][0]}",
+            "password_file": str(st.run_dir / "redis.pass"),
+        }
+        self.proxy_names = list(spec)
+        self.proxy = ProxyControl(spec, str(st.run_dir / "proxy.log"))
+        for section, values in ini.items():
+            st.extra_ini.setdefault(section, {}).update(values)
+        st.start()
+        self.history.wall_offset = time.time() - time.monotonic()
+        self._wait_subscribed(20.0)
+
+    def _metric(self, url: str, name: str) -> float | None:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def _wait_subscribed(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for port in self.stack.admin_ports:
+            url = f"http://127.0.0.1:{port}/metrics"
+            while self._metric(url, "fastpoll_announce_subscribed") != 1.0:
+                if time.monotonic() > deadline:
+                    self.history.notes.append(f"poller admin {port}: not subscribed at start")
+                    break
+                time.sleep(0.1)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            for name, proc in list(self.stack.procs.items()):
+                with contextlib.suppress(OSError):  # a frozen process cannot take SIGTERM
+                    os.kill(proc.pid, signal.SIGCONT)
+                del name
+        self.stack.stop()
+        if self.proxy is not None:
+            self.proxy.close()
+
+    # ---- clients --------------------------------------------------------------------------
+
+    def _rng(self, *salt: object) -> random.Random:
+        return random.Random(f"{self.s.seed}/{self.config.name}/" + "/".join(map(str, salt)))
+
+    def writer(self, uid: int) -> None:
+        rng = self._rng("writer", uid)
+        clients = [self.stack.api(i, timeout=10) for i in range(self.config.apps)]
+        index = 0
+        last_id = 0
+        try:
+            while not self.stop.is_set():
+                index += 1
+                app = index % self.config.apps
+                if index % 2 == 1:
+                    text = f"u{uid} n{index} {rng.getrandbits(32):08x}" + rng.choice(["", " ☃"])
+                    kind, path, note = "publish", "/api/messages", text
+                    req: dict[str, object] = {"user_id": uid, "text": text}
+                    headers = {"Idempotency-Key": f"k{uid}-{index}"}
+                else:
+                    kind, path, note = "read", "/api/messages/read", f"up_to {last_id}"
+                    req, headers = {"user_id": uid, "up_to_id": last_id}, {}
+                op = Op(kind, uid, time.monotonic(), target=str(app), note=note)
+                ok, got = self._write(clients, app, op, path, req, headers)
+                op.body = ""
+                if ok and kind == "publish":
+                    last_id = int(got["id"])
+                    op.body = _body_of(uid, last_id, text)
+                op.end = time.monotonic()
+                op.index = index if ok else -1
+                self.history.add(op)
+                if not ok:
+                    return  # the model of this user is no longer exact: stop writing
+                # Often at once (the next write lands while the pollers are re-reading), else
+                # after a pause.
+                pause = rng.uniform(0.0, 0.12) if rng.random() < 0.4 else rng.uniform(0.3, 1.2)
+                self.stop.wait(pause)
+        finally:
+            for c in clients:
+                c.close()
+
+    def _write(
+        self,
+        clients: list[httpx.Client],
+        app: int,
+        op: Op,
+        path: str,
+        body: dict[str, object],
+        headers: dict[str, str],
+    ) -> tuple[bool, dict]:
+        """Sends the write until it has a definite answer (the same Idempotency-Key: a retry
+        cannot publish twice; a mark-read is idempotent), for up to 60 s; each attempt is an op
+        of its own (rule 4)."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not self.app_up[app].wait(0.0):
+                other = [i for i in range(len(clients)) if self.app_up[i].is_set()]
+                if other:
+                    app = other[0]
+                else:
+                    self.app_up[app].wait(5.0)
+            att = Op("api", op.user, time.monotonic(), target=str(app), note=op.kind)
+            try:
+                r = clients[app].post(path, json=body, headers=headers)
+                att.status = r.status_code
+                att.headers = {k: v for k, v in r.headers.items() if k.startswith("x-")}
+                att.body = r.text[:200]
+            except httpx.HTTPError as e:
+                att.note += f" {type(e).__name__}"
+            att.end = time.monotonic()
+            self.history.add(att)
+            if att.status in (200, 201):
+                op.status = att.status
+                op.headers = att.headers
+                op.target = str(app)
+                return True, r.json()
+            if 400 <= att.status < 500:
+                op.note += f" refused {att.status}: {att.body}"
+                return False, {}
+            if self.stop.is_set() and time.monotonic() > deadline - 30:
+                break
+            time.sleep(0.2)
+            if self.config.apps > 1:
+                app = (app + 1) % self.config.apps
+        op.note += " no definite answer"
+        return False, {}
+
+    def _poll(
+        self,
+        client: httpx.Client,
+        kind: str,
+        uid: int,
+        url: str,
+        etag: str | None,
+        body: str | None,
+        wait: int,
+    ) -> Op:
+        op = Op(kind, uid, time.monotonic(), wait=wait, target="nginx")
+        headers = {}
+        if etag is not None:
+            headers["If-None-Match"] = etag
+            op.inm_body = body
+        try:
+            r = client.get(
+                url + (f"&wait={wait}" if wait else ""), headers=headers, timeout=wait + 20
+            )
+            op.status = r.status_code
+            op.headers = {k: v for k, v in r.headers.items() if k in ("etag", "x-poll-source")}
+            op.source = r.headers.get("x-poll-source", "")
+            if r.status_code == 200:
+                op.body = r.content.decode("utf-8", "replace")
+            elif r.status_code == 304:
+                op.body = body
+        except httpx.HTTPError as e:
+            op.note = type(e).__name__
+        op.end = time.monotonic()
+        self.history.add(op)
+        return op
+
+    def poller(self, uid: int, held: bool) -> None:
+        """held: one held poll after another, each with the ETag of the last answer; else plain
+        and conditional polls with short pauses."""
+        rng = self._rng("poller", uid, held)
+        url = self.stack.base_url + self.stack.poll_url(uid)
+        etag: str | None = None
+        body: str | None = None
+        with httpx.Client() as client:
+            while not self.stop.is_set():
+                if held and etag is not None:
+                    op = self._poll(client, "held", uid, url, etag, body, rng.choice([2, 3, 5]))
+                elif etag is not None and rng.random() < 0.5:
+                    op = self._poll(client, "cond", uid, url, etag, body, 0)
+                else:
+                    op = self._poll(client, "poll", uid, url, None, None, 0)
+                if op.status in (200, 304) and "etag" in op.headers:
+                    etag, body = op.headers["etag"], op.body
+                else:
+                    self.stop.wait(0.2)
+                if not held:
+                    self.stop.wait(rng.uniform(0.05, 0.4))
+
+    def hostile(self) -> None:
+        rng = self._rng("hostile")
+        while not self.stop.wait(rng.uniform(1.0, 3.0)):
+            uid = rng.randrange(1, self.s.users + 1)
+            suffix, inm, expect, bound = rng.choice(HOSTILE)
+            target = self.stack.poll_url(uid) + suffix
+            headers = {"If-None-Match": inm} if inm is not None else {}
+            op = Op(
+                "hostile",
+                uid,
+                time.monotonic(),
+                target="nginx",
+                expect=expect,
+                wait=int(bound),
+                note=f"GET {suffix or '(no wait)'} If-None-Match {inm!r}",
+            )
+            try:
+                ex = rawhttp.exchange(
+                    self.stack.http_port,
+                    rawhttp.request("GET", target, headers),
+                    timeout=45,
+                    expect=1,
+                )
+            except OSError as e:
+                op.note += f" {type(e).__name__}"
+                ex = rawhttp.Exchange()
+            op.end = time.monotonic()
+            if ex.responses:
+                resp = ex.responses[0]
+                op.status = resp.status
+                op.source = resp.header("x-poll-source") or ""
+                op.headers = {"x-poll-source": op.source, "etag": resp.header("etag") or ""}
+                if resp.status == 200:
+                    op.body = resp.body.decode("utf-8", "replace")
+            self.history.add(op)
+
+    # ---- the nemesis ------------------------------------------------------------------------
+
+    def kinds(self) -> list[str]:
+        kinds = [
+            "cache-delay-reads",
+            "cache-hold-writes",
+            "cache-hang",
+            "poller-restart",
+            "app-restart",
+            "announce-cut",
+            "redis-stop",
+        ]
+        if self.config.backend == "memcached":
+            kinds.append("cache-kill")
+        if self.config.db == "postgresql":
+            kinds.append("pg-restart")
+        return kinds
+
+    def schedule(self) -> list[tuple[float, str, dict[str, object]]]:
+        """(offset from the start, kind, parameters) for the whole run, from the seed: decks of
+        every kind once and each priority kind twice, shuffled, with gaps between faults."""
+        rng = self._rng("nemesis")
+        plan: list[tuple[float, str, dict[str, object]]] = []
+        t = rng.uniform(2.0, 4.0)
+        deck: list[str] = []
+        while t < self.s.seconds - 6:
+            if not deck:
+                deck = self.kinds() + [k for k in self.s.priority if k in self.kinds()]
+                rng.shuffle(deck)
+            kind = deck.pop()
+            params = self._params(kind, rng)
+            plan.append((t, kind, params))
+            t += float(str(params["length"])) + rng.uniform(1.0, 3.0)
+        return plan
+
+    def _params(self, kind: str, rng: random.Random) -> dict[str, object]:
+        nodes = [n for n in self.proxy_names if n != "announce"]
+        p: dict[str, object] = {"node": rng.choice(nodes)}
+        if kind == "cache-delay-reads":
+            # Below the poll server's cache timeout (100 ms): slow reads, not failed ones.
+            p.update(length=rng.uniform(4.0, 8.0), delay=round(rng.uniform(0.02, 0.05), 3))
+        elif kind == "cache-hold-writes":
+            p.update(length=rng.uniform(2.5, 4.5), reverse=rng.random() < 0.5)
+        elif kind in ("cache-hang", "cache-kill", "redis-stop", "pg-restart"):
+            p.update(length=rng.uniform(1.0, 2.5))
+        elif kind == "announce-cut":
+            p.update(length=2.0)
+        elif kind == "poller-restart":
+            p.update(length=0.5, index=rng.randrange(len(self.stack.poller_ports)))
+        elif kind == "app-restart":
+            p.update(length=0.5, index=rng.randrange(self.config.apps))
+        return p
+
+    def nemesis(self, t_start: float) -> None:
+        for offset, kind, params in self.schedule():
+            if self.stop.wait(max(0.0, t_start + offset - time.monotonic())):
+                return
+            fault = Fault(kind, str(params.get("node", "")), time.monotonic(), params=params)
+            try:
+                self._inject(fault, float(str(params["length"])))
+            except Exception as e:  # noqa: BLE001 -- recorded, and the run goes on
+                fault.params = {**params, "error": repr(e)}
+            fault.end = time.monotonic()
+            self.history.add_fault(fault)
+
+    def _node_proc(self, node: str) -> str:
+        return node if node.startswith("memcached") else "redis"
+
+    def _ctl(self, proxy: str, op: str, arg: object = None) -> object:
+        if self.proxy is None:
+            raise RuntimeError("no proxies")
+        return self.proxy.send(proxy, op, arg)
+
+    def _inject(self, f: Fault, length: float) -> None:
+        st, p = self.stack, f.params
+        node = str(p.get("node", ""))
+        if f.kind == "cache-delay-reads":
+            f.paths, f.delay_s = [hist.CACHE_DELAY], float(str(p["delay"]))
+            self._ctl(node, "read_delay", f.delay_s)
+            time.sleep(length)
+            self._ctl(node, "read_delay", 0.0)
+        elif f.kind == "cache-hold-writes":
+            f.paths = [hist.CACHE]
+            self._ctl(node, "hold", True)
+            time.sleep(length)
+            p["released"] = self._ctl(node, "release", bool(p["reverse"]))
+        elif f.kind in ("cache-hang", "redis-stop"):
+            name = "redis" if f.kind == "redis-stop" else self._node_proc(node)
+            f.target = name
+            f.paths = [hist.ANNOUNCE] if name == "redis" else []
+            if name == "redis" and self.config.backend == "redis" or name != "redis":
+                f.paths += [hist.CACHE, hist.CACHE_DOWN]
+            pid = st.procs[name].pid
+            freeze(pid)
+            time.sleep(length)
+            os.kill(pid, signal.SIGCONT)
+        elif f.kind == "cache-kill":
+            f.paths = [hist.CACHE, hist.CACHE_DOWN]
+            i = int(node.split("-")[1])
+            st.stop_proc(node, signal.SIGKILL)
+            self._ctl(node, "reset_all")
+            time.sleep(length)
+            st.start_memcached(i)
+        elif f.kind == "pg-restart":
+            f.target, f.paths = "postgres", [hist.DB]
+            st.restart_postgres(length)
+        elif f.kind == "announce-cut":
+            f.target, f.paths = "announce", [hist.ANNOUNCE]
+            p["connections"] = self._ctl("announce", "blackhole")
+            time.sleep(length)
+        elif f.kind == "poller-restart":
+            i = int(str(p["index"]))
+            f.target, f.paths = f"poller-{i}", [hist.POLLER + str(i)]
+            st.stop_proc(f"poller-{i}")
+            st.start_poller(i)
+        elif f.kind == "app-restart":
+            i = int(str(p["index"]))
+            f.target = st.app_name(i)
+            f.paths = [hist.APP + str(i)] + ([hist.APPS_DOWN] if self.config.apps == 1 else [])
+            self.app_up[i].clear()
+            try:
+                st.stop_proc(st.app_name(i))
+                st.start_app(i)
+            finally:
+                self.app_up[i].set()
+
+    # ---- the run --------------------------------------------------------------------------
+
+    def heal(self) -> None:
+        """Ends every fault still in effect: no delay, held writes sent, silent connections
+        closed, every process running again."""
+        for name in self.proxy_names:
+            self._ctl(name, "read_delay", 0.0)
+            self._ctl(name, "release", False)
+            self._ctl(name, "close_dead")
+        for proc in self.stack.procs.values():
+            with contextlib.suppress(OSError):
+                os.kill(proc.pid, signal.SIGCONT)
+
+    def drain(self, timeout: float = 40.0) -> None:
+        """Waits for the outbox to be empty (fastpoll_app_repair_pending 0 on every app, twice
+        in a row 0.5 s apart): rule 2 is checked after it."""
+        op = Op("drain", 0, time.monotonic())
+        deadline = time.monotonic() + timeout
+        zero = 0
+        last: list[float | None] = []
+        while time.monotonic() < deadline and zero < 2:
+            last = [
+                self._metric(self.stack.app_url(i) + "/metrics", "fastpoll_app_repair_pending")
+                for i in range(self.config.apps)
+            ]
+            zero = zero + 1 if all(v == 0.0 for v in last) else 0
+            time.sleep(0.5)
+        op.end = time.monotonic()
+        op.status = 200 if zero >= 2 else 0
+        op.note = f"outbox backlog {last} after {op.end - op.start:.1f} s"
+        self.history.add(op)
+
+    def final_reads(self) -> None:
+        # The poll servers read replicas while a node recovers (recovery_ms) and the repairs land.
+        time.sleep(self.s.params.cache_settle_s)
+        with httpx.Client(timeout=10) as client:
+            for uid in range(1, self.s.users + 1):
+                target = self.stack.poll_url(uid)
+                for kind, base in (
+                    ("final-nginx", self.stack.base_url),
+                    ("final-app", self.stack.app_url(0)),
+                ):
+                    op = Op(kind, uid, time.monotonic(), target=base)
+                    try:
+                        r = client.get(base + target)
+                        op.status = r.status_code
+                        op.body = r.content.decode("utf-8", "replace")
+                        op.source = r.headers.get("x-poll-source", "")
+                        op.headers = {"x-poll-source": op.source}
+                    except httpx.HTTPError as e:
+                        op.note = type(e).__name__
+                    op.end = time.monotonic()
+                    self.history.add(op)
+
+    def nginx_errors(self) -> None:
+        """nginx's error log lines that mark a poller failed or time one out (rule 5)."""
+        log = self.stack.run_dir / "nginx" / "error.log"
+        if not log.exists():
+            return
+        socks = {str(self.stack.poller_socket(i)): i for i in range(len(self.stack.poller_ports))}
+        ports = {f"127.0.0.1:{p}": i for i, p in enumerate(self.stack.poller_ports)}
+        pat = re.compile(
+            r"^(\d{4}/\d\d/\d\d \d\d:\d\d:\d\d) \[\w+\] .*"
+            r"(upstream timed out|temporarily disabled)"
+        )
+        for line in log.read_text(errors="replace").splitlines():
+            m = pat.match(line)
+            if not m:
+                continue
+            wall = time.mktime(time.strptime(m.group(1), "%Y/%m/%d %H:%M:%S"))
+            poller = -1
+            for key, i in [*socks.items(), *ports.items()]:
+                if key in line:
+                    poller = i
+            if "fastpoll_app" in line or any(f":{p}" in line for p in self.stack.app_ports):
+                continue  # the app's upstream, not a poller's
+            self.history.nginx_errors.append(
+                {"t": wall + 0.5 - self.history.wall_offset, "poller": poller, "msg": line[:400]}
+            )
+
+    def poller_events(self) -> None:
+        """The poll servers' own judgement of the cache path: a node that did not answer within
+        the timeout (or failed) is read through replicas or the app for recovery_ms, and held
+        polls are not answered from it meanwhile. Recorded as observed faults (rule 3 excuses
+        them as it does the nemesis' cache faults; rule 5 does not)."""
+        pat = re.compile(
+            r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+) \[\d+\] warn: (memcached|redis) "
+        )
+        for i in range(len(self.stack.poller_ports)):
+            log = self.stack.run_dir / f"poller-{i}.log"
+            if not log.exists():
+                continue
+            for line in log.read_text(errors="replace").splitlines():
+                m = pat.match(line)
+                if not m:
+                    continue
+                wall = time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
+                t = wall + float(m.group(2)) - self.history.wall_offset
+                fault = Fault("observed-cache-trouble", f"poller-{i}", t, t, [hist.OBSERVED])
+                fault.params = {"log": line[:300]}
+                self.history.add_fault(fault)
+
+    def run(self) -> Report:
+        self.start()
+        threads = [
+            threading.Thread(target=self.writer, args=(u,), name=f"writer-{u}")
+            for u in range(1, self.s.users + 1)
+        ]
+        for u in range(1, self.s.users + 1):
+            threads.append(threading.Thread(target=self.poller, args=(u, True), name=f"held-{u}"))
+            threads.append(threading.Thread(target=self.poller, args=(u, False), name=f"poll-{u}"))
+        threads.append(threading.Thread(target=self.hostile, name="hostile"))
+        t0 = time.monotonic()
+        nemesis = threading.Thread(target=self.nemesis, args=(t0,), name="nemesis")
+        for t in [*threads, nemesis]:
+            t.start()
+        self.stop.wait(self.s.seconds)
+        self.stop.set()
+        nemesis.join()
+        self.heal()
+        for t in threads:
+            t.join(timeout=90)
+        self.drain()
+        self.final_reads()
+        self.nginx_errors()
+        self.poller_events()
+        self.history.write(self.run_dir / "history.jsonl")
+        return check(self.history, self.s.params)
