@@ -1,0 +1,208 @@
+"""The contract checker's rules on hand-made histories (no processes): each rule finds what it must
+and passes what the contract allows (fastpoll_testkit/contract/checker.py, docs/api.md "The
+contract, as checked")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastpoll_testkit.contract.checker import Params, check, render
+from fastpoll_testkit.contract.history import (
+    ANNOUNCE,
+    APP,
+    APPS_DOWN,
+    CACHE,
+    CACHE_DELAY,
+    CACHE_DOWN,
+    DB,
+    POLLER,
+    Fault,
+    History,
+    Op,
+)
+from fastpoll_testkit.contract.run import HOSTILE, Run, Settings
+
+ONE = '{"unread":1,"newest":{"id":1,"text":"one"}}'
+TWO = '{"unread":1,"newest":{"id":2,"text":"two"}}'
+
+
+def writes() -> list[Op]:
+    """User 1: publish "one" [1.0, 1.1], mark it read [2.0, 2.1], publish "two" [3.0, 3.1]."""
+    return [
+        Op("publish", 1, 1.0, 1.1, 201, ONE, index=1),
+        Op("read", 1, 2.0, 2.1, 200, "", index=2),
+        Op("publish", 1, 3.0, 3.1, 201, TWO, index=3),
+    ]
+
+
+def history(*ops: Op, faults: list[Fault] | None = None) -> History:
+    return History(seed=7, config="test", ops=[*writes(), *ops], faults=faults or [])
+
+
+def violations(h: History, rule: str) -> int:
+    return len(check(h).rules[rule].violations)
+
+
+def test_a_stale_read_is_found() -> None:
+    # Sent at 2.5, after the mark-read returned (2.1): "one" unread is older.
+    h = history(Op("poll", 1, 2.5, 2.51, 200, ONE, source="cache"))
+    rep = check(h)
+    assert len(rep.rules["1-no-stale"].violations) == 1
+    text = render(rep)
+    assert "seed 7" in text and "shows state 1, sent after write 2 returned" in text
+
+
+def test_a_read_overlapping_the_write_may_show_either() -> None:
+    # Sent during the mark-read (2.0-2.1): the old or the new state.
+    old = Op("poll", 1, 2.05, 2.2, 200, ONE)
+    new = Op("poll", 1, 2.05, 2.2, 200, "")
+    assert violations(history(old, new), "1-no-stale") == 0
+
+
+def test_a_read_cannot_show_a_write_not_yet_invoked() -> None:
+    # "two" is published at 3.0; a poll answered at 2.5 cannot have seen it.
+    assert violations(history(Op("poll", 1, 2.4, 2.5, 200, TWO)), "1-no-stale") == 1
+
+
+def test_a_304_shows_the_state_of_its_tag() -> None:
+    # The tag was "one"'s; a 304 at 2.5 says "one" is current, after the mark-read returned.
+    h = history(Op("cond", 1, 2.5, 2.51, 304, ONE, inm_body=ONE))
+    assert violations(h, "1-no-stale") == 1
+    h = history(Op("cond", 1, 2.5, 2.51, 304, "", inm_body=""))
+    assert violations(h, "1-no-stale") == 0
+
+
+def test_an_answer_no_write_made_is_found() -> None:
+    h = history(Op("poll", 1, 3.5, 3.6, 200, '{"unread":3}'))
+    rep = check(h)
+    assert "no write made" in rep.rules["1-no-stale"].violations[0].what
+
+
+def test_a_user_with_a_write_of_unknown_outcome_is_not_judged_after_it() -> None:
+    unknown = Op("publish", 1, 4.0, 64.0, 0, None, index=-1)
+    h = history(unknown, Op("poll", 1, 65.0, 65.1, 200, "whatever"))
+    rep = check(h)
+    assert rep.rules["1-no-stale"].violations == []
+    assert rep.rules["1-no-stale"].excluded == 1
+
+
+def test_final_answers_must_be_the_last_state() -> None:
+    ok = [Op("final-nginx", 1, 9.0, 9.1, 200, TWO), Op("final-app", 1, 9.0, 9.1, 200, TWO)]
+    assert violations(history(*ok), "2-nothing-lost") == 0
+    # A late write left "one" in the cache (defect 2's shape): lost.
+    lost = Op("final-nginx", 1, 9.0, 9.1, 200, ONE)
+    assert violations(history(lost), "2-nothing-lost") == 1
+    undrained = Op("drain", 0, 8.0, 9.0, 0, note="outbox backlog [3.0]")
+    assert violations(history(undrained), "2-nothing-lost") == 1
+
+
+def test_a_held_poll_answered_late_is_found() -> None:
+    # Held from 2.5 on the empty answer's tag; "two" returned at 3.1; answered at 5.0.
+    late = Op("held", 1, 2.5, 5.0, 200, TWO, inm_body="", wait=5)
+    rep = check(history(late))
+    assert len(rep.rules["3-held-bound"].violations) == 1
+    assert "1900 ms after write 3 returned" in rep.rules["3-held-bound"].violations[0].what
+    on_time = Op("held", 1, 2.5, 3.3, 200, TWO, inm_body="", wait=5)
+    assert violations(history(on_time), "3-held-bound") == 0
+
+
+def test_a_held_poll_bound_grows_with_an_injected_read_delay() -> None:
+    held = Op("held", 1, 2.5, 3.45, 200, TWO, inm_body="", wait=5)
+    assert violations(history(held), "3-held-bound") == 1
+    delay = Fault("cache-delay-reads", "memcached-0", 2.0, 4.0, [CACHE_DELAY], delay_s=0.05)
+    assert violations(history(held, faults=[delay]), "3-held-bound") == 0
+
+
+def test_a_held_poll_is_not_judged_while_the_announcement_path_is_faulty() -> None:
+    late = Op("held", 1, 2.5, 5.0, 200, TWO, inm_body="", wait=5)
+    for paths in ([ANNOUNCE], [CACHE], [POLLER + "0"]):
+        cut = Fault("x", "y", 2.6, 2.8, paths)
+        rep = check(history(late, faults=[cut]))
+        assert rep.rules["3-held-bound"].violations == [] and rep.rules["3-held-bound"].excluded
+    # ...nor just after it, while the subscriber reconnects (announce_settle_s).
+    cut = Fault("announce-cut", "announce", 0.0, 1.0, [ANNOUNCE])
+    assert violations(history(late, faults=[cut]), "3-held-bound") == 0
+    old = Fault("announce-cut", "announce", -20.0, -19.0, [ANNOUNCE])
+    assert violations(history(late, faults=[old]), "3-held-bound") == 1
+
+
+def test_a_held_poll_whose_tag_became_current_again_is_not_judged() -> None:
+    # Held on the empty tag from 1.05: "one" returned at 1.1 but the mark-read started at
+    # 1.3, within the bound: the poller may have read "" again. "two" (3.1) is the one judged.
+    ops = [
+        Op("publish", 1, 1.0, 1.1, 201, ONE, index=1),
+        Op("read", 1, 1.3, 1.35, 200, "", index=2),
+        Op("publish", 1, 3.0, 3.1, 201, TWO, index=3),
+    ]
+    held = Op("held", 1, 1.05, 3.2, 200, TWO, inm_body="", wait=5)
+    assert len(check(History(ops=[*ops, held])).rules["3-held-bound"].violations) == 0
+
+
+def test_5xx_only_where_documented() -> None:
+    poll_503 = Op("poll", 1, 5.0, 5.1, 503, source="")
+    assert violations(history(poll_503), "4-5xx") == 1
+    app_down = Fault("app-restart", "app", 4.0, 6.0, [APP + "0", APPS_DOWN])
+    assert violations(history(poll_503, faults=[app_down]), "4-5xx") == 0
+    api_500 = Op("api", 1, 5.0, 5.1, 500, target="0", note="publish")
+    pg = Fault("pg-restart", "postgres", 4.0, 6.0, [DB])
+    assert violations(history(api_500, faults=[pg]), "4-5xx") == 1
+    api_503 = Op("api", 1, 5.0, 5.1, 503, target="0", note="publish")
+    assert violations(history(api_503), "4-5xx") == 1
+    assert violations(history(api_503, faults=[pg]), "4-5xx") == 0
+    refused = Op("api", 1, 5.0, 5.1, 0, target="1", note="publish")
+    assert violations(history(refused), "4-5xx") == 1
+    restart = Fault("app-restart", "app-1", 4.0, 6.0, [APP + "1"])
+    assert violations(history(refused, faults=[restart]), "4-5xx") == 0
+
+
+def test_nginx_marking_a_poller_failed_is_found_outside_its_faults() -> None:
+    h = history()
+    h.nginx_errors = [{"t": 20.0, "poller": 1, "msg": "upstream timed out ... poller-1.sock"}]
+    assert violations(h, "5-nginx-poller") == 1
+    h.faults = [Fault("poller-restart", "poller-1", 18.0, 18.5, [POLLER + "1"])]
+    assert violations(h, "5-nginx-poller") == 0
+    h.faults = [Fault("poller-restart", "poller-0", 18.0, 18.5, [POLLER + "0"])]
+    assert violations(h, "5-nginx-poller") == 1
+    h.faults = [Fault("cache-hang", "memcached-0", 18.0, 19.0, [CACHE, CACHE_DOWN])]
+    assert violations(h, "5-nginx-poller") == 0
+    # A cache write held is no reason for a poller to be marked failed.
+    h.faults = [Fault("cache-hold-writes", "memcached-0", 18.0, 19.0, [CACHE])]
+    assert violations(h, "5-nginx-poller") == 1
+
+
+def test_hostile_requests_get_the_documented_answer() -> None:
+    refused = Op("hostile", 1, 5.0, 5.01, 400, expect=[400], wait=4, note="&WAIT=0&wait=30")
+    assert violations(history(refused), "6-hostile") == 0
+    held = Op("hostile", 1, 5.0, 15.0, 200, ONE, expect=[400], wait=4, note="&WAIT=0&wait=30")
+    assert violations(history(held), "6-hostile") == 1
+    slow = Op("hostile", 1, 5.0, 10.0, 400, expect=[400], wait=4)
+    assert violations(history(slow), "6-hostile") == 1
+
+
+def test_the_history_round_trips_through_json_lines(tmp_path: Path) -> None:
+    h = history(
+        Op("held", 1, 2.5, 5.0, 200, TWO, inm_body="", wait=5, headers={"etag": '"x"'}),
+        faults=[Fault("cache-hold-writes", "memcached-0", 1.0, 2.0, [CACHE], params={"a": 1})],
+    )
+    h.nginx_errors = [{"t": 3.0, "poller": 0, "msg": "m"}]
+    h.write(tmp_path / "h.jsonl")
+    again = History.read(tmp_path / "h.jsonl")
+    assert again.ops == sorted(h.ops, key=lambda o: o.start)
+    assert again.faults == h.faults and again.nginx_errors == h.nginx_errors
+    assert render(check(again)) == render(check(h))
+
+
+def test_the_schedule_is_a_function_of_the_seed(tmp_path: Path) -> None:
+    from fastpoll_testkit.contract.run import CONFIGS
+
+    def plan(seed: int) -> list[tuple[float, str, dict[str, object]]]:
+        run = Run(CONFIGS["mc3-pg"], Settings(seed, 50.0), tmp_path)
+        run.proxy_names = ["memcached-0", "memcached-1", "memcached-2", "announce"]
+        run.stack.poller_ports = [1, 2]
+        return run.schedule()
+
+    assert plan(5) == plan(5) and plan(5) != plan(6)
+    kinds = [k for _, k, _ in plan(5)]
+    # The shapes of the defects the checker must find come up in every short run.
+    assert kinds.count("cache-delay-reads") >= 1 and kinds.count("cache-hold-writes") >= 1
+    assert len(HOSTILE) > 5 and Params().held_bound_s == 0.25
