@@ -41,6 +41,7 @@ def main() -> int:
     ap.add_argument("--check", type=Path, help="check a saved history.jsonl again, run nothing")
     ap.add_argument(
         "--expect",
+        action="append",
         choices=sorted(RULES),
         help="exit 0 only if this rule found a violation (testing the tester)",
     )
@@ -80,11 +81,12 @@ def main() -> int:
         )
         if not rep.ok:
             failed.append(name)
-        if args.expect and rep.rules[args.expect].violations:
+        if args.expect and any(rep.rules[r].violations for r in args.expect):
             expected_found = True
     if args.expect:
         print(
-            f"contract: rule {args.expect} {'found' if expected_found else 'found NO'} violation"
+            f"contract: rules {', '.join(args.expect)}: "
+            f"{'violation found' if expected_found else 'NO violation found'}"
             f" (seed {seed})"
         )
         return 0 if expected_found else 1
