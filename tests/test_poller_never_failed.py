@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -56,9 +57,7 @@ def upstream_failures(stack: Stack, since: int) -> list[str]:
     with open(stack.run_dir / "nginx" / "error.log", "rb") as f:
         f.seek(since)
         log = f.read().decode(errors="replace")
-    return [
-        line for line in log.splitlines() if any(f in line for f in UPSTREAM_FAILURES)
-    ]
+    return [line for line in log.splitlines() if any(f in line for f in UPSTREAM_FAILURES)]
 
 
 def cached_user(stack: Stack, client: httpx.Client) -> tuple[int, str]:
@@ -87,9 +86,7 @@ AMBIGUOUS_WAITS = [
 
 
 @pytest.mark.parametrize("extra", AMBIGUOUS_WAITS)
-def test_ambiguous_wait_is_refused_by_nginx_and_marks_no_poller(
-    edge: Stack, extra: str
-) -> None:
+def test_ambiguous_wait_is_refused_by_nginx_and_marks_no_poller(edge: Stack, extra: str) -> None:
     since = error_log_size(edge)
     with http_client(edge, sign=False, timeout=30) as c:
         _, url = cached_user(edge, c)
@@ -172,6 +169,7 @@ def odd_requests(stack: Stack, url: str) -> list[tuple[str, bytes]]:
             ),
         ),
         ("HEAD held", request("HEAD", url + "&wait=1", inm)),
+        ("health check with a wait", request("GET", "/healthz?wait=30", inm)),
         ("OPTIONS", request("OPTIONS", url, inm)),
         ("DELETE", request("DELETE", url, inm)),
         (
@@ -206,3 +204,13 @@ def test_no_client_input_marks_a_poller_failed(edge: Stack) -> None:
         assert ex.responses == []
         assert_plain_polls_from_cache(edge, c, url)
     assert upstream_failures(edge, since) == []
+
+
+def test_harness_gives_nginx_the_pollers_max_wait(tmp_path: Path) -> None:
+    """nginx cuts a held poll at its max_wait + 10 s, and that timeout marks the poller failed:
+    a stack whose pollers honour longer waits renders nginx with the same max_wait."""
+    s = Stack(run_dir=tmp_path, n_pollers=1, extra_ini={"poll": {"max_wait": "45"}})
+    s._allocate_ports()
+    s.write_config()
+    site = (tmp_path / "nginx" / "fastpoll.conf").read_text()
+    assert "proxy_read_timeout 55s;" in site

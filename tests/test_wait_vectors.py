@@ -22,9 +22,7 @@ import pytest
 from fastpoll_testkit.helpers import http_client, new_uid
 from fastpoll_testkit.stack import Stack
 
-VECTORS = json.loads(
-    (Path(__file__).parent / "vectors" / "wait.json").read_text(encoding="utf-8")
-)
+VECTORS = json.loads((Path(__file__).parent / "vectors" / "wait.json").read_text(encoding="utf-8"))
 CASES: list[dict] = VECTORS["cases"]
 WAIT_REFUSED = b'{"error":"wait must be given at most once, as 1-6 decimal digits"}\n'
 
@@ -90,9 +88,7 @@ def test_every_vector_through_nginx(wait_stack: Stack) -> None:
             t.start()
         # While they wait: exactly the vectors with a wait above 0 are held (the shortest is
         # held 3 s; the count is read until it is right or 2.5 s have passed).
-        held = sum(
-            1 for case in CASES if case["expect"] != "refuse" and case["expect"] > 0
-        )
+        held = sum(1 for case in CASES if case["expect"] != "refuse" and case["expect"] > 0)
         seen, deadline = 0.0, time.monotonic() + 2.5
         while seen != held and time.monotonic() < deadline:
             seen = max(seen, held_total(s))

@@ -439,6 +439,12 @@ class Stack:
                 "fastpoll_apps": [f"127.0.0.1:{p}" for p in self.app_ports],
                 # The browser client and its demo page (client/), under /fastpoll-client/.
                 "fastpoll_client_root": str(ROOT / "client"),
+                # The pollers' own max_wait, as the Ansible roles share one variable: nginx's
+                # held-poll read timeout (10 s above it) must never cut a wait the poller still
+                # honours (a timeout there marks the poller failed).
+                "fastpoll_poll_max_wait": int(
+                    self.ini_sections().get("poll", {}).get("max_wait", "30")
+                ),
                 **(
                     {"fastpoll_status_port": self.nginx_status_port}
                     if self.nginx_status_port
