@@ -164,3 +164,22 @@ bench-longpoll: venv build
 clean:
 	$(MAKE) -C poll_server clean
 	rm -rf $(VENV)
+
+# The contract under fire (issue 20; docs/operations.md, "The contract checker"): real stacks on
+# free loopback ports, clients recording every operation, a nemesis on a schedule drawn from the
+# seed, then the rules of docs/api.md "The contract, as checked". A failure prints its seed.
+#   check-contract SEED=N MINUTES=M [CONFIG=mc1-sqlite|mc3-pg|redis-pg]: M minutes on each
+#     configuration (every one unless CONFIG); replay a failure with the SEED and CONFIG it printed.
+#   check-contract-short [SEED=N]: mc1-sqlite and mc3-pg, 3 minutes in all; seed from the clock.
+#   check-contract-defects [SEED=N]: each tests/contract/defects/*.patch on a copy of HEAD; the
+#     short run must find every one (about 4 minutes each).
+.PHONY: check-contract check-contract-short check-contract-defects
+check-contract: venv build
+	$(PY) -m fastpoll_testkit.contract $(if $(SEED),--seed $(SEED)) --minutes $(or $(MINUTES),5) \
+		$(if $(CONFIG),--config $(CONFIG))
+
+check-contract-short: venv build
+	$(PY) -m fastpoll_testkit.contract --short $(if $(SEED),--seed $(SEED))
+
+check-contract-defects: venv build
+	$(PY) -m fastpoll_testkit.contract.defects $(if $(SEED),--seed $(SEED))
