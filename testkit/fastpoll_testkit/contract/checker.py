@@ -308,8 +308,8 @@ def _rule5(h: History, p: Params, r: RuleResult) -> None:
 
 def _rule6(h: History, r: RuleResult) -> None:
     for op in h.ops:
-        if op.kind != "hostile":
-            continue
+        if op.kind != "hostile" or op.status == 0 or op.status >= 500:
+            continue  # rule 4 judges those
         r.checked += 1
         if op.status in op.expect and (op.wait <= 0 or op.end - op.start <= op.wait):
             continue
