@@ -21,8 +21,9 @@ struct fp_accept_guard {
     unsigned long long unlogged;            /* errors since that line */
 };
 
-/* The error callback gets the listener's own argument, which is evhttp's:
- * the guard of each listener is found here (a handful, one process). */
+/* The error callback gets the listener's own argument (the fp_http of the
+ * poll port, the admin listener's evhttp): the guard of each listener is
+ * found here (a handful, one process). */
 static struct {
     const struct evconnlistener *lev;
     struct fp_accept_guard *g;

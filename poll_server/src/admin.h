@@ -1,7 +1,8 @@
 /* admin.h -- the admin listener: GET /metrics (Prometheus text format
  * 0.0.4) and GET /healthz, on its own address and port ([admin] listen and
- * port, loopback by default), served by a second evhttp on the same event
- * loop. Nothing on it is reachable through the poll port. */
+ * port, loopback by default), served by libevent's evhttp on the poll
+ * port's event loop (the poll port is http.c's own server). Nothing on it
+ * is reachable through the poll port. */
 #ifndef FP_ADMIN_H
 #define FP_ADMIN_H
 

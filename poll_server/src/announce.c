@@ -8,13 +8,29 @@
  * accepts and never answers) is dropped and tried again, with a backoff
  * from RETRY_MIN_MS doubling to RETRY_MAX_MS. A host name is resolved once,
  * at start-up: redisAsyncConnect() with a name calls getaddrinfo(), which
- * would block the loop on DNS at every reconnect. */
+ * would block the loop on DNS at every reconnect.
+ *
+ * Alive or not: a Redis that is stopped, or a connection whose peer
+ * vanished without a reset, looks subscribed forever while announcements
+ * are lost. So while subscribed, Redis is asked something every [server]
+ * announce_ping_ms, and a connection from which nothing at all (an answer,
+ * an announcement) came for announce_timeout_ms is dropped (the metric says
+ * 0 at once) and reconnected. The question is SUBSCRIBE to the channel
+ * again, not PING: Redis answers it in subscribe mode (a no-op,
+ * ["subscribe", channel, 1]) and hiredis hands that answer to the channel's
+ * callback, while hiredis 0.14 (Debian 12) passes the ["pong", ""] answer
+ * of a PING to no callback and keeps the PING's callback queued until the
+ * connection ends, one per ping. TCP keepalive is on as well (the kernel's
+ * own check, should the loop be blocked). */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* getaddrinfo under -std=c11 */
 #endif
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <event2/event.h>
 #include <hiredis/adapters/libevent.h>
@@ -22,6 +38,7 @@
 #include <hiredis/hiredis.h>
 
 #include "announce.h"
+#include "health.h"
 #include "log.h"
 #include "resolve.h"
 #include "settings.h"
@@ -30,6 +47,8 @@
 #define SETUP_MS     2000
 #define RETRY_MIN_MS 100
 #define RETRY_MAX_MS 5000
+#define KEEPALIVE_S  5      /* TCP keepalive: idle, then probes 1 s apart */
+#define KEEPALIVE_N  3
 
 struct fp_announce {
     struct event_base *base;
@@ -44,6 +63,9 @@ struct fp_announce {
     struct event *retry;        /* reconnect */
     struct event *setup;        /* not subscribed in time */
     struct event *drop;         /* drop the context, outside hiredis */
+    struct event *ping;         /* while subscribed: asks, checks liveness */
+    unsigned ping_ms, timeout_ms;
+    uint64_t last_rx_ms;        /* fp_mono_ms() of the last reply */
     fp_announce_msg *msg;
     fp_announce_state *state;
     void *arg;
@@ -70,12 +92,15 @@ static void went_down(struct fp_announce *a, const char *why)
     if (was)
         a->state(a->arg, 0);
     (void)event_del(a->setup);
+    (void)event_del(a->ping);
     ms_tv(a->backoff_ms, &tv);
     if (evtimer_add(a->retry, &tv) != 0)
         fp_log(FP_LOG_ERROR, "announce: cannot arm the reconnect timer");
     a->backoff_ms = a->backoff_ms * 2 > RETRY_MAX_MS ? RETRY_MAX_MS
                                                       : a->backoff_ms * 2;
 }
+
+static void sub_cb(redisAsyncContext *ac, void *reply, void *priv);
 
 /* Drops the context ourselves (never from inside a hiredis callback). */
 static void drop_now(struct fp_announce *a, const char *why)
@@ -94,6 +119,29 @@ static void drop_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     drop_now(arg, "dropped (AUTH or SUBSCRIBE refused)");
+}
+
+/* Every ping_ms while subscribed: dead if silent for timeout_ms, else ask
+ * again (see the top of the file). */
+static void ping_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct fp_announce *a = arg;
+    char why[96];
+
+    (void)fd;
+    (void)what;
+    if (a->ac == NULL || !a->subscribed)
+        return;
+    if (fp_mono_ms() - a->last_rx_ms >= a->timeout_ms) {
+        (void)snprintf(why, sizeof(why), "nothing received for %u ms "
+                       "(announce_timeout_ms), connection dropped",
+                       a->timeout_ms);
+        drop_now(a, why);
+        return;
+    }
+    if (redisAsyncCommand(a->ac, sub_cb, a, "SUBSCRIBE %s", a->channel) !=
+        REDIS_OK)
+        drop_now(a, "cannot queue the liveness SUBSCRIBE");
 }
 
 static void setup_timeout(evutil_socket_t fd, short what, void *arg)
@@ -128,6 +176,7 @@ static void sub_cb(redisAsyncContext *ac, void *reply, void *priv)
 
     if (r == NULL || ac != a->ac)
         return;
+    a->last_rx_ms = fp_mono_ms();
     if (r->type == REDIS_REPLY_ERROR) {
         fp_log(FP_LOG_ERROR, "announce %s: SUBSCRIBE: %s", a->name, r->str);
         event_active(a->drop, EV_TIMEOUT, 1);
@@ -137,7 +186,14 @@ static void sub_cb(redisAsyncContext *ac, void *reply, void *priv)
         (kind = r->element[0])->type != REDIS_REPLY_STRING)
         return;
     if (strcmp(kind->str, "subscribe") == 0) {
+        struct timeval tv;
+
+        if (a->subscribed)
+            return;             /* the answer to a liveness SUBSCRIBE */
         (void)event_del(a->setup);
+        ms_tv(a->ping_ms, &tv);
+        if (evtimer_add(a->ping, &tv) != 0)
+            fp_log(FP_LOG_ERROR, "announce: cannot arm the liveness timer");
         a->subscribed = 1;
         a->logged_down = 0;
         a->backoff_ms = RETRY_MIN_MS;
@@ -208,6 +264,20 @@ static void disconnect_cb(const redisAsyncContext *ac, int status)
     went_down(a, "connection lost");
 }
 
+/* TCP keepalive on the subscriber's socket: the kernel's own check of a
+ * vanished peer, besides ping_cb's. */
+static void keepalive(const struct fp_announce *a, int fd)
+{
+    int on = 1, idle = KEEPALIVE_S, intvl = 1, cnt = KEEPALIVE_N;
+
+    if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle)) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl)) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt)) != 0)
+        fp_log(FP_LOG_WARN, "announce %s: cannot enable TCP keepalive",
+               a->name);
+}
+
 static void do_connect(evutil_socket_t fd, short what, void *arg)
 {
     struct fp_announce *a = arg;
@@ -234,6 +304,8 @@ static void do_connect(evutil_socket_t fd, short what, void *arg)
         return;
     }
     a->ac = ac;
+    if (a->unix_path == NULL)
+        keepalive(a, ac->c.fd);
     if (a->password != NULL && a->username != NULL)
         rc = redisAsyncCommand(ac, auth_cb, a, "AUTH %s %s", a->username,
                                a->password);
@@ -307,6 +379,8 @@ int fp_announce_new(struct event_base *base, const struct fp_settings *s,
     a->state = state;
     a->arg = arg;
     a->backoff_ms = RETRY_MIN_MS;
+    a->ping_ms = s->announce_ping_ms;
+    a->timeout_ms = s->announce_timeout_ms;
     if (a->unix_path == NULL && (a->host == NULL || resolve(a) != 0)) {
         fp_announce_free(a);
         return -1;
@@ -314,7 +388,9 @@ int fp_announce_new(struct event_base *base, const struct fp_settings *s,
     a->retry = evtimer_new(base, do_connect, a);
     a->setup = evtimer_new(base, setup_timeout, a);
     a->drop = event_new(base, -1, 0, drop_cb, a);
-    if (a->retry == NULL || a->setup == NULL || a->drop == NULL) {
+    a->ping = event_new(base, -1, EV_PERSIST, ping_cb, a);
+    if (a->retry == NULL || a->setup == NULL || a->drop == NULL ||
+        a->ping == NULL) {
         fp_announce_free(a);
         return -1;
     }
@@ -344,6 +420,8 @@ void fp_announce_free(struct fp_announce *a)
         event_free(a->setup);
     if (a->drop != NULL)
         event_free(a->drop);
+    if (a->ping != NULL)
+        event_free(a->ping);
     fp_stat_subscriber(0);
     free(a);
 }

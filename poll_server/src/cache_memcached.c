@@ -39,9 +39,18 @@
  * over the other servers. A get goes to the primary; when the primary is
  * down, back from a hang but silent, recovering, or the get fails (ERROR,
  * TIMEOUT), the same request is sent once to the replica with a deadline
- * of its own. A miss on the primary is a miss. A node that comes back is
- * read through its keys' replicas for recovery_ms (it may hold answers
- * older than publishes made while it was away), and is no replica then.
+ * of its own. A miss on the primary is a miss.
+ *
+ * Recovery ([memcached] recovery_ms; docs/design.md, "A node back from a
+ * failure"): a node that comes back after being down or hung may hold
+ * answers older than publishes acknowledged meanwhile (the app's write
+ * failed; its outbox rewrites the key within about a second). For
+ * recovery_ms it serves no hit: with replicas its keys are read through
+ * their replicas, and it is no replica; without one (a single node, make
+ * up's default) the get fails (ERROR: a 503, and nginx asks the app, which
+ * answers from the database). A get that was queued on it before and is
+ * answered inside the window counts the same. Every idle node is probed
+ * every MC_PROBE_MS, so a hang is seen by every poll server, busy or not.
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* getaddrinfo under -std=c11 */
@@ -83,7 +92,10 @@
 #define MC_OUT_MAX        ((size_t)MC_MAX_PENDING * MC_CMD_MAX)
 #define MC_READS_PER_CB   8             /* reads per event when they fill up */
 #define MC_FREE_REQ_MAX   4096          /* recycled request objects kept */
-#define MC_PROBE_MS       1000          /* replicas: an idle node is asked this often */
+/* An idle node is asked this often: a hang longer than this plus
+ * [cache] timeout_ms is seen, traffic or not (an app write times out after
+ * 1 s: a shorter hang loses no acknowledged write). */
+#define MC_PROBE_MS       500
 #define MC_PROBE_KEY      "fastpoll:probe" /* a key no one writes */
 
 enum mc_conn_state { MC_DOWN, MC_CONNECTING, MC_UP };
@@ -111,6 +123,8 @@ struct mc_req {
     uint64_t sent;            /* fp_stat_now() when queued, 0 if never */
     int late;                 /* got TIMEOUT already; its answer is dropped */
     int meta;                 /* sent as "mg" (else as classic "get") */
+    int probe;                /* server_probe_cb's: "mn" on a meta
+                               * connection (no get counted), else a get */
     size_t keylen;
     char key[FP_MAX_KEY_LEN];
 };
@@ -152,7 +166,7 @@ struct mc_server {
     enum mc_proto logged_proto;
     uint64_t recover_until_ms;      /* fp_mono_ms(): read through replicas
                                      * until then; 0: not recovering */
-    struct event *probe;            /* replicas: asks it when idle */
+    struct event *probe;            /* asks it when idle */
 };
 
 struct fp_mc {
@@ -176,6 +190,7 @@ struct fp_mc {
 static void server_connect(struct mc_server *s);
 
 static int req_failover(struct mc_req *r);
+static int server_recovering(struct mc_server *s);
 
 static void req_release(struct fp_mc *mc, struct mc_req *r)
 {
@@ -252,15 +267,16 @@ static void server_log_up(struct mc_server *s)
 {
     struct fp_mc *mc = s->mc;
 
-    if (s->logged == MC_LOG_DOWN && mc->replicas && mc->recovery_ms > 0) {
+    if (s->logged == MC_LOG_DOWN && mc->recovery_ms > 0) {
         /* Back from down or hung: it may hold answers older than publishes
          * made meanwhile, until the app's outbox rewrites them. */
         s->recover_until_ms = fp_mono_ms() + mc->recovery_ms;
         fp_stat_backend_recovering((size_t)(s - mc->servers),
                                    s->recover_until_ms);
-        fp_log(FP_LOG_INFO, "memcached %s: connected; its keys are read from "
-               "their replicas for %u ms (recovery_ms)", s->name,
-               mc->recovery_ms);
+        fp_log(FP_LOG_INFO, "memcached %s: connected; no hit is served from "
+               "it for %u ms (recovery_ms): %s", s->name, mc->recovery_ms,
+               mc->replicas ? "its keys are read from their replicas"
+                            : "its keys fall back to the app");
     } else if (s->logged != MC_LOG_UP) {
         fp_log(FP_LOG_INFO, "memcached %s: connected", s->name);
     }
@@ -516,7 +532,12 @@ static int server_parse(struct mc_server *s)
             } else {
                 fp_health_good(&s->health);
                 server_log_up(s);
-                req_finish(r, FP_CACHE_HIT, p, s->want);
+                /* Asked before its recovery window began, answered in it:
+                 * the value may be older than an acknowledged write. */
+                if (server_recovering(s))
+                    req_finish(r, FP_CACHE_ERROR, NULL, 0);
+                else
+                    req_finish(r, FP_CACHE_HIT, p, s->want);
             }
             if (s->gen != gen)
                 return -1;
@@ -563,6 +584,21 @@ static int server_parse(struct mc_server *s)
             return -1;
         }
 
+        if (r->probe && r->meta) {
+            /* A probe's "mn": "MN" proves the node answers. */
+            if (n != 2 || memcmp(p, "MN", 2) != 0) {
+                server_bad(s, "protocol error: unexpected answer to mn", r);
+                return -1;
+            }
+            TAILQ_REMOVE(&s->pending, r, link);
+            s->npending--;
+            fp_health_good(&s->health);
+            server_log_up(s);
+            req_finish(r, FP_CACHE_MISS, NULL, 0);
+            if (s->gen != gen)
+                return -1;
+            continue;
+        }
         /* r is this loop turn's TAILQ_FIRST; clang-analyzer does not see
          * TAILQ_REMOVE update the head through tqe_prev and takes it for the
          * request finished last turn (hence the NOLINTs on r below).
@@ -928,6 +964,7 @@ static struct mc_req *req_alloc(struct fp_mc *mc)
     r->sent = 0;
     r->late = 0;
     r->failover = 0;
+    r->probe = 0;
     r->keylen = 0;
     return r;
 }
@@ -942,13 +979,15 @@ static int req_queue(struct mc_req *r, struct mc_server *s)
     /* Room first, then the deadline, then the command in one piece, so a
      * failure leaves nothing half-written on the stream. */
     r->meta = s->proto == MC_PROTO_META;
-    cmdlen = r->meta ? 3 + keylen + 6 : 4 + keylen + 2;
+    cmdlen = r->probe && r->meta ? 4 : r->meta ? 3 + keylen + 6 : 4 + keylen + 2;
     if (buf_reserve(&s->out, cmdlen, MC_OUT_MIN, MC_OUT_MAX) != 0 ||
         evtimer_add(r->timer, mc->timeout) != 0)
         return -1;
     cmd = s->out.data + s->out.len;
     /* Bytes for the wire, not C strings: */
-    if (r->meta) {
+    if (r->probe && r->meta) {
+        memcpy(cmd, "mn\r\n", 4); /* NOLINT(bugprone-not-null-terminated-result) */
+    } else if (r->meta) {
         memcpy(cmd, "mg ", 3); /* NOLINT(bugprone-not-null-terminated-result) */
         memcpy(cmd + 3, r->key, keylen);
         memcpy(cmd + 3 + keylen, " v k\r\n", 6); /* NOLINT(bugprone-not-null-terminated-result) */
@@ -1013,11 +1052,12 @@ static void probe_done(enum fp_cache_status st, const char *val, size_t len,
     (void)arg;
 }
 
-/* With replicas a node must be seen to hang even when no poll asks it: a
- * poll server that sent it nothing during a hang would not start its
- * recovery window, and could read answers older than publishes made
- * meanwhile. So an idle node gets a get of a key no one writes every
- * MC_PROBE_MS; its timeout is the hang detection. Not counted in stats. */
+/* A node must be seen to hang even when no poll asks it: a poll server
+ * that sent it nothing during a hang would not start its recovery window,
+ * and could read answers older than publishes made meanwhile. So an idle
+ * node is asked every MC_PROBE_MS: "mn" (meta no-op) when it speaks meta
+ * commands, else a get of a key no one writes; its timeout is the hang
+ * detection. Not counted in stats. */
 static void server_probe_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct mc_server *s = arg;
@@ -1026,8 +1066,15 @@ static void server_probe_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     if (s->mc->closing || s->state != MC_UP || s->npending > 0 ||
-        !server_ready(s) || (r = req_alloc(s->mc)) == NULL)
+        !server_ready(s))
         return;
+    /* Without replicas only a memcached >= 1.6 is probed ("mn", which
+     * counts no get): a classic one gets a real get, as with replicas. */
+    if (!s->mc->replicas && s->proto != MC_PROTO_META)
+        return;
+    if ((r = req_alloc(s->mc)) == NULL)
+        return;
+    r->probe = 1;
     r->cb = probe_done;
     r->arg = NULL;
     r->keylen = sizeof(MC_PROBE_KEY) - 1;
@@ -1075,8 +1122,8 @@ int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
             r->srv_index = i;
             fp_stat_replica_read(i);
         }
-    } else if (!server_ready(s)) {
-        goto fail_fast;
+    } else if (!server_ready(s) || server_recovering(s)) {
+        goto fail_fast; /* no replica to read instead: the app answers */
     }
     if (req_queue(r, s) != 0)
         goto fail_fast;
@@ -1195,7 +1242,7 @@ struct fp_mc *fp_mc_create(struct event_base *base, const struct fp_settings *st
         if (s->retry == NULL || s->flush == NULL ||
             server_resolve(s, &st->mc_servers[i]) != 0)
             goto fail;
-        if (mc->replicas) {
+        {
             struct timeval tv = { MC_PROBE_MS / 1000,
                                   (suseconds_t)(MC_PROBE_MS % 1000) * 1000 };
 

@@ -1033,6 +1033,8 @@ static const struct option_def options[] = {
     { "server", "max_held", set_uint, F(max_held), 0, 1000000, false },
     { "server", "recheck_ms", set_uint, F(recheck_ms), 100, 600000, false },
     { "server", "recheck_subscribed_ms", set_uint, F(recheck_subscribed_ms), 100, 600000, false },
+    { "server", "announce_ping_ms", set_uint, F(announce_ping_ms), 100, 60000, false },
+    { "server", "announce_timeout_ms", set_uint, F(announce_timeout_ms), 200, 600000, false },
     { "keys", "prefix", set_prefix, 0, 0, 0, false },
     { "keys", "params", set_params, 0, 0, 0, false },
     { "cache", "backend", set_backend, 0, 0, 0, false },
@@ -1146,6 +1148,8 @@ int fp_config_defaults(struct fp_settings *s, char *err, size_t errlen)
     s->max_held = 20000;
     s->recheck_ms = 2000;
     s->recheck_subscribed_ms = 10000;
+    s->announce_ping_ms = 1000;
+    s->announce_timeout_ms = 3000;
     s->poll_interval_ms = 1000;
     s->poll_jitter_pct = 20;
     s->poll_max_wait = 30;
@@ -1298,34 +1302,19 @@ static int line_of(const struct ini_ctx *c, const char *section,
 static int check_together(const struct ini_ctx *c)
 {
     const struct fp_settings *s = c->s;
-    int lr = line_of(c, "server", "request_timeout_ms");
-    int lc = line_of(c, "cache", "timeout_ms");
     int ls = line_of(c, "redis", "sentinels");
     int lm = line_of(c, "redis", "master_name");
     int lu = line_of(c, "redis", "username");
 
-    /* A request must be able to outlive its cache get: else evhttp would
-     * close the connection before the cache's 503 could reach nginx. */
-    if (s->request_timeout_ms < s->cache_timeout_ms) {
-        if (lr != 0)
-            fmt(c->err, c->errlen, "%s:%d: [server] request_timeout_ms = %u "
-                "is smaller than [cache] timeout_ms = %u%s", c->name, lr,
-                s->request_timeout_ms, s->cache_timeout_ms,
-                lc != 0 ? "" : " (the default)");
-        else
-            fmt(c->err, c->errlen, "%s:%d: [cache] timeout_ms = %u is larger "
-                "than [server] request_timeout_ms = %u (the default)",
-                c->name, lc, s->cache_timeout_ms, s->request_timeout_ms);
-        return -1;
-    }
-    /* With memcached replicas a get may fail over once: two cache timeouts. */
-    if (s->backend == FP_BACKEND_MEMCACHED &&
-        (s->mc_replicas < 0 ? s->nmc_servers >= 2 : s->mc_replicas == 1) &&
-        s->request_timeout_ms / 2 < s->cache_timeout_ms) {
-        fmt(c->err, c->errlen, "%s:%d: [server] request_timeout_ms = %u is "
-            "smaller than twice [cache] timeout_ms = %u (with [memcached] "
-            "replicas a get may fail over to the replica)", c->name,
-            lr != 0 ? lr : lc, s->request_timeout_ms, s->cache_timeout_ms);
+    /* No rule between request_timeout_ms and [cache] timeout_ms: a request
+     * waiting for the cache is bounded by the cache's timeout alone (http.c
+     * ignores its connection timer meanwhile). */
+    if (s->announce_timeout_ms <= s->announce_ping_ms) {
+        int lt = line_of(c, "server", "announce_timeout_ms");
+        fmt(c->err, c->errlen, "%s:%d: [server] announce_timeout_ms = %u must "
+            "be larger than announce_ping_ms = %u", c->name,
+            lt != 0 ? lt : line_of(c, "server", "announce_ping_ms"),
+            s->announce_timeout_ms, s->announce_ping_ms);
         return -1;
     }
     if ((s->nredis_sentinels > 0) != (s->redis_master_name != NULL)) {

@@ -7,6 +7,7 @@
  * the parsed form outlives the request head's bytes (a held poll). */
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <xxhash.h>
 
@@ -139,10 +140,19 @@ int fp_inm_match(const struct fp_inm *inm, uint64_t tag)
     return 0;
 }
 
+/* Is q[0..n) the name `wait` in any case? ASCII only, as nginx's
+ * $arg_wait compares it (strncasecmp in the "C" locale: the server never
+ * calls setlocale), and never percent-decoded. */
+static int is_wait(const char *q, size_t n)
+{
+    return n == 4 && strncasecmp(q, "wait", 4) == 0;
+}
+
 long fp_wait_param(const char *target, size_t len, unsigned max_wait)
 {
     const char *q = memchr(target, '?', len), *end = target + len;
     long found = -2; /* -2: not seen */
+    int bad = 0;
 
     if (q == NULL)
         return 0;
@@ -150,23 +160,32 @@ long fp_wait_param(const char *target, size_t len, unsigned max_wait)
     while (q < end) {
         const char *amp = memchr(q, '&', (size_t)(end - q));
         const char *pe = amp != NULL ? amp : end;
+        const char *eq = memchr(q, '=', (size_t)(pe - q));
+        const char *ne = eq != NULL ? eq : pe;
 
-        if (pe - q >= 4 && memcmp(q, "wait", 4) == 0 &&
-            (pe - q == 4 || q[4] == '=')) {
-            const char *v = q + 5, *d;
+        /* Every occurrence counts, `wait` without '=' too: a second one in
+         * any case makes the request ambiguous, whichever one another
+         * reader would take. */
+        if (is_wait(q, (size_t)(ne - q))) {
+            const char *d;
             long n = 0;
 
-            if (found != -2 || pe - q <= 5 || pe - v > 6)
-                return -1; /* twice, no value, or more than 6 digits */
-            for (d = v; d < pe; d++) {
+            if (found != -2)
+                return -1;
+            if (eq == NULL || pe - eq - 1 < 1 || pe - eq - 1 > 6)
+                bad = 1; /* no value, or more than 6 digits */
+            for (d = eq != NULL ? eq + 1 : pe; !bad && d < pe; d++) {
                 if (*d < '0' || *d > '9')
-                    return -1;
-                n = n * 10 + (*d - '0');
+                    bad = 1;
+                else
+                    n = n * 10 + (*d - '0');
             }
             found = n;
         }
         q = pe + 1;
     }
+    if (bad)
+        return -1;
     if (found == -2)
         return 0;
     return found > (long)max_wait ? (long)max_wait : found;

@@ -7,12 +7,22 @@
  * it (the read may have been answered by the cache before the write): the
  * announcement marks the key to be read once more when that read ends.
  * The publish time an announcement carries goes with the first read that
- * starts after it; that read's new bodies are timed against it. */
+ * starts after it; that read's new bodies are timed against it.
+ *
+ * An announcement of a key nobody holds yet may still matter: a poll whose
+ * own first read (http.c, through the coalescer) was in flight when it came
+ * could be answered from before the write, and then held on that answer
+ * until the re-check. So every announcement is numbered and noted in a
+ * small table by its key's hash (ANN_SLOTS, overwritten: a collision can
+ * only cause one more read, never a missed one), and a poll that is about
+ * to be held on a read that started before a later announcement of its key
+ * has its key read again at once (fp_hold_add). */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include <event2/event.h>
+#include <xxhash.h>
 
 #include "announce.h"
 #include "hold.h"
@@ -28,6 +38,7 @@ static int hash_oom;
 #define HOLD_BATCH    128   /* keys re-checked per timer turn at most */
 #define FREE_KEY_MAX  1024  /* recycled key objects kept */
 #define BUSY_TICK_MS  10    /* next turn when more keys are due */
+#define ANN_SLOTS     4096  /* recent announcements, by key hash */
 
 struct fp_hkey {
     UT_hash_handle hh;
@@ -48,6 +59,13 @@ struct fp_hkey {
     char key[FP_MAX_KEY_LEN + 1];
 };
 
+/* The latest announcement whose key hashed to this slot. */
+struct ann_slot {
+    uint64_t seq;               /* its number (fp_hold_seq), 0: none yet */
+    uint64_t hash;              /* XXH3-64 of its key */
+    uint64_t pub_ms;            /* its publish time, 0: unknown */
+};
+
 struct fp_hold {
     struct event_base *base;
     const struct fp_settings *s;
@@ -64,6 +82,8 @@ struct fp_hold {
     size_t nfree, held;
     struct event *tick;
     int tick_armed;
+    uint64_t ann_seq;           /* announcements so far */
+    struct ann_slot ann[ANN_SLOTS];
 };
 
 static uint64_t now_ms(struct fp_hold *ho)
@@ -302,10 +322,17 @@ struct fp_hold *fp_hold_new(struct event_base *base,
     return ho;
 }
 
+uint64_t fp_hold_seq(const struct fp_hold *ho)
+{
+    return ho->ann_seq;
+}
+
 int fp_hold_add(struct fp_hold *ho, const char *key, size_t keylen,
-                struct fp_held *hd)
+                struct fp_held *hd, uint64_t since)
 {
     struct fp_hkey *k;
+    uint64_t h;
+    const struct ann_slot *a;
 
     if (ho->held >= ho->s->max_held || keylen > FP_MAX_KEY_LEN)
         return -1;
@@ -342,6 +369,17 @@ int fp_hold_add(struct fp_hold *ho, const char *key, size_t keylen,
     hd->key = k;
     ho->held++;
     fp_stat_held(1);
+    /* Announced since the poll's read started: the answer it is held on
+     * may be from before the write. Read the key again now (one more read
+     * if one is in flight already), as the announcement would have. */
+    h = (uint64_t)XXH3_64bits(key, keylen);
+    a = &ho->ann[h % ANN_SLOTS];
+    if (a->seq > since) {
+        if (a->hash == h && a->pub_ms != 0 &&
+            (k->pub_ms == 0 || a->pub_ms < k->pub_ms))
+            k->pub_ms = a->pub_ms;
+        read_key(k, FP_STAT_WAKE_ANNOUNCEMENT);
+    }
     return 0;
 }
 
@@ -374,9 +412,18 @@ void fp_hold_announced(struct fp_hold *ho, const char *key, size_t len,
                        uint64_t published_ms)
 {
     struct fp_hkey *k;
+    struct ann_slot *a;
+    uint64_t h;
 
     if (len == 0 || len > FP_MAX_KEY_LEN)
         return;
+    /* Noted before anything else: a poll whose read is in flight may be
+     * held on this key later (fp_hold_add). */
+    h = (uint64_t)XXH3_64bits(key, len);
+    a = &ho->ann[h % ANN_SLOTS];
+    a->seq = ++ho->ann_seq;
+    a->hash = h;
+    a->pub_ms = published_ms;
     HASH_FIND(hh, ho->table, key, len, k);
     if (k == NULL || k->nholders == 0)
         return;

@@ -46,11 +46,17 @@ struct fp_hold *fp_hold_new(struct event_base *base,
                             struct fp_cache *cache,
                             fp_hold_release *release, void *arg);
 
-/* Holds hd (hd->inm set by the caller) on key. Returns 0, or -1 if
- * [server] max_held polls are held already, or out of memory: then answer
- * the poll at once. */
+/* Announcements received so far: read it before a poll's cache read
+ * starts, and pass it to fp_hold_add. */
+uint64_t fp_hold_seq(const struct fp_hold *ho);
+
+/* Holds hd (hd->inm set by the caller) on key. `since` is fp_hold_seq()
+ * from before the read that found the poll's answer unchanged: if key was
+ * announced after it, that answer may be older than the write, and the key
+ * is read again at once. Returns 0, or -1 if [server] max_held polls are
+ * held already, or out of memory: then answer the poll at once. */
 int fp_hold_add(struct fp_hold *ho, const char *key, size_t keylen,
-                struct fp_held *hd);
+                struct fp_held *hd, uint64_t since);
 
 /* Stops holding hd; a no-op if it is not held. */
 void fp_hold_remove(struct fp_held *hd);

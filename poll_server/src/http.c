@@ -43,6 +43,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -105,6 +106,7 @@ struct conn {
     struct event *rev, *wev, *timer;
     enum conn_state state;
     int reading;                    /* rev is added */
+    int edge;                       /* rev is edge-triggered (watch_close) */
     int resume;                     /* rev was activated to parse, not read */
     int counted;                    /* the request is in h->inflight */
     /* The request being read or answered. */
@@ -120,6 +122,7 @@ struct conn {
     struct fp_inm inm;              /* If-None-Match, if cond */
     int cond;                       /* GET/HEAD with a valid If-None-Match */
     unsigned wait_s;                /* wait=, clamped; 0: not a long poll */
+    uint64_t ann_seq;               /* fp_hold_seq() before its cache read */
     int has_tag;                    /* the answer from the cache has ... */
     uint64_t tag;                   /* ... this ETag */
     unsigned pace_ms;               /* ... and this Poll-Interval-Ms */
@@ -222,8 +225,23 @@ static void arm(struct conn *c, const struct timeval *tv)
         fp_log(FP_LOG_ERROR, "http: cannot arm a connection timer");
 }
 
+/* Back to the level-triggered read event (watch_close undone); reading
+ * is off after it. */
+static void unwatch(struct conn *c)
+{
+    if (!c->edge)
+        return;
+    c->edge = 0;
+    c->reading = 0;
+    if (event_del(c->rev) != 0 ||
+        event_assign(c->rev, c->h->base, c->fd, EV_READ | EV_PERSIST, on_read,
+                     c) != 0)
+        fp_log(FP_LOG_ERROR, "http: cannot reset a connection's read event");
+}
+
 static void read_on(struct conn *c)
 {
+    unwatch(c);
     if (c->reading)
         return;
     if (event_add(c->rev, NULL) != 0) {
@@ -240,6 +258,44 @@ static void read_off(struct conn *c)
     if (event_del(c->rev) != 0)
         fp_log(FP_LOG_ERROR, "http: cannot stop reading a connection");
     c->reading = 0;
+}
+
+/* The input is full while the request waits for the cache or is held:
+ * pipelined requests must wait their turn unread, but a client that goes
+ * away must still be seen (a held poll would keep its slot for its whole
+ * wait). The read event turns edge-triggered, so it fires once per change
+ * (more bytes, FIN, RST) rather than while bytes wait, and each time the
+ * socket is asked whether the peer has gone (peer_gone), reading nothing.
+ * answer() undoes it before anything is written (a level-triggered write
+ * event would make the fd level-triggered again). */
+static void watch_close(struct conn *c)
+{
+    read_off(c);
+    if (event_assign(c->rev, c->h->base, c->fd, EV_READ | EV_ET | EV_PERSIST,
+                     on_read, c) != 0 ||
+        event_add(c->rev, NULL) != 0) {
+        fp_log(FP_LOG_ERROR, "http: cannot watch a connection for its close");
+        (void)event_assign(c->rev, c->h->base, c->fd, EV_READ | EV_PERSIST,
+                           on_read, c);
+        return;
+    }
+    c->edge = 1;
+    c->reading = 1;
+}
+
+/* Has the peer shut down its side or reset the connection? Pending input
+ * does not hide it (a read would see the EOF only after it): POLLRDHUP is
+ * set on the FIN's arrival, for TCP and unix sockets alike. */
+static int peer_gone(evutil_socket_t fd)
+{
+    struct pollfd p;
+
+    p.fd = fd;
+    p.events = POLLRDHUP;
+    p.revents = 0;
+    if (poll(&p, 1, 0) <= 0)
+        return 0;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 /* A head does not fit the small buffer: move the input to a buffer of
@@ -321,7 +377,7 @@ static struct conn *conn_get(struct fp_http *h, evutil_socket_t fd)
     c->h = h;
     c->fd = fd;
     c->state = C_HEAD;
-    c->reading = c->resume = c->counted = 0;
+    c->reading = c->resume = c->counted = c->edge = 0;
     c->in = c->small;
     c->in_cap = h->in_small;
     c->in_off = c->in_len = c->scanned = 0;
@@ -548,6 +604,7 @@ static int answer(struct conn *c, int code, const char *body, size_t len,
     size_t hlen, blen = c->head_only ? 0 : len;
     ssize_t n;
 
+    unwatch(c);
     if ((hlen = format_head(c, head, sizeof(head), code, len, from_cache)) == 0) {
         /* Never with a content_type of at most 255 bytes (config.c). */
         fp_log(FP_LOG_ERROR, "http: an answer's head does not fit");
@@ -655,7 +712,7 @@ static int hold_or_304(struct conn *c)
     if (c->wait_s == 0 || h->draining)
         return 0;
     c->held.inm = &c->inm;
-    if (fp_hold_add(h->hold, c->key, c->keylen, &c->held) != 0) {
+    if (fp_hold_add(h->hold, c->key, c->keylen, &c->held, c->ann_seq) != 0) {
         fp_stat_over_cap();
         fp_log(FP_LOG_DEBUG, "http: %zu polls held: answering at once",
                fp_hold_count(h->hold));
@@ -762,6 +819,9 @@ static int dispatch(struct conn *c)
                       c->verdict == 403 ? sizeof(forbidden_body) - 1 : 0, 0);
     }
     c->state = C_WAIT;
+    /* Before the read starts: an announcement of this key from now on may
+     * come after the cache answered the read (fp_hold_add). */
+    c->ann_seq = fp_hold_seq(h->hold);
     if (fp_coalesce_get(h->co, c->key, c->keylen, &c->w) < 0) {
         fp_log(FP_LOG_DEBUG, "http: cache get failed for %s", c->key);
         fp_stat_request(c->method, FP_STAT_BACKEND_ERROR);
@@ -817,7 +877,10 @@ static int start_request(struct conn *c, const char *buf, size_t len)
             c->outcome = FP_STAT_BAD_REQUEST;
             return 0;
         }
-        c->wait_s = (unsigned)w;
+        /* nginx's plain-poll route gives up on a poller after 5 s and
+         * marks it failed: such a request is never held, whatever its
+         * query says (docs/api.md, "`wait`"). */
+        c->wait_s = hd.route == FP_ROUTE_PLAIN ? 0 : (unsigned)w;
     }
     keylen = key_derive(s->key_prefix, s->key_params, s->nkey_params,
                         hd.target, hd.target_len, c->key, sizeof(c->key));
@@ -925,6 +988,14 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
     ssize_t n;
 
     (void)what;
+    if (c->edge) {
+        /* watch_close: nothing is read until the request is answered. */
+        if (peer_gone(fd)) {
+            fp_log(FP_LOG_DEBUG, "http: client gone while its input was full");
+            conn_close(c);
+        }
+        return;
+    }
     if (c->resume) {
         /* on_answer activated us: parse what came pipelined. */
         c->resume = 0;
@@ -942,7 +1013,10 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
         if (c->state != C_HEAD || c->in_cap == h->in_max) {
             /* Full while a request waits or is written: read again once it
              * is answered (answered() turns reading back on). */
-            read_off(c);
+            if (c->state == C_WAIT || c->state == C_HOLD)
+                watch_close(c);
+            else
+                read_off(c);
             return;
         }
         /* A head longer than the small buffer (process() refuses one
@@ -985,7 +1059,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
         return;
     case C_HEAD:
     case C_BODY:
-        /* Not in within the limit: closed, as evhttp did (no answer). */
+        /* Not in within the limit: closed, with no answer. */
         fp_log(FP_LOG_DEBUG, "http: request not received within the limit, "
                "closing the connection");
         break;

@@ -1,6 +1,8 @@
-/* http.h -- the evhttp front: GET/HEAD/POST -> key -> coalesced cache get
- * -> 200 (hit) / 404 (miss or invalid key) / 503 (cache failed); 405 for
- * every other method. */
+/* http.h -- the poll port's HTTP front (http.c: its own HTTP/1.1 on
+ * libevent's event loop): GET/HEAD/POST -> key -> coalesced cache get
+ * -> 200 (hit) / 304 (If-None-Match matches; a long poll may be held
+ * first) / 404 (miss or invalid key) / 503 (cache failed); 405 for every
+ * other method. */
 #ifndef FP_HTTP_H
 #define FP_HTTP_H
 

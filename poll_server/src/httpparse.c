@@ -20,6 +20,15 @@ static int is_vbyte(unsigned char ch)
     return ch == '\t' || (ch >= 0x20 && ch != 0x7f);
 }
 
+/* An If-None-Match value's bytes: a control byte (but CR, LF, NUL, which
+ * end or break the line) is taken in, so that etag.c ignores the header as
+ * docs/api.md says (nginx passes such a value on; a 400 would reach the
+ * client, since nginx's error_page does not cover it). */
+static int is_inm_byte(unsigned char ch)
+{
+    return ch != '\r' && ch != '\n' && ch != '\0';
+}
+
 /* Case-insensitive equality of a[0..n) and the lower-case literal b. */
 static int eq_lower(const char *a, size_t n, const char *b)
 {
@@ -128,6 +137,7 @@ int fp_http_parse_head(const char *buf, size_t len, struct fp_http_head *out)
         return 400;
     for (;;) {
         size_t name, name_len, v, ve;
+        int is_inm;
 
         if (len - i < 2)
             return 400; /* never: the caller found the empty line */
@@ -149,7 +159,9 @@ int fp_http_parse_head(const char *buf, size_t len, struct fp_http_head *out)
         while (i < len && (buf[i] == ' ' || buf[i] == '\t'))
             i++;
         v = i;
-        while (i < len && is_vbyte((unsigned char)buf[i]))
+        is_inm = eq_lower(buf + name, name_len, "if-none-match");
+        while (i < len && (is_inm ? is_inm_byte((unsigned char)buf[i])
+                                  : is_vbyte((unsigned char)buf[i])))
             i++;
         if (i + 1 >= len || buf[i] != '\r' || buf[i + 1] != '\n')
             return 400;
@@ -179,7 +191,13 @@ int fp_http_parse_head(const char *buf, size_t len, struct fp_http_head *out)
             out->chunked = 1;
         } else if (eq_lower(buf + name, name_len, "connection")) {
             connection_tokens(buf + v, ve - v, &close_it, &ka);
-        } else if (eq_lower(buf + name, name_len, "if-none-match")) {
+        } else if (eq_lower(buf + name, name_len, "x-fastpoll-route")) {
+            /* nginx's route (proxy_set_header: clients cannot send it).
+             * Anything but `held` on every line means "never hold". */
+            if (out->route != FP_ROUTE_PLAIN)
+                out->route = eq_lower(buf + v, ve - v, "held") ? FP_ROUTE_HELD
+                                                               : FP_ROUTE_PLAIN;
+        } else if (is_inm) {
             if (out->ninm < FP_HTTP_MAX_INM) {
                 out->inm[out->ninm] = buf + v;
                 out->inm_len[out->ninm] = ve - v;

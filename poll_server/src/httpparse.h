@@ -3,11 +3,13 @@
  *
  * No allocation, no copies: the head is parsed in the caller's buffer once
  * its end (an empty line) is there. Only what the poll server acts on is
- * kept: method, target, version, keep-alive, and the body's framing
- * (Content-Length or chunked), which must be unambiguous. Anything outside
+ * kept: method, target, version, keep-alive, If-None-Match, nginx's
+ * X-Fastpoll-Route, and the body's framing (Content-Length or chunked),
+ * which must be unambiguous. Anything outside
  * RFC 9112's grammar is refused rather than guessed at: bare LF, obsolete
- * line folding, spaces around the colon or in the target, control bytes,
- * two lengths, a length with chunked. Fuzzed (fuzz/fuzz_http.c). */
+ * line folding, spaces around the colon or in the target, control bytes
+ * (but in If-None-Match, which is then ignored), two lengths, a length
+ * with chunked. Fuzzed (fuzz/fuzz_http.c). */
 #ifndef FP_HTTPPARSE_H
 #define FP_HTTPPARSE_H
 
@@ -22,12 +24,22 @@
 
 enum fp_hmethod { FP_HM_GET, FP_HM_HEAD, FP_HM_POST, FP_HM_OTHER };
 
+/* X-Fastpoll-Route, set by nginx on the request it proxies (docs/api.md,
+ * "`wait`"): on its plain-poll route (a 5 s read timeout, retried on the
+ * next poller) a poll must never be held, whatever its query says. */
+enum fp_route {
+    FP_ROUTE_NONE,      /* no header (direct access): `wait` decides */
+    FP_ROUTE_HELD,      /* `held` (any case) on every line */
+    FP_ROUTE_PLAIN      /* `plain`, or any other value: never held */
+};
+
 struct fp_http_head {
     enum fp_hmethod method;
     const char *target;         /* in the caller's buffer, not terminated */
     size_t target_len;
     int minor;                  /* HTTP/1.minor: 0 or 1 */
     int keep_alive;             /* by the version and Connection */
+    enum fp_route route;        /* X-Fastpoll-Route */
     int chunked;                /* Transfer-Encoding: chunked */
     int has_length;             /* Content-Length given */
     unsigned long long content_length;

@@ -39,6 +39,9 @@ struct fp_settings {
     unsigned recheck_ms;         /* each held key is read again at least this
                                   * often while not subscribed, default 2000 */
     unsigned recheck_subscribed_ms; /* ... and while subscribed, default 10000 */
+    unsigned announce_ping_ms;   /* the subscriber asks Redis this often, 1000 */
+    unsigned announce_timeout_ms;/* ... and drops a connection silent this
+                                  * long, default 3000 */
 
     /* [keys] */
     char *key_prefix;            /* default "/Poll" */

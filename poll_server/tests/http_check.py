@@ -3,8 +3,13 @@
 
 Starts its own memcached and poll_server on free loopback ports, checks hit, miss,
 NUL bytes, empty value, HEAD, 405, 413, 400, invalid keys (memcached's cmd_get must not
-move), coalescing, clients that hang up while waiting, timeouts, and the SIGTERM drain
-(exit 0, answers carry "Connection: close"); then stops exactly the pids it started.
+move), coalescing, clients that hang up while waiting, timeouts, `wait` read one way
+(any case, twice refused) and nginx's X-Fastpoll-Route, If-None-Match with control bytes,
+a held client that leaves with input pipelined behind it, and the SIGTERM drain (exit 0,
+answers carry "Connection: close"). With a Redis of its own and more poll servers: the
+subscriber's liveness (Redis stopped, a connection cut silently through a proxy), an
+announcement during a poll's first (slow) read, and a node's recovery window after a hang
+without replicas. Stops exactly the pids it started.
 Not part of `make test` (it sends signals to memcached and takes a few seconds).
 
     python3 tests/http_check.py [--binary build/poll_server-asan]
@@ -16,6 +21,7 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -25,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fastpoll_testkit.procs import (
@@ -448,6 +455,340 @@ def hold_polls(c: Check, n: int) -> list[socket.socket]:
     return socks
 
 
+def etag_of(c: Check, target: bytes) -> bytes:
+    head = c.req(target).split(b"\r\n\r\n")[0]
+    return next(v for v in head.split(b"\r\n") if v.startswith(b"ETag: "))[6:]
+
+
+def wait_and_route(c: Check) -> None:
+    """`wait` has one definition (docs/api.md): the name in any case, every occurrence
+    counts (twice in any case: 400); nginx's plain route (X-Fastpoll-Route: plain) is never
+    held, whatever the query says. If-None-Match with a control byte is ignored (200)."""
+    c.mc(b"set /Poll/getMessages?user_id=8 0 0 4\r\nsame\r\n")
+    tag = etag_of(c, b"/getMessages?user_id=8")
+    inm = b"If-None-Match: %s\r\n" % tag
+    for q in (b"WAIT=0&wait=30", b"wait=30&Wait=0", b"wait&WAIT=1", b"WAIT"):
+        r = c.req(b"/getMessages?user_id=8&" + q, extra=inm)
+        c.ok(f"wait: {q.decode()} is refused (400)", r.startswith(b"HTTP/1.1 400"), r[:60])
+    t0 = time.monotonic()
+    r = c.raw(
+        b"GET /getMessages?user_id=8&wait=30 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"X-Fastpoll-Route: plain\r\n%s\r\n" % inm
+    )
+    took = time.monotonic() - t0
+    c.ok(
+        f"X-Fastpoll-Route: plain with wait=30: 304 at once ({took * 1000:.0f} ms)",
+        r.startswith(b"HTTP/1.1 304") and took < 1.0,
+        r[:60],
+    )
+    for route in (b"", b"X-Fastpoll-Route: held\r\n"):
+        t0 = time.monotonic()
+        r = c.raw(
+            b"GET /getMessages?user_id=8&WAIT=1 HTTP/1.1\r\nHost: x\r\n"
+            b"Connection: close\r\n%s%s\r\n" % (route, inm),
+            wait=4,
+        )
+        took = time.monotonic() - t0
+        c.ok(
+            f"WAIT=1 {'(held route) ' if route else ''}is held its second, then 304 "
+            f"({took * 1000:.0f} ms)",
+            r.startswith(b"HTTP/1.1 304") and 0.9 < took < 3.0,
+            r[:60],
+        )
+    for ctl in (b"\x01", b"\x7f"):
+        r = c.req(b"/getMessages?user_id=8", extra=b"If-None-Match: %s%s\r\n" % (tag, ctl))
+        c.ok(
+            f"If-None-Match with {ctl!r}: ignored (200, not 400)",
+            r.startswith(b"HTTP/1.1 200") and r.endswith(b"same"),
+            r[:60],
+        )
+
+
+def held_close_with_pipelined(c: Check) -> None:
+    """A held poll whose client closes (FIN, then RST) while ~3 KB are pipelined behind it,
+    more than its input buffer (1 KB) holds: the slot is freed at once, not at the wait's end."""
+    c.mc(b"set /Poll/getMessages?user_id=9 0 0 4\r\nheld\r\n")
+    tag = etag_of(c, b"/getMessages?user_id=9")
+    for how in ("close", "reset"):
+        s = socket.create_connection(("127.0.0.1", c.port))
+        s.sendall(
+            b"GET /getMessages?user_id=9&wait=30 HTTP/1.1\r\nHost: x\r\n"
+            b"If-None-Match: %s\r\n\r\n" % tag
+        )
+        deadline = time.monotonic() + 3
+        while c.metric("fastpoll_held_requests") < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s.sendall(b"GET /getMessages?user_id=9 HTTP/1.1\r\nHost: x\r\n\r\n" * 60)
+        time.sleep(0.1)
+        if how == "reset":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        s.close()
+        deadline = time.monotonic() + 1.0
+        held = c.metric("fastpoll_held_requests")
+        while held > 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+            held = c.metric("fastpoll_held_requests")
+        c.ok(f"held client gone ({how}) with 3 KB pipelined: slot freed at once", held == 0)
+
+
+class Proxy:
+    """A TCP proxy on a free loopback port to `port`: server-to-client bytes are delayed by
+    `delay` seconds (order kept), and `cut()` silences every connection open then (nothing
+    forwarded either way, nothing closed: a peer that vanished), while new ones pass."""
+
+    def __init__(self, port: int, delay: float = 0.0) -> None:
+        self.target, self.delay = port, delay
+        self.lsock = socket.socket()
+        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(16)
+        self.lsock.settimeout(0.2)
+        self.port = self.lsock.getsockname()[1]
+        self.stop = False
+        self.gen = 0
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        self.gen += 1
+
+    def close(self) -> None:
+        self.stop = True
+        for so in self.socks:
+            with contextlib.suppress(OSError):
+                so.close()
+        self.lsock.close()
+
+    def _accept(self) -> None:
+        while not self.stop:
+            try:
+                a, _ = self.lsock.accept()
+            except (TimeoutError, OSError):
+                continue
+            try:
+                b = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                a.close()
+                continue
+            self.socks += [a, b]
+            gen = self.gen
+            threading.Thread(target=self._pump, args=(a, b, 0.0, gen), daemon=True).start()
+            threading.Thread(target=self._pump, args=(b, a, self.delay, gen), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, delay: float, gen: int) -> None:
+        while not self.stop:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                return
+            if not data:
+                with contextlib.suppress(OSError):
+                    dst.shutdown(socket.SHUT_WR)
+                return
+            if delay:
+                threading.Timer(delay, self._send, args=(dst, data, gen)).start()
+            else:
+                self._send(dst, data, gen)
+
+    def _send(self, dst: socket.socket, data: bytes, gen: int) -> None:
+        if gen != self.gen:
+            return  # cut: dropped on the floor, the connection stays open
+        with contextlib.suppress(OSError):
+            dst.sendall(data)
+
+
+def start_server(binary: str, tmp: Path, name: str, ini_text: str) -> tuple[subprocess.Popen, Check]:
+    ini = tmp / f"{name}.ini"
+    ini.write_text(ini_text)
+    port, admin_port = free_port(), free_port()
+    with open(tmp / f"{name}.log", "wb") as err:
+        proc = subprocess.Popen(
+            [binary, "-c", str(ini), "-p", str(port), "-A", str(admin_port)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    wait_port(port, proc, name)
+    wait_port(admin_port, proc, name + "'s admin listener")
+    return proc, Check(port, 0, 0, admin_port)
+
+
+def until(cond: Callable[[], bool], limit: float) -> float | None:
+    """Seconds until cond() held (polled every 20 ms), None if not within limit."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        if cond():
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    return None
+
+
+def subscribed(c: Check, v: int) -> Callable[[], bool]:
+    return lambda: c.metric("fastpoll_announce_subscribed") == v
+
+
+def held(c: Check, v: int) -> Callable[[], bool]:
+    return lambda: c.metric("fastpoll_held_requests") == v
+
+
+def recv_some(s: socket.socket, limit: float) -> bytes:
+    """What comes within limit seconds (b"" if nothing)."""
+    s.settimeout(limit)
+    try:
+        return s.recv(4096)
+    except OSError:
+        return b""
+
+
+def publish(redis_port: int, msg: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", redis_port), timeout=2) as s:
+        s.sendall(b"*3\r\n$7\r\nPUBLISH\r\n$17\r\nfastpoll:announce\r\n$%d\r\n%s\r\n" % (len(msg), msg))
+        s.recv(100)
+
+
+def announce_checks(main: Check, binary: str, tmp: Path) -> None:
+    """The subscriber's liveness and the announcement that arrives during a poll's first
+    read, with a real Redis, each on a poll server of its own."""
+    redis_port = free_port()
+    argv = ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "no"]
+    redis = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs: list[subprocess.Popen] = []
+    proxies: list[Proxy] = []
+    try:
+        wait_port(redis_port, redis, "redis-server")
+
+        # Liveness: Redis stopped, then a connection cut silently (through a proxy).
+        rproxy = Proxy(redis_port)
+        proxies.append(rproxy)
+        for what, port in (("stopped", redis_port), ("silently cut", rproxy.port)):
+            p, c = start_server(binary, tmp, "live-" + what.split()[0], (
+                "[server]\nannounce_ping_ms = 200\nannounce_timeout_ms = 600\n"
+                f"[memcached]\nservers = 127.0.0.1:{main.mc_port}\n"
+                f"[announce]\nserver = 127.0.0.1:{port}\n"))
+            procs.append(p)
+            main.ok(f"subscriber ({what}): subscribed", until(subscribed(c, 1), 5) is not None)
+            if what == "stopped":
+                freeze(redis.pid)
+            else:
+                rproxy.cut()
+            try:
+                took = until(subscribed(c, 0), 3)
+                main.ok(
+                    f"Redis {what}: fastpoll_announce_subscribed 0 within 0.6 s + a ping "
+                    f"({took})",
+                    took is not None and took < 1.5,
+                )
+            finally:
+                if what == "stopped":
+                    os.kill(redis.pid, signal.SIGCONT)
+            took = until(subscribed(c, 1), 12)
+            main.ok(f"Redis {what}, then back: subscribed again ({took})", took is not None)
+            # Announcements reach it again: a held poll is answered by one.
+            c.mc_port = main.mc_port
+            c.mc(b"set /Poll/getMessages?user_id=21 0 0 3\r\nold\r\n")
+            tag = etag_of(c, b"/getMessages?user_id=21")
+            with socket.create_connection(("127.0.0.1", c.port)) as s:
+                s.sendall(b"GET /getMessages?user_id=21&wait=20 HTTP/1.1\r\nHost: x\r\n"
+                          b"If-None-Match: %s\r\n\r\n" % tag)
+                until(held(c, 1), 3)
+                c.mc(b"set /Poll/getMessages?user_id=21 0 0 3\r\nnew\r\n")
+                t0 = time.monotonic()
+                publish(redis_port, b"/Poll/getMessages?user_id=21")
+                out = recv_some(s, 5)
+                took = time.monotonic() - t0
+            main.ok(f"Redis {what}, then back: an announcement wakes a held poll "
+                    f"({took * 1000:.0f} ms)", out.startswith(b"HTTP/1.1 200") and took < 0.5,
+                    out[:60])
+
+        # A poll's first read is slow (800 ms through the proxy); the write and its
+        # announcement come while it is in flight: the held poll gets the new answer at once
+        # (one more read), not at the re-check (10 s) or its wait's end.
+        mproxy = Proxy(main.mc_port, delay=0.8)
+        proxies.append(mproxy)
+        p, c = start_server(binary, tmp, "race", (
+            "[server]\nrecheck_subscribed_ms = 10000\n[cache]\ntimeout_ms = 3000\n"
+            f"[memcached]\nservers = 127.0.0.1:{mproxy.port}\n"
+            f"[announce]\nserver = 127.0.0.1:{redis_port}\n"))
+        procs.append(p)
+        c.mc_port = main.mc_port
+        main.ok("race: subscribed", until(subscribed(c, 1), 5) is not None)
+        c.mc(b"set /Poll/getMessages?user_id=22 0 0 3\r\none\r\n")
+        tag = etag_of(c, b"/getMessages?user_id=22")
+        with socket.create_connection(("127.0.0.1", c.port)) as s:
+            s.sendall(b"GET /getMessages?user_id=22&wait=8 HTTP/1.1\r\nHost: x\r\n"
+                      b"If-None-Match: %s\r\n\r\n" % tag)
+            time.sleep(0.3)  # the read is at memcached; its answer is on the way back
+            c.mc(b"set /Poll/getMessages?user_id=22 0 0 3\r\ntwo\r\n")
+            t0 = time.monotonic()
+            publish(redis_port, b"/Poll/getMessages?user_id=22")
+            out = recv_some(s, 10)
+            took = time.monotonic() - t0
+        main.ok(
+            f"announcement during a poll's first read: answered after one more read "
+            f"({took * 1000:.0f} ms, the read takes 800)",
+            out.startswith(b"HTTP/1.1 200") and out.endswith(b"two") and took < 2.5,
+            out[:80],
+        )
+    finally:
+        for pr in proxies:
+            pr.close()
+        for p in [*procs, redis]:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.terminate()
+                p.wait(timeout=10)
+        for name in ("live-stopped", "live-silently", "race"):
+            log = tmp / f"{name}.log"
+            if log.exists():
+                text = log.read_text(errors="replace")
+                if "Sanitizer" in text or "runtime error" in text:
+                    main.ok(f"no sanitizer report in {log}", False)
+
+
+def recovery_check(main: Check, binary: str, tmp: Path) -> None:
+    """One memcached, no replica: after a hang of 1.5 s that no poll saw (the idle probe
+    does), no hit is served for recovery_ms (1.5 s here): 503, so nginx asks the app; then
+    hits again."""
+    p, c = start_server(
+        binary,
+        tmp,
+        "recovery",
+        f"[memcached]\nservers = 127.0.0.1:{main.mc_port}\nrecovery_ms = 1500\n",
+    )
+    try:
+        c.mc_port, c.mc_pid = main.mc_port, main.mc_pid
+        c.mc(b"set /Poll/getMessages?user_id=23 0 0 3\r\nold\r\n")
+        first = c.req(b"/getMessages?user_id=23")
+        freeze(c.mc_pid)
+        try:
+            time.sleep(1.5)
+        finally:
+            os.kill(c.mc_pid, signal.SIGCONT)
+        t0 = time.monotonic()
+        answers = []
+        while time.monotonic() - t0 < 4:
+            r = c.req(b"/getMessages?user_id=23")
+            answers.append((round(time.monotonic() - t0, 2), r[:12]))
+            if r.startswith(b"HTTP/1.1 200") and time.monotonic() - t0 > 1.0:
+                break
+            time.sleep(0.05)
+        early = [a for a in answers if a[0] < 1.2]
+        main.ok(
+            "one node back from a hang no poll saw: no hit for recovery_ms (503), then hits",
+            first.startswith(b"HTTP/1.1 200")
+            and bool(early)
+            and all(a[1] == b"HTTP/1.1 503" for a in early)
+            and answers[-1][1] == b"HTTP/1.1 200",
+            answers,
+        )
+    finally:
+        p.terminate()
+        p.wait(timeout=10)
+        text = (tmp / "recovery.log").read_text(errors="replace")
+        if "Sanitizer" in text or "runtime error" in text:
+            main.ok("no sanitizer report in recovery.log", False)
+
+
 def drain(c: Check, server: subprocess.Popen) -> None:
     """SIGTERM with requests waiting for the cache and long polls held: they are answered
     (Connection: close; the held ones 304 at once), exit 0."""
@@ -522,6 +863,8 @@ def main() -> int:
     mc_port, port, admin_port = free_port(), free_port(), free_port()
     ini.write_text(
         f"[server]\nrequest_timeout_ms = 300\n[memcached]\nservers = 127.0.0.1:{mc_port}\n"
+        # The checks below hang memcached; recovery_check has the window on.
+        "recovery_ms = 0\n"
     )
     mc_argv = ["memcached", "-l", "127.0.0.1", "-p", str(mc_port), "-U", "0"]
     if os.geteuid() == 0:
@@ -544,6 +887,10 @@ def main() -> int:
         wait_port(admin_port, server, "poll_server's admin listener")
         c = Check(port, mc_port, memcached.pid, admin_port)
         run_checks(c)
+        wait_and_route(c)
+        held_close_with_pipelined(c)
+        announce_checks(c, args.binary, tmp)
+        recovery_check(c, args.binary, tmp)
         drain(c, server)
         text = log.read_text(errors="replace")
         c.ok(

@@ -218,11 +218,32 @@ static void test_bad_values(void **state)
     expect_error("[redis]\nsentinels = 127.0.0.1\n", ":2:", "sentinels", "host:port");
     expect_error("[redis]\nmaster_name = m\n", ":2:", "master_name", "sentinels");
     /* rules between keys: the line of the key that breaks them */
-    expect_error("[server]\nrequest_timeout_ms = 99\n", ":2:",
-                 "request_timeout_ms = 99 is smaller than [cache] timeout_ms = 100",
-                 "(the default)");
-    expect_error("[cache]\ntimeout_ms = 300\n[server]\nrequest_timeout_ms = 200\n",
-                 ":4:", "request_timeout_ms = 200", NULL);
+    expect_error("[server]\nannounce_timeout_ms = 1000\nannounce_ping_ms = 1000\n",
+                 ":2:", "announce_timeout_ms = 1000 must be larger", "1000");
+    expect_error("[server]\nannounce_ping_ms = 5000\n", ":2:",
+                 "announce_timeout_ms = 3000", "announce_ping_ms = 5000");
+    expect_error("[server]\nannounce_ping_ms = 99\n", ":2:", "announce_ping_ms",
+                 "100..60000");
+}
+
+/* request_timeout_ms bounds receiving a request, never a cache get (http.c
+ * ignores the timer while the cache is asked): smaller than the cache's
+ * timeout, or than twice it with replicas, is a valid file. */
+static void test_request_vs_cache_timeout(void **state)
+{
+    struct fp_settings s;
+    (void)state;
+
+    assert_int_equal(load(&s, "[server]\nrequest_timeout_ms = 99\n"), 0);
+    assert_int_equal(s.request_timeout_ms, 99);
+    fp_config_free(&s);
+    assert_int_equal(load(&s, "[cache]\ntimeout_ms = 300\n[server]\n"
+                              "request_timeout_ms = 200\n"), 0);
+    fp_config_free(&s);
+    assert_int_equal(load(&s, "[memcached]\nservers = 127.0.0.1:1 127.0.0.1:2\n"
+                              "[server]\nrequest_timeout_ms = 150\n"), 0);
+    assert_int_equal(s.mc_replicas, -1); /* 1 with 2 servers */
+    fp_config_free(&s);
 }
 
 /* The Sentinel keys, the ACL user, the log file; the config's hash. */
@@ -639,6 +660,7 @@ int main(void)
         cmocka_unit_test(test_good_file),
         cmocka_unit_test(test_empty_values),
         cmocka_unit_test(test_bad_values),
+        cmocka_unit_test(test_request_vs_cache_timeout),
         cmocka_unit_test(test_listen_unix),
         cmocka_unit_test(test_unknown_and_repeats),
         cmocka_unit_test(test_long_lines),

@@ -68,6 +68,12 @@ static void test_if_none_match(void **state)
     assert_int_equal(inm1("\""), -1);
     assert_int_equal(inm1(","), -1);
     assert_int_equal(inm1(""), -1);
+    /* Control bytes anywhere (the parser lets them through): ignored. */
+    assert_int_equal(inm1("\"9555e8555c62dcfd\x01\""), -1);
+    assert_int_equal(inm1("\x7f\"9555e8555c62dcfd\""), -1);
+    assert_int_equal(inm1("\"9555e8555c62dcfd\", \x01"), -1);
+    assert_int_equal(inm1("*\x01"), -1);
+    assert_int_equal(inm1("\x01"), -1);
 }
 
 static void test_lines_and_size(void **state)
@@ -124,6 +130,18 @@ static void test_wait(void **state)
     assert_int_equal(w("/getMessages?wait=-1", 30), -1);
     assert_int_equal(w("/getMessages?wait=1.5", 30), -1);
     assert_int_equal(w("/getMessages?wait=1&wait=1", 30), -1);
+    /* The name in any case, never decoded; every occurrence counts. */
+    assert_int_equal(w("/getMessages?WAIT=5", 30), 5);
+    assert_int_equal(w("/getMessages?Wait=5&user_id=1", 30), 5);
+    assert_int_equal(w("/getMessages?WAIT=0&wait=30", 30), -1);
+    assert_int_equal(w("/getMessages?wait=30&WAIT=0", 30), -1);
+    assert_int_equal(w("/getMessages?wAiT=1&wait", 30), -1);
+    assert_int_equal(w("/getMessages?wait&WAIT=1", 30), -1);
+    assert_int_equal(w("/getMessages?WAIT", 30), -1);
+    assert_int_equal(w("/getMessages?w%61it=5", 30), 0);
+    assert_int_equal(w("/getMessages?wait=%31", 30), -1);
+    assert_int_equal(w("/getMessages?wait==1", 30), -1);
+    assert_int_equal(w("/getMessages?wait=x&wait=1", 30), -1);
 }
 
 static void test_pace(void **state)
