@@ -129,7 +129,7 @@ def check(h: History, p: Params | None = None) -> Report:
     t0 = min((o.start for o in h.ops), default=0.0)
     rules = {name: RuleResult() for name in RULES}
     model = _Model(h)
-    _rule1(h, model, rules["1-no-stale"])
+    _rule1(h, model, p, rules["1-no-stale"])
     _rule2(h, model, rules["2-nothing-lost"])
     _rule3(h, model, p, rules["3-held-bound"])
     _rule4(h, p, rules["4-5xx"])
@@ -143,7 +143,7 @@ def _related(model: _Model, user: int, lo: int, hi: int) -> list[Op]:
     return ws[max(0, lo - 1) : hi + 1]
 
 
-def _rule1(h: History, model: _Model, r: RuleResult) -> None:
+def _rule1(h: History, model: _Model, p: Params, r: RuleResult) -> None:
     for op in h.ops:
         if op.kind not in POLLS or op.status not in (200, 304) or op.body is None:
             continue
@@ -162,7 +162,13 @@ def _rule1(h: History, model: _Model, r: RuleResult) -> None:
             if older
             else f"user {op.user}: {op.kind} shows an answer no write made ({op.body!r})"
         )
-        r.violations.append(Violation("1-no-stale", what, [*_related(model, op.user, m, hi), op]))
+        if m and model.writes[op.user][m - 1].headers.get("x-cache-publish") == "pending":
+            what += " (that write returned X-Cache-Publish: pending)"
+        # The evidence: the faults from the missed write's start (and recently ended ones).
+        since = model.writes[op.user][m - 1].start if m else op.start
+        around = _overlapping(h.faults, since, op.end, p.pad_s, p.cache_settle_s)
+        related = [*_related(model, op.user, m, hi), op]
+        r.violations.append(Violation("1-no-stale", what, related, around))
 
 
 def _rule2(h: History, model: _Model, r: RuleResult) -> None:
