@@ -1,17 +1,25 @@
 /* test_etag.c -- etag.c: the tag of known bodies (the same as the app's
  * xxhash.xxh3_64_hexdigest), If-None-Match as the app reads it (weak
  * comparison, lists, several lines, `*`; malformed or over 1,024 bytes
- * ignored), wait= (digits, clamped, repeated or bad refused) and the pace. */
+ * ignored), wait= (digits, clamped, repeated or bad refused; every case of
+ * the shared vectors, tests/vectors/wait.json, which nginx and the app run
+ * too) and the pace. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cJSON.h>
+
+#include "read_file.h"
 #include "../src/etag.h"
+
+#define WAIT_VECTORS_DEFAULT "../../tests/vectors/wait.json"
 
 /* xxhash.xxh3_64_hexdigest(b"hello") and of b"" (docs/api.md). */
 #define HELLO 0x9555e8555c62dcfdULL
@@ -144,6 +152,49 @@ static void test_wait(void **state)
     assert_int_equal(w("/getMessages?wait=x&wait=1", 30), -1);
 }
 
+/* Every case of the one definition of `wait`, as nginx and the app read it. */
+static void test_wait_vectors(void **state)
+{
+    const char *path = getenv("FP_WAIT_VECTORS");
+    char *text, target[1024];
+    cJSON *root;
+    const cJSON *cases, *c, *max;
+    size_t n = 0;
+    (void)state;
+
+    text = read_file(path ? path : WAIT_VECTORS_DEFAULT);
+    assert_non_null(text);
+    root = cJSON_Parse(text);
+    assert_non_null(root);
+    max = cJSON_GetObjectItemCaseSensitive(root, "max_wait");
+    cases = cJSON_GetObjectItemCaseSensitive(root, "cases");
+    assert_true(cJSON_IsNumber(max) && cJSON_IsArray(cases));
+    cJSON_ArrayForEach(c, cases) {
+        const cJSON *q = cJSON_GetObjectItemCaseSensitive(c, "query");
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(c, "expect");
+        long want, got;
+        int len;
+
+        assert_true(cJSON_IsString(q));
+        if (cJSON_IsString(e) && strcmp(e->valuestring, "refuse") == 0)
+            want = -1;
+        else if (cJSON_IsNumber(e))
+            want = (long)e->valuedouble;
+        else
+            fail_msg("case %zu: expect is neither a number nor \"refuse\"", n);
+        len = snprintf(target, sizeof(target), "/getMessages?%s", q->valuestring);
+        assert_true(len > 0 && (size_t)len < sizeof(target));
+        got = fp_wait_param(target, (size_t)len, (unsigned)max->valuedouble);
+        if (got != want)
+            fail_msg("case %zu (%s): %ld, not %ld", n, q->valuestring, got, want);
+        n++;
+    }
+    assert_true(n >= 30);
+    printf("%zu wait vectors\n", n);
+    cJSON_Delete(root);
+    free(text);
+}
+
 static void test_pace(void **state)
 {
     unsigned lo = ~0u, hi = 0;
@@ -167,6 +218,7 @@ int main(void)
         cmocka_unit_test(test_if_none_match),
         cmocka_unit_test(test_lines_and_size),
         cmocka_unit_test(test_wait),
+        cmocka_unit_test(test_wait_vectors),
         cmocka_unit_test(test_pace),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -16,31 +16,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "read_file.h"
 #include "../src/config.h"
 #include "../src/sign.h"
 
 #define VECTORS_DEFAULT "../../tests/vectors/signing.json"
-
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    long n;
-
-    if (f == NULL)
-        return NULL;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 &&
-        fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) != NULL) {
-        if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-            free(buf);
-            buf = NULL;
-        } else {
-            buf[n] = '\0';
-        }
-    }
-    fclose(f);
-    return buf;
-}
 
 static const char *str(const cJSON *obj, const char *name)
 {
