@@ -76,7 +76,7 @@ def main() -> int:
         print(render(rep))
         print(f"  history: {run_dir / 'history.jsonl'} ({time.monotonic() - t:.0f} s in all)")
         print(
-            f"  replay:  make check-contract SEED={seed} MINUTES={seconds / 60:g} CONFIG={name}\n",
+            f"  replay:  make check-contract SEED={seed} MINUTES={seconds / 60:.4g} CONFIG={name}\n",
             flush=True,
         )
         if not rep.ok:
