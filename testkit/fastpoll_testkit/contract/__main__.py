@@ -21,7 +21,7 @@ from fastpoll_testkit.contract.run import CONFIGS, Run, Settings
 from fastpoll_testkit.stack import DEFAULT_RUN_DIR
 
 SHORT_CONFIGS = ["mc1-sqlite", "mc3-pg"]
-SHORT_SECONDS = 50.0  # per configuration; with start-up and recovery both fit in 3 minutes
+SHORT_SECONDS = 45.0  # per configuration; with start-up and recovery both fit in 3 minutes
 
 
 def main() -> int:
@@ -76,7 +76,8 @@ def main() -> int:
         print(render(rep))
         print(f"  history: {run_dir / 'history.jsonl'} ({time.monotonic() - t:.0f} s in all)")
         print(
-            f"  replay:  make check-contract SEED={seed} MINUTES={seconds / 60:.4g} CONFIG={name}\n",
+            f"  replay:  make check-contract SEED={seed} MINUTES={seconds / 60:.4g} "
+            f"CONFIG={name}\n",
             flush=True,
         )
         if not rep.ok:

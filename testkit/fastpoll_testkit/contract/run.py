@@ -100,7 +100,9 @@ class Run:
         self.s = settings
         self.run_dir = run_dir
         self.history = History(seed=settings.seed, config=config.name)
-        self.stop = threading.Event()
+        self.stop = threading.Event()  # the clients' end
+        self.nemesis_stop = threading.Event()
+        self.finishing = threading.Event()  # writers: one last publish and mark-read, then end
         self.lock = threading.Lock()
         # The fault proxies (a process of their own): "memcached-0".., "redis", "announce".
         self.proxy: ProxyControl | None = None
@@ -189,7 +191,11 @@ class Run:
         index = 0
         last_id = 0
         try:
+            last_pair = 0  # writes left once the run is finishing (see finish())
             while not self.stop.is_set():
+                if self.finishing.is_set() and last_pair == 0:
+                    # A last publish and mark-read, from a state with nothing unread.
+                    last_pair = 3 if index % 2 == 1 else 2
                 index += 1
                 app = index % self.config.apps
                 if index % 2 == 1:
@@ -211,9 +217,14 @@ class Run:
                 self.history.add(op)
                 if not ok:
                     return  # the model of this user is no longer exact: stop writing
+                if last_pair:
+                    last_pair -= 1
+                    if last_pair == 0:
+                        return
+                    continue
                 # Often at once (the next write lands while the pollers are re-reading), else
                 # after a pause.
-                pause = rng.uniform(0.0, 0.12) if rng.random() < 0.4 else rng.uniform(0.3, 1.2)
+                pause = rng.uniform(0.0, 0.06) if rng.random() < 0.4 else rng.uniform(0.3, 1.2)
                 self.stop.wait(pause)
         finally:
             for c in clients:
@@ -410,7 +421,7 @@ class Run:
 
     def nemesis(self, t_start: float) -> None:
         for offset, kind, params in self.schedule():
-            if self.stop.wait(max(0.0, t_start + offset - time.monotonic())):
+            if self.nemesis_stop.wait(max(0.0, t_start + offset - time.monotonic())):
                 return
             fault = Fault(kind, str(params.get("node", "")), time.monotonic(), params=params)
             try:
@@ -482,6 +493,24 @@ class Run:
                 self.app_up[i].set()
 
     # ---- the run --------------------------------------------------------------------------
+
+    def finish(self, writers: list[threading.Thread]) -> None:
+        """The run's last fault, the shape of a late cache write: every cache write held while
+        each writer publishes and marks read once more (each user's last state has nothing
+        unread, the publish pending), then released, in order or reversed. A write that lands
+        late over the newer answer is then still there after recovery (rule 2)."""
+        cache = [n for n in self.proxy_names if n != "announce"]
+        reverse = self._rng("finish").random() < 0.5
+        fault = Fault("cache-hold-writes", "+".join(cache), time.monotonic(), paths=[hist.CACHE])
+        for name in cache:
+            self._ctl(name, "hold", True)
+        self.finishing.set()
+        for t in writers:
+            t.join(timeout=90)
+        released = [self._ctl(name, "release", reverse) for name in cache]
+        fault.params = {"reverse": reverse, "released": released, "final": True}
+        fault.end = time.monotonic()
+        self.history.add_fault(fault)
 
     def heal(self) -> None:
         """Ends every fault still in effect: no delay, held writes sent, silent connections
@@ -598,8 +627,10 @@ class Run:
         for t in [*threads, nemesis]:
             t.start()
         self.stop.wait(self.s.seconds)
-        self.stop.set()
+        self.nemesis_stop.set()
         nemesis.join()
+        self.finish(threads[: self.s.users])
+        self.stop.set()
         self.heal()
         for t in threads:
             t.join(timeout=90)
