@@ -538,6 +538,9 @@ class RedisMonitor:
 CONNECTION_COMMANDS = {"auth", "hello", "select", "client", "ping", "info", "monitor"}
 CONNECTION_COMMANDS |= {"version", "stats", "command"}
 CONNECTION_COMMANDS |= {"mn"}  # the poll server asks memcached whether it speaks meta commands
+# The announcement subscriber's liveness check: SUBSCRIBE to its channel again, every
+# [server] announce_ping_ms (poll_server/src/announce.c)
+CONNECTION_COMMANDS |= {"subscribe"}
 SAFE_KEY = re.compile(
     r"/Poll/[!-~]{0,245}"
 )  # prefix, then printable ASCII without spaces
