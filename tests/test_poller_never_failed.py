@@ -206,7 +206,7 @@ def test_no_client_input_marks_a_poller_failed(edge: Stack) -> None:
     assert upstream_failures(edge, since) == []
 
 
-def test_harness_gives_nginx_the_pollers_max_wait(tmp_path: Path) -> None:
+def test_rendered_nginx_has_the_pollers_max_wait_and_marks_routes(tmp_path: Path) -> None:
     """nginx cuts a held poll at its max_wait + 10 s, and that timeout marks the poller failed:
     a stack whose pollers honour longer waits renders nginx with the same max_wait."""
     s = Stack(run_dir=tmp_path, n_pollers=1, extra_ini={"poll": {"max_wait": "45"}})
@@ -214,3 +214,7 @@ def test_harness_gives_nginx_the_pollers_max_wait(tmp_path: Path) -> None:
     s.write_config()
     site = (tmp_path / "nginx" / "fastpoll.conf").read_text()
     assert "proxy_read_timeout 55s;" in site
+    # Each route tells the poller which it is: a poll marked plain is never held.
+    plain, held = site.split("location @poll_held {")
+    assert "proxy_set_header X-Fastpoll-Route plain;" in plain.split("location @fallback")[0]
+    assert "proxy_set_header X-Fastpoll-Route held;" in held.split("location @fallback")[0]
