@@ -81,7 +81,8 @@ deps-browser: venv
 # (about 31 minutes) last; tools/stage-times prints each stage's time at the end, also when one
 # fails (then the later ones do not run and the exit code is the failure's).
 # tests/test_monitoring.py is part of test-integration's run, so make test adds only the rule checks.
-TEST_STAGES := test-unit monitoring-rules test-integration bench-quick lint-c fuzz valgrind test-deploy
+TEST_STAGES := test-unit monitoring-rules test-integration bench-quick lint-c fuzz valgrind \
+	check-contract-short test-deploy
 test:
 	@tools/stage-times $(MAKE) $(TEST_STAGES)
 
