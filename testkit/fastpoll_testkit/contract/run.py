@@ -103,6 +103,8 @@ class Run:
         self.stop = threading.Event()  # the clients' end
         self.nemesis_stop = threading.Event()
         self.finishing = threading.Event()  # writers: one last publish and mark-read, then end
+        self.ready = threading.Barrier(settings.users + 1, timeout=60)  # writers + finish()
+        self.final_hold = threading.Event()
         self.lock = threading.Lock()
         # The fault proxies (a process of their own): "memcached-0".., "redis", "announce".
         self.proxy: ProxyControl | None = None
@@ -193,9 +195,13 @@ class Run:
         try:
             last_pair = 0  # writes left once the run is finishing (see finish())
             while not self.stop.is_set():
-                if self.finishing.is_set() and last_pair == 0:
-                    # A last publish and mark-read, from a state with nothing unread.
-                    last_pair = 3 if index % 2 == 1 else 2
+                if self.finishing.is_set() and last_pair == 0 and index % 2 == 0:
+                    # Nothing unread, the cache written: wait for the final hold (finish()),
+                    # then a last publish and mark-read.
+                    with contextlib.suppress(threading.BrokenBarrierError):
+                        self.ready.wait()
+                    self.final_hold.wait(60)
+                    last_pair = 2
                 index += 1
                 app = index % self.config.apps
                 if index % 2 == 1:
@@ -222,6 +228,8 @@ class Run:
                     if last_pair == 0:
                         return
                     continue
+                if self.finishing.is_set():
+                    continue  # to the barrier: no pause
                 # Often at once (the next write lands while the pollers are re-reading), else
                 # after a pause.
                 pause = rng.uniform(0.0, 0.06) if rng.random() < 0.4 else rng.uniform(0.3, 1.2)
@@ -495,16 +503,21 @@ class Run:
     # ---- the run --------------------------------------------------------------------------
 
     def finish(self, writers: list[threading.Thread]) -> None:
-        """The run's last fault, the shape of a late cache write: every cache write held while
-        each writer publishes and marks read once more (each user's last state has nothing
-        unread, the publish pending), then released, in order or reversed. A write that lands
+        """The run's last fault, the shape of a late cache write: once every writer has marked
+        its messages read (the cache holds the empty answer), every cache write held while each
+        publishes and marks read once more (its last state: nothing unread; the publish
+        pending), then released, in order or reversed. A write that lands
         late over the newer answer is then still there after recovery (rule 2)."""
         cache = [n for n in self.proxy_names if n != "announce"]
         reverse = self._rng("finish").random() < 0.5
         fault = Fault("cache-hold-writes", "+".join(cache), time.monotonic(), paths=[hist.CACHE])
+        self.finishing.set()
+        with contextlib.suppress(threading.BrokenBarrierError):
+            self.ready.wait()
+        fault.start = time.monotonic()
         for name in cache:
             self._ctl(name, "hold", True)
-        self.finishing.set()
+        self.final_hold.set()
         for t in writers:
             t.join(timeout=90)
         released = [self._ctl(name, "release", reverse) for name in cache]
