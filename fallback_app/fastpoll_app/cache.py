@@ -5,9 +5,11 @@ lands late (a timed-out request a hung node applies later) can never replace a n
 - fill(key, value, version): store only if absent (memcached `add`; Redis: a script that also
   refuses a version older than the one kept beside the value).
 - put(key, value, version): replace the answer. memcached: `gets`, then `cas` with the unique
-  it returned (or `add` if absent); any write in between, late or not, changes the unique and
-  the `cas` fails, so put reads again and retries. Redis: a script compares `version` with the
-  one stored under `key#v` and writes both only if it is not older.
+  it returned (or `add` if absent), even when the bytes are equal, so the unique always moves;
+  any write in between, late or not, changes the unique and the `cas` fails, so put reads
+  again and retries (as it does when the key vanished between the two). Redis: a script
+  compares `version` with the one stored under `key#v` and writes both only if it is not older
+  (an equal answer is written too, so the stored version always moves).
 Callers hold the user's order (store.user) around both.
 
 Values are raw bytes (memcached flags 0), exactly what the poll server serves: the version never
@@ -227,10 +229,16 @@ class MemcachedCache:
                 if current is None:
                     if mc.add(key, value, time=self._ttl):
                         return
-                elif bytes(current) == value:
-                    return  # already the answer; a late older write would fail its cas
-                elif mc.cas(key, value, unique, time=self._ttl):
-                    return
+                    continue  # added in between: read it again
+                # Written even when the bytes are already the answer: the `cas` moves the
+                # key's unique, so an older write still in flight (a `cas` on the unique read
+                # before ours) fails. Skipping it let such a write land after the caller had
+                # settled the outbox, and stay until the TTL (issue 20, item 2).
+                try:
+                    if mc.cas(key, value, unique, time=self._ttl):
+                        return
+                except pylibmc.NotFound:
+                    continue  # evicted or expired since the `gets`: `add` it
         raise CacheError(f"memcached cas on {addr}: lost the race {PUT_TRIES} times")
 
     def put(self, key: bytes, value: bytes, version: int) -> None:
