@@ -22,7 +22,7 @@ from .config import WAIT_PARAM, PollSettings
 MAX_IF_NONE_MATCH = 1024
 # RFC 9110: entity-tag = [ "W/" ] DQUOTE *etagc DQUOTE, etagc = %x21 / %x23-7E / obs-text.
 _ETAG = re.compile(rb'\s*(?:W/)?"([\x21\x23-\x7e\x80-\xff]*)"\s*')
-_WAIT = re.compile(r"[0-9]{1,6}")
+_WAIT = re.compile(rb"[0-9]{1,6}")
 
 
 class BadWait(ValueError):
@@ -60,22 +60,24 @@ def not_modified(lines: Iterable[bytes], etag: str) -> bool:
 
 
 def wait_seconds(query: bytes, settings: PollSettings) -> int:
-    """The poll's `wait=` in seconds, clamped to [poll] max_wait; 0 without one. BadWait if
-    it is given twice or is not 0-6 decimal digits (the same rule as the poll server).
+    """The poll's `wait` in seconds, clamped to [poll] max_wait; 0 without one. BadWait (400)
+    if it occurs more than once or its value is not 1-6 ASCII digits.
 
-    Read on the raw query, name and value, without percent-decoding, as the poll server and
-    nginx's $arg_wait read it: `wait=%31` is not digits (400), and `w%61it=1` is not `wait`
-    (docs/api.md, "`wait`: long polls")."""
+    One rule, the same in nginx, the poll server and the app (tests/vectors/wait.json): the
+    query is split on `&`; a parameter is `wait` when its name, up to the first `=`, equals
+    "wait" ASCII case-insensitively (`WAIT`, `Wait`); `wait` without `=` is an occurrence too
+    (with an empty value). Name and value are read raw, never percent-decoded: `wait=%31` is
+    not digits (400), `w%61it=1` is not `wait`. An ambiguous query (`wait=0&WAIT=30`) is
+    refused rather than read one way here and another way elsewhere (docs/api.md, "`wait`:
+    long polls")."""
     name = WAIT_PARAM.encode("ascii")
-    values = [
-        v.decode("latin-1")
-        for n, _, v in (p.partition(b"=") for p in query.split(b"&"))
-        if n == name
-    ]
+    values = [v for n, _, v in (p.partition(b"=") for p in query.split(b"&")) if n.lower() == name]
     if not values:
         return 0
-    if len(values) > 1 or not _WAIT.fullmatch(values[0]):
-        raise BadWait("wait must be given at most once, as whole seconds (0-999999)")
+    if len(values) > 1:
+        raise BadWait("wait must be given at most once (in any case)")
+    if not _WAIT.fullmatch(values[0]):
+        raise BadWait("wait must be whole seconds, 1-6 digits (0-999999)")
     return min(int(values[0]), settings.max_wait)
 
 

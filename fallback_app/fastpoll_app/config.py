@@ -290,7 +290,7 @@ def _keys(sec: dict[str, list[_Entry]], rd: _Reader) -> KeySettings:
                 raise rd.error(e.line, f"[keys] params: bad parameter name {n!r}")
             if n in signing.RESERVED_PARAMS:
                 raise rd.error(e.line, "[keys] params: exp and sig are reserved for signed URLs")
-            if n == WAIT_PARAM:
+            if n.lower() == WAIT_PARAM:  # any case: every reader of `wait` ignores its case
                 raise rd.error(e.line, "[keys] params: wait is reserved for long polls")
         # The app's answers are per user: a key without user_id would be
         # shared by every user and the app would fill it with one user's answer.

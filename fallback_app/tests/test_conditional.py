@@ -136,7 +136,8 @@ def test_if_none_match_unit() -> None:
 @pytest.mark.parametrize(
     ("query", "want"),
     [("", 0), ("&wait=0", 0), ("&wait=20", 20), ("&wait=25", 25), ("&wait=26", 25),
-     ("&wait=999999", 25), ("&w%61it=abc", 0), ("&wait2=x&await=y", 0)],
+     ("&wait=999999", 25), ("&w%61it=abc", 0), ("&wait2=x&await=y", 0), ("&WAIT=7", 7),
+     ("&Wait=000030", 25), ("&wait%3D5=x", 0), ("&x=wait&wait_=1", 0)],
 )  # fmt: skip
 def test_wait_is_clamped(query: str, want: int) -> None:
     s = PollSettings(max_wait=25)
@@ -146,7 +147,8 @@ def test_wait_is_clamped(query: str, want: int) -> None:
 @pytest.mark.parametrize(
     "query",
     ["wait=", "wait", "wait=-1", "wait=1.5", "wait=abc", "wait=1000000", "wait=1&wait=2",
-     "wait=%31", "wait=+1", "wait=1&wait=%31"],
+     "wait=%31", "wait=+1", "wait=1&wait=%31", "WAIT=0&wait=30", "wait=0&WAIT", "Wait&wait=1",
+     "wAiT=1&WaIt=1", "wait=1 ", "wait=%EF%BC%91", "wait=\uff11"],
 )  # fmt: skip
 def test_bad_wait_is_400(plain: TestClient, query: str) -> None:
     r = plain.get(f"{URL}&{query}")
@@ -183,6 +185,7 @@ def test_poll_and_announce_config(tmp_path: Path) -> None:
         ("[announce]\nusername = u\n", "username"),
         ("[announce]\nchannel = a b\n", "channel"),
         ("[keys]\nparams = user_id wait\n", "wait is reserved"),
+        ("[keys]\nparams = user_id WAIT\n", "wait is reserved"),
     ]:
         with pytest.raises(ConfigError, match=msg):
             make_settings(tmp_path, text)
