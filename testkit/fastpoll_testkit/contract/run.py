@@ -80,9 +80,9 @@ class Settings:
     seconds: float
     users: int = 6
     params: Params = field(default_factory=Params)
-    # Fault kinds the schedule draws twice per deck: the shapes of the defects the checker must
-    # find (a held cache write, a slow first cache read of a held poll).
-    priority: tuple[str, ...] = ("cache-delay-reads", "cache-hold-writes")
+    # Fault kinds the schedule draws once more per deck (each time listed): the shapes of the
+    # defects the checker must find (a slow first cache read of a held poll, a held cache write).
+    priority: tuple[str, ...] = ("cache-delay-reads", "cache-delay-reads", "cache-hold-writes")
 
 
 def _body_of(uid: int, msg_id: int, text: str) -> str:
@@ -232,7 +232,7 @@ class Run:
                     continue  # to the barrier: no pause
                 # Often at once (the next write lands while the pollers are re-reading), else
                 # after a pause.
-                pause = rng.uniform(0.0, 0.06) if rng.random() < 0.4 else rng.uniform(0.3, 1.2)
+                pause = rng.uniform(0.0, 0.04) if rng.random() < 0.5 else rng.uniform(0.3, 1.2)
                 self.stop.wait(pause)
         finally:
             for c in clients:
@@ -414,7 +414,7 @@ class Run:
         p: dict[str, object] = {"node": rng.choice(nodes)}
         if kind == "cache-delay-reads":
             # Below the poll server's cache timeout (100 ms): slow reads, not failed ones.
-            p.update(length=rng.uniform(4.0, 8.0), delay=round(rng.uniform(0.02, 0.05), 3))
+            p.update(length=rng.uniform(5.0, 9.0), delay=round(rng.uniform(0.02, 0.05), 3))
         elif kind == "cache-hold-writes":
             p.update(length=rng.uniform(2.5, 4.5), reverse=rng.random() < 0.5)
         elif kind in ("cache-hang", "cache-kill", "redis-stop", "pg-restart"):
