@@ -58,8 +58,9 @@ struct fp_settings {
     size_t nmc_servers;
     int mc_replicas;             /* 0 or 1; -1 until set: 1 with >= 2 servers */
     int mc_replicas_line;        /* file line that set it, for errors; 0: none */
-    unsigned mc_recovery_ms;     /* a node back from down or hung is read
-                                  * through its replicas this long, default 5000 */
+    unsigned mc_recovery_ms;     /* a node back from down or hung serves no
+                                  * hit this long (replicas, or the app, answer
+                                  * its keys), default 5000 */
 
     /* [redis] */
     struct fp_server_addr redis;
