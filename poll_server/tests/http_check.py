@@ -529,6 +529,25 @@ def held_close_with_pipelined(c: Check) -> None:
             time.sleep(0.02)
             held = c.metric("fastpoll_held_requests")
         c.ok(f"held client gone ({how}) with 3 KB pipelined: slot freed at once", held == 0)
+    # The same, but the client stays: the wait ends (304) and the pipelined requests are
+    # answered after it, in order (the watch for its close is undone).
+    with socket.create_connection(("127.0.0.1", c.port), timeout=5) as s:
+        s.sendall(
+            b"GET /getMessages?user_id=9&wait=1 HTTP/1.1\r\nHost: x\r\n"
+            b"If-None-Match: %s\r\n\r\n" % tag
+        )
+        time.sleep(0.1)
+        s.sendall(b"GET /getMessages?user_id=9 HTTP/1.1\r\nHost: x\r\n\r\n" * 60)
+        answers, rest = [], b""
+        for _ in range(61):
+            answer, rest = read_answer(s, rest)
+            answers.append(answer)
+    c.ok(
+        "held poll with 3 KB pipelined: 304 at the wait's end, then 60 answers in order",
+        answers[0].startswith(b"HTTP/1.1 304")
+        and all(a.startswith(b"HTTP/1.1 200") and a.endswith(b"held") for a in answers[1:]),
+        [a[:20] for a in answers[:3]],
+    )
 
 
 class Proxy:
@@ -597,7 +616,9 @@ class Proxy:
             dst.sendall(data)
 
 
-def start_server(binary: str, tmp: Path, name: str, ini_text: str) -> tuple[subprocess.Popen, Check]:
+def start_server(
+    binary: str, tmp: Path, name: str, ini_text: str
+) -> tuple[subprocess.Popen, Check]:
     ini = tmp / f"{name}.ini"
     ini.write_text(ini_text)
     port, admin_port = free_port(), free_port()
@@ -641,7 +662,10 @@ def recv_some(s: socket.socket, limit: float) -> bytes:
 
 def publish(redis_port: int, msg: bytes) -> None:
     with socket.create_connection(("127.0.0.1", redis_port), timeout=2) as s:
-        s.sendall(b"*3\r\n$7\r\nPUBLISH\r\n$17\r\nfastpoll:announce\r\n$%d\r\n%s\r\n" % (len(msg), msg))
+        s.sendall(
+            b"*3\r\n$7\r\nPUBLISH\r\n$17\r\nfastpoll:announce\r\n$%d\r\n%s\r\n"
+            % (len(msg), msg)
+        )
         s.recv(100)
 
 
