@@ -20,7 +20,8 @@
  * - One read per readiness; a request head is parsed in place once its
  *   empty line is in (httpparse.c); a body is read and discarded as it
  *   comes. One request per connection at a time: pipelined ones wait in
- *   the buffer, answered in order.
+ *   the buffer, answered in order; when they fill it while a request waits
+ *   or is held, only the client's close is watched (watch_close).
  * - An answer is one writev of the head (formatted into a stack buffer) and
  *   the value, straight from the cache's buffer.
  * - The connection stays in the epoll set from accept to close (EV_PERSIST):
