@@ -633,3 +633,116 @@ def test_console_renders_on_prometheus(tmp_path: Path) -> None:
     finally:
         prom.stop()
     time.sleep(0)
+
+
+# ---- Alertmanager (role alertmanager) ------------------------------------------------------
+
+AM_ROLE = ROOT / "ansible" / "roles" / "alertmanager"
+
+
+def alertmanager_yml(tmp: Path, **variables: object) -> Path:
+    defaults = yaml.safe_load((AM_ROLE / "defaults" / "main.yml").read_text())
+    f = tmp / "alertmanager.yml"
+    f.write_text(
+        render_template(AM_ROLE / "templates", "alertmanager.yml.j2", **{**defaults, **variables})
+    )
+    return f
+
+
+def test_alertmanager_config_passes_amtool(tmp_path: Path) -> None:
+    hooks = {
+        f"alertmanager_{r}_webhook_url": f"https://hooks.example/{r}"
+        for r in ("page", "ticket", "watchdog")
+    }
+    for variables in ({}, hooks):  # without receivers (the default), and with them
+        f = alertmanager_yml(tmp_path, **variables)
+        run = subprocess.run(
+            [binary("amtool"), "check-config", str(f)], capture_output=True, text=True, check=False
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        ({"alertname": "ErrorBudgetBurn", "slo": "poll-availability", "severity": "page"}, "page"),
+        ({"alertname": "ErrorBudgetBurn", "slo": "poll-latency", "severity": "ticket"}, "ticket"),
+        (
+            {
+                "alertname": "CacheServerUnreachable",
+                "server": "10.0.0.21:11211",
+                "severity": "page",
+            },
+            "page",
+        ),
+        (
+            {
+                "alertname": "CacheServerDownCovered",
+                "server": "10.0.0.21:11211",
+                "severity": "ticket",
+            },
+            "ticket",
+        ),
+        ({"alertname": "Watchdog", "severity": "none"}, "watchdog"),
+        ({"alertname": "Unknown"}, "ticket"),
+    ],
+)
+def test_alertmanager_routes_by_severity(
+    tmp_path: Path, labels: dict[str, str], receiver: str
+) -> None:
+    f = alertmanager_yml(tmp_path)
+    run = subprocess.run(
+        [binary("amtool"), "config", "routes", "test", f"--config.file={f}",
+         f"--verify.receivers={receiver}", *(f"{k}={v}" for k, v in labels.items())],
+        capture_output=True,
+        text=True,
+        check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_without_replicas_one_cache_server_down_pages(tmp_path: Path) -> None:
+    """monitoring_cache_replicas false: the role writes fastpoll:cache_replicas as vector(0),
+    and a single server down pages (its keys have no other copy)."""
+    doc = yaml.safe_load(RULES.read_text())
+    for g in doc["groups"]:
+        for r in g["rules"]:
+            if r.get("record") == "fastpoll:cache_replicas":
+                assert r["expr"] == "vector(1)"
+                r["expr"] = "vector(0)"
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(doc))
+    up = 'fastpoll_backend_up{{job="fastpoll_poller",host="fp-poll1",poller="8101",server="{}"}}'
+    case = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": up.format("10.0.0.21:11211"), "values": "0 0 0 0"},
+                    {"series": up.format("10.0.0.22:11211"), "values": "1 1 1 1"},
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": 'ALERTS{alertstate="firing",alertname=~"CacheServer.*"}',
+                        "eval_time": "2m",
+                        "exp_samples": [
+                            {
+                                "labels": 'ALERTS{alertname="CacheServerUnreachable",'
+                                'alertstate="firing",server="10.0.0.21:11211",severity="page"}',
+                                "value": 1,
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(case))
+    run = subprocess.run(
+        [binary("promtool"), "test", "rules", str(tmp_path / "test.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
