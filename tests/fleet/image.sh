@@ -24,7 +24,7 @@ PACKAGES=(
     redis-sentinel nftables ssl-cert openssl libpq5
     postgresql python3-psycopg2
     prometheus prometheus-node-exporter prometheus-nginx-exporter prometheus-redis-exporter
-    prometheus-postgres-exporter prometheus-node-exporter-collectors mtail
+    prometheus-postgres-exporter prometheus-node-exporter-collectors mtail prometheus-alertmanager
 )
 
 here=$(cd "$(dirname "$0")" && pwd)

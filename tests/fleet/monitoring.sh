@@ -67,8 +67,8 @@ fleet_monitoring_checks() {
 
     # ---- 1. every target up ------------------------------------------------------------------
     # 6 node (every fleet host), 4 poll server instances, 2 nginx, 2 mtail, 2 apps, redis,
-    # postgres, and Prometheus itself.
-    want=19
+    # postgres, Prometheus itself and its Alertmanager.
+    want=20
     for i in $(seq 1 60); do
         prom_targets > "$RUN/targets.txt" || true
         got=$(grep -c ' up ' "$RUN/targets.txt" || true)
@@ -90,6 +90,7 @@ fleet_monitoring_checks() {
     for n in "${APPS[@]}"; do grep -q "^fastpoll_app $n - up " "$RUN/targets.txt" || die "app $n is not an up target"; done
     grep -q '^redis fp-data1 - up ' "$RUN/targets.txt" || die "no redis exporter target up"
     grep -q '^postgres fp-db1 - up ' "$RUN/targets.txt" || die "no postgres exporter target up"
+    grep -q '^alertmanager .* up ' "$RUN/targets.txt" || die "no Alertmanager target (role alertmanager)"
     say "Prometheus on $MON_HOST: all $want targets up"
 
     # ---- 2. who reaches what -----------------------------------------------------------------
