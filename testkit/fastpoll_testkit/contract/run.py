@@ -105,6 +105,8 @@ class Run:
         self.finishing = threading.Event()  # writers: one last publish and mark-read, then end
         self.ready = threading.Barrier(settings.users + 1, timeout=60)  # writers + finish()
         self.final_hold = threading.Event()
+        self.held_at: dict[int, float] = {}  # when each user's latest held poll was sent
+        self.held_sent = threading.Condition()
         self.lock = threading.Lock()
         # The fault proxies (a process of their own): "memcached-0".., "redis", "announce".
         self.proxy: ProxyControl | None = None
@@ -230,13 +232,21 @@ class Run:
                     continue
                 if self.finishing.is_set():
                     continue  # to the barrier: no pause
-                # Often at once (the next write lands while the pollers are re-reading), else
-                # after a pause.
-                pause = rng.uniform(0.0, 0.04) if rng.random() < 0.5 else rng.uniform(0.3, 1.2)
-                self.stop.wait(pause)
+                # Half the time the next write races the user's next held poll: sent just after
+                # that poll (whose first cache read may be slow), else after a pause.
+                if rng.random() < 0.5:
+                    self._after_next_held(uid, op.end)
+                    self.stop.wait(rng.uniform(0.0, 0.01))
+                else:
+                    self.stop.wait(rng.uniform(0.3, 1.2))
         finally:
             for c in clients:
                 c.close()
+
+    def _after_next_held(self, uid: int, since: float) -> None:
+        """Returns once a held poll of the user was sent after `since` (at most 1 s)."""
+        with self.held_sent:
+            self.held_sent.wait_for(lambda: self.held_at.get(uid, 0.0) > since, 1.0)
 
     def _write(
         self,
@@ -326,6 +336,9 @@ class Run:
         with httpx.Client() as client:
             while not self.stop.is_set():
                 if held and etag is not None:
+                    with self.held_sent:
+                        self.held_at[uid] = time.monotonic()
+                        self.held_sent.notify_all()
                     op = self._poll(client, "held", uid, url, etag, body, rng.choice([2, 3, 5]))
                 elif etag is not None and rng.random() < 0.5:
                     op = self._poll(client, "cond", uid, url, etag, body, 0)
@@ -414,7 +427,7 @@ class Run:
         p: dict[str, object] = {"node": rng.choice(nodes)}
         if kind == "cache-delay-reads":
             # Below the poll server's cache timeout (100 ms): slow reads, not failed ones.
-            p.update(length=rng.uniform(5.0, 9.0), delay=round(rng.uniform(0.02, 0.05), 3))
+            p.update(length=rng.uniform(5.0, 9.0), delay=round(rng.uniform(0.025, 0.06), 3))
         elif kind == "cache-hold-writes":
             p.update(length=rng.uniform(2.5, 4.5), reverse=rng.random() < 0.5)
         elif kind in ("cache-hang", "cache-kill", "redis-stop", "pg-restart"):
