@@ -5,7 +5,8 @@ the dialect both understand: `[section]`, `key = value` (or `key: value`),
 whole-line comments starting with `;` or `#`, inline comments that start with
 `;` or `#` after whitespace. A small line reader is used instead of
 configparser's because errors must name the line, and `[memcached] servers`
-may be repeated to append (configparser can do neither).
+may be repeated to append (configparser can do neither). Both readers run the cases of
+tests/vectors/config.json (fallback_app/tests/test_config_vectors.py).
 """
 
 from __future__ import annotations
@@ -28,8 +29,15 @@ MAX_PREFIX = 64
 # Debian's libinih reads lines into a 200-byte buffer (newline and NUL
 # included): a longer line is an error for the poll server, so for us too.
 MAX_LINE = 198
-# The poll server's FP_MAX_PARAMS (poll_server/src/settings.h).
+# The poll server's FP_MAX_PARAMS, FP_MAX_SERVERS and FP_MAX_SENTINELS (poll_server/src/settings.h).
 MAX_PARAMS = 16
+MAX_SERVERS = 64
+MAX_SENTINELS = 8
+# The poll server's bounds: a Sentinel master name, a unix socket path (sizeof(sun_path) - 1),
+# a password (the first line of its file).
+MAX_MASTER_NAME = 128
+MAX_UNIX_PATH = 107
+MAX_PASSWORD = 1024
 API_TOKEN_MIN = 16
 API_TOKEN_MAX = 1024
 # The long-poll parameter (docs/api.md): never a keyed parameter, never signed.
@@ -40,8 +48,11 @@ MAX_INTERVAL_MS = 3600 * 1000
 _IGNORED_SECTIONS = frozenset({"server", "admin", "log"})
 _PARAM_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _HOST_RE = re.compile(r"[A-Za-z0-9.-]+")
-_SPLIT_RE = re.compile(r"[\s,]+")
-_INLINE_COMMENT_RE = re.compile(r"\s[;#]")
+# libinih's whitespace (isspace in the C locale); list items are separated as config.c is_sep does.
+_WS = " \t\n\v\f\r"
+_SPLIT_RE = re.compile(r"[ \t,]+")
+_INLINE_COMMENT_RE = re.compile(r"\s[;#]", re.ASCII)
+_KEY_VALUE_RE = re.compile(r"([^=:]+?)\s*[=:](.*)", re.ASCII)
 
 
 class ConfigError(ValueError):
@@ -194,7 +205,7 @@ _KNOWN: dict[str, dict[str, bool]] = {
         "password_file": False,
         "db": False,
         "username": False,
-        "sentinels": True,
+        "sentinels": False,
         "master_name": False,
     },
     "app": {
@@ -216,35 +227,39 @@ _KNOWN: dict[str, dict[str, bool]] = {
 
 def _strip_comment(text: str) -> str:
     m = _INLINE_COMMENT_RE.search(text)
-    return (text[: m.start()] if m else text).strip()
+    return (text[: m.start()] if m else text).strip(_WS)
 
 
 def _parse_lines(text: str, rd: _Reader) -> dict[str, dict[str, list[_Entry]]]:
     """Split the file into {section: {key: [entries]}} for the sections we read."""
     out: dict[str, dict[str, list[_Entry]]] = {}
     section: str | None = None
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+    # As libinih: a byte order mark opens the file only; LF alone ends a line (not the other
+    # line ends str.splitlines knows), and whitespace is ASCII whitespace.
+    lines = text.removeprefix("\ufeff").split("\n")
+    for lineno, raw in enumerate((r.removesuffix("\r") for r in lines), start=1):
         if len(raw.encode("utf-8")) > MAX_LINE:
             raise rd.error(lineno, f"line longer than {MAX_LINE} bytes; repeat the key instead")
-        line = raw.strip()
+        line = raw.strip(_WS)
         if not line or line[0] in ";#":
             continue
         if line.startswith("["):
             end = line.find("]")
             if end < 0 or _strip_comment(line[end + 1 :]):
                 raise rd.error(lineno, f"malformed section header {line!r}")
-            section = line[1:end].strip()
+            section = line[1:end]  # nothing trimmed inside the brackets, as libinih
             if section not in _KNOWN and section not in _IGNORED_SECTIONS:
                 raise rd.error(lineno, f"unknown section [{section}]")
             continue
-        if section is None:
-            raise rd.error(lineno, "key outside of any [section]")
-        if section in _IGNORED_SECTIONS:
-            continue
-        m = re.match(r"([^=:]+?)\s*[=:](.*)", line)
+        # The syntax holds in every section, the ones we ignore included.
+        m = _KEY_VALUE_RE.match(line)
         if not m:
             raise rd.error(lineno, f"expected 'key = value', got {line!r}")
-        key, value = m.group(1).strip(), _strip_comment(m.group(2).lstrip())
+        key, value = m.group(1).strip(_WS), _strip_comment(m.group(2).lstrip(_WS))
+        if section is None:
+            raise rd.error(lineno, f"key '{key}' outside of any [section]")
+        if section in _IGNORED_SECTIONS:
+            continue
         known = _KNOWN[section]
         if key not in known:
             raise rd.error(lineno, f"unknown key '{key}' in [{section}]")
@@ -318,25 +333,31 @@ def _cache(sec: dict[str, list[_Entry]], rd: _Reader) -> CacheSettings:
     return CacheSettings(backend, timeout_ms, content_type, ttl)
 
 
-def _server_list(entries: list[_Entry], rd: _Reader, name: str) -> tuple[str, ...]:
+def _server_list(
+    entries: list[_Entry], rd: _Reader, name: str, limit: int | None
+) -> tuple[str, ...]:
     servers: list[str] = []
     for e in entries:
-        for spec in (s for s in _SPLIT_RE.split(e.value) if s):
+        specs = [s for s in _SPLIT_RE.split(e.value) if s]
+        if not specs:  # each line, as the poll server checks it
+            raise rd.error(e.line, f"[memcached] {name} is empty")
+        for spec in specs:
             if not _host_port(spec):
                 raise rd.error(e.line, f"[memcached] {name}: expected host:port, got {spec!r}")
             servers.append(spec)
-    if not servers:
-        raise rd.error(entries[0].line, f"[memcached] {name} is empty")
+        if limit is not None and len(servers) > limit:
+            raise rd.error(e.line, f"[memcached] {name}: more than {limit} servers")
     return tuple(servers)
 
 
 def _memcached(sec: dict[str, list[_Entry]], rd: _Reader, backend: str) -> MemcachedSettings:
     d = MemcachedSettings()
     entries = sec.get("servers")
-    servers = _server_list(entries, rd, "servers") if entries else d.servers
+    # The poll server holds at most MAX_SERVERS; it does not read previous_servers.
+    servers = _server_list(entries, rd, "servers", MAX_SERVERS) if entries else d.servers
     previous: tuple[str, ...] = ()
     if entries := sec.get("previous_servers"):
-        previous = _server_list(entries, rd, "previous_servers")
+        previous = _server_list(entries, rd, "previous_servers", None)
     replicas = 1 if len(servers) >= 2 else 0
     if e := _one(sec, "replicas"):
         replicas = _int(e, rd, "[memcached] replicas", 0, 1)
@@ -354,6 +375,9 @@ def _redis_address(e: _Entry, rd: _Reader, section: str) -> str:
     if e.value.startswith("unix:"):
         if not e.value[5:].startswith("/"):
             raise rd.error(e.line, f"[{section}] server: unix: needs an absolute path")
+        if len(e.value[5:].encode("utf-8")) > MAX_UNIX_PATH:
+            msg = f"[{section}] server: unix socket path longer than {MAX_UNIX_PATH} bytes"
+            raise rd.error(e.line, msg)
     elif not _host_port(e.value):
         msg = f"[{section}] server: expected host:port or unix:/path, got {e.value!r}"
         raise rd.error(e.line, msg)
@@ -361,12 +385,19 @@ def _redis_address(e: _Entry, rd: _Reader, section: str) -> str:
 
 
 def _readable(e: _Entry, rd: _Reader, section: str) -> str:
-    """A `password_file` that can be read now (the error names it, never its content)."""
+    """A `password_file` whose first line is a password, as the poll server reads it (the error
+    names the file, never its content)."""
     try:
-        Path(e.value).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        data = Path(e.value).read_bytes()
+    except OSError as exc:
         msg = f"[{section}] password_file: cannot read {e.value!r}: {exc}"
         raise rd.error(e.line, msg) from None
+    first = data.split(b"\n", 1)[0].removesuffix(b"\r")
+    if not first:
+        raise rd.error(e.line, f"[{section}] password_file {e.value!r}: the first line is empty")
+    if len(first) > MAX_PASSWORD:
+        msg = f"[{section}] password_file {e.value!r}: first line longer than {MAX_PASSWORD} bytes"
+        raise rd.error(e.line, msg)
     return e.value
 
 
@@ -392,10 +423,13 @@ def _redis(sec: dict[str, list[_Entry]], rd: _Reader) -> RedisSettings:
             if not _host_port(spec):
                 raise rd.error(e.line, f"[redis] sentinels: expected host:port, got {spec!r}")
             sentinels.append(spec)
+        if len(sentinels) > MAX_SENTINELS:
+            raise rd.error(e.line, f"[redis] sentinels: more than {MAX_SENTINELS}")
     master_name = None
     if (e := _one(sec, "master_name")) and e.value:
-        if any(not 0x21 <= ord(c) <= 0x7E for c in e.value):
-            raise rd.error(e.line, "[redis] master_name must be printable ASCII without spaces")
+        if len(e.value) > MAX_MASTER_NAME or any(not 0x21 <= ord(c) <= 0x7E for c in e.value):
+            msg = f"[redis] master_name must be 1-{MAX_MASTER_NAME} printable ASCII, no spaces"
+            raise rd.error(e.line, msg)
         master_name = e.value
     if sentinels and master_name is None:
         line = sec["sentinels"][0].line

@@ -5,7 +5,8 @@
  * and the tests all go through fp_config_set(), so a value is checked the
  * same way wherever it comes from.
  *
- * The file dialect is the one the Python app reads too (docs/configuration.md):
+ * The file dialect is the one the Python app reads too (docs/configuration.md;
+ * tests/vectors/config.json holds the cases both readers are tested with):
  * `[section]`, `key = value`, comments starting with ';' or '#' at the start
  * of a line or after whitespace, no continuation lines, names case-sensitive.
  * Debian's libinih reads lines into a 200-byte buffer (INI_MAX_LINE, a compile
@@ -20,6 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include <arpa/inet.h>
@@ -100,25 +102,33 @@ static char *dupn(const char *s, size_t n)
     return p;
 }
 
-/* Strict unsigned decimal: digits only, within [min, max]. */
-static int parse_ull(const char *v, unsigned long long min,
-                     unsigned long long max, unsigned long long *out)
+/* Strict unsigned decimal of len bytes: digits only, within [min, max].
+ * Leading zeros are allowed however many (as in the app); the overflow check
+ * alone bounds the value. */
+static int parse_ulln(const char *v, size_t len, unsigned long long min,
+                      unsigned long long max, unsigned long long *out)
 {
     unsigned long long n = 0;
 
-    if (*v == '\0' || strlen(v) > 20)
+    if (len == 0)
         return -1;
-    for (const char *p = v; *p; p++) {
-        if (*p < '0' || *p > '9')
+    for (size_t i = 0; i < len; i++) {
+        if (v[i] < '0' || v[i] > '9')
             return -1;
-        if (n > (ULLONG_MAX - (unsigned)(*p - '0')) / 10)
+        if (n > (ULLONG_MAX - (unsigned)(v[i] - '0')) / 10)
             return -1;
-        n = n * 10 + (unsigned)(*p - '0');
+        n = n * 10 + (unsigned)(v[i] - '0');
     }
     if (n < min || n > max)
         return -1;
     *out = n;
     return 0;
+}
+
+static int parse_ull(const char *v, unsigned long long min,
+                     unsigned long long max, unsigned long long *out)
+{
+    return parse_ulln(v, strlen(v), min, max, out);
 }
 
 static int is_host_char(char c)
@@ -143,7 +153,6 @@ static int parse_host_port(const char *v, size_t n, struct fp_server_addr *a,
                            char *why, size_t whylen)
 {
     const char *colon = NULL;
-    char port[8];
     unsigned long long p;
 
     for (size_t i = 0; i < n; i++)
@@ -158,13 +167,7 @@ static int parse_host_port(const char *v, size_t n, struct fp_server_addr *a,
             HOST_MAX);
         return -1;
     }
-    if ((size_t)(v + n - colon - 1) >= sizeof(port)) {
-        fmt(why, whylen, "port not an integer in 1..65535");
-        return -1;
-    }
-    memcpy(port, colon + 1, (size_t)(v + n - colon - 1));
-    port[v + n - colon - 1] = '\0';
-    if (parse_ull(port, 1, 65535, &p) < 0) {
+    if (parse_ulln(colon + 1, (size_t)(v + n - colon - 1), 1, 65535, &p) < 0) {
         fmt(why, whylen, "port not an integer in 1..65535");
         return -1;
     }
@@ -467,7 +470,7 @@ static int set_params(struct fp_settings *s, const struct option_def *o,
                       const char *v, char *why, size_t whylen)
 {
     char *names[FP_MAX_PARAMS] = { 0 };
-    size_t n = 0, i, out;
+    size_t n = 0, i;
     const char *p = v;
     int rc = -1;
 
@@ -501,11 +504,18 @@ static int set_params(struct fp_settings *s, const struct option_def *o,
             fmt(why, whylen, "exp and sig are reserved for signed poll URLs");
             goto out;
         }
-        if (len == 4 && memcmp(start, "wait", 4) == 0) {
-            /* docs/api.md: the long poll's wait is never part of a key. */
+        if (len == 4 && strncasecmp(start, "wait", 4) == 0) {
+            /* docs/api.md: the long poll's wait is never part of a key, in
+             * any case (every reader of wait ignores its case). */
             fmt(why, whylen, "wait is the long poll's parameter, never a key's");
             goto out;
         }
+        /* A repeated name counts once, as in the app. */
+        for (i = 0; i < n; i++)
+            if (strlen(names[i]) == len && memcmp(names[i], start, len) == 0)
+                break;
+        if (i < n)
+            continue;
         if (n == FP_MAX_PARAMS) {
             fmt(why, whylen, "more than %d parameters", FP_MAX_PARAMS);
             goto out;
@@ -517,13 +527,6 @@ static int set_params(struct fp_settings *s, const struct option_def *o,
         n++;
     }
     qsort(names, n, sizeof(names[0]), cmp_str);
-    for (i = 0, out = 0; i < n; i++) {
-        if (out > 0 && strcmp(names[out - 1], names[i]) == 0)
-            free(names[i]);
-        else
-            names[out++] = names[i];
-    }
-    n = out;
     for (i = 0; i < s->nkey_params; i++)
         free(s->key_params[i]);
     memcpy(s->key_params, names, n * sizeof(names[0]));
@@ -1195,6 +1198,79 @@ struct ini_ctx {
     bool servers_seen;
 };
 
+/* isspace() in the C locale, as libinih trims. */
+static int is_ini_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' ||
+           c == '\r';
+}
+
+/* Nothing, or a comment after whitespace: what may follow a "]". */
+static int blank_or_comment(const char *p)
+{
+    const char *q = p;
+
+    while (is_ini_space(*q))
+        q++;
+    return *q == '\0' || (q > p && (*q == ';' || *q == '#'));
+}
+
+/* The lines libinih reads without a word, refused as the app refuses them
+ * (fallback_app config.py, tests/vectors/config.json): a section header is
+ * "[name]" with at most a comment after it and names a section one of the
+ * two programs reads; any other line that is not a comment needs "=" or ":"
+ * before a comment. libinih's own syntax error could not name the key. */
+static int check_line(struct ini_ctx *c, const char *line)
+{
+    const char *p = line, *end;
+    char text[INI_MAX_LINE], q[96];
+    size_t n;
+
+    if (c->lineno == 1 && strncmp(p, "\xEF\xBB\xBF", 3) == 0)
+        p += 3; /* libinih skips a UTF-8 byte order mark there */
+    while (is_ini_space(*p))
+        p++;
+    if (*p == '\0' || *p == ';' || *p == '#')
+        return 0;
+    n = strlen(p);
+    while (n > 0 && (p[n - 1] == '\n' || p[n - 1] == '\r'))
+        n--;
+    if (n >= sizeof(text))
+        n = sizeof(text) - 1;
+    memcpy(text, p, n);
+    text[n] = '\0';
+    if (*p == '[') {
+        end = strchr(p + 1, ']');
+        if (end == NULL || !blank_or_comment(end + 1)) {
+            quote(q, sizeof(q), text);
+            fmt(c->err, c->errlen, "%s:%d: malformed section header %s "
+                "(expected \"[name]\", then nothing or a comment)", c->name,
+                c->lineno, q);
+            goto fail;
+        }
+        text[end - p + 1] = '\0';
+        quote(q, sizeof(q), text);
+        text[end - p] = '\0'; /* the name alone, for the lookup */
+        if (!known_section(text + 1) && strcmp(text + 1, "app") != 0) {
+            fmt(c->err, c->errlen, "%s:%d: unknown section %s (neither the "
+                "poll server nor the app reads it)", c->name, c->lineno, q);
+            goto fail;
+        }
+        return 0;
+    }
+    for (end = p; *end != '\0' && *end != '=' && *end != ':'; end++)
+        if (is_ini_space(end[0]) && (end[1] == ';' || end[1] == '#'))
+            break;
+    if (*end == '=' || *end == ':')
+        return 0;
+    quote(q, sizeof(q), text);
+    fmt(c->err, c->errlen, "%s:%d: syntax error: expected \"key = value\", "
+        "\"[section]\" or a comment, got %s", c->name, c->lineno, q);
+fail:
+    c->err_line = c->lineno;
+    return -1;
+}
+
 /* libinih's reader: fgets plus line counting, so that the handler knows the
  * line (Debian builds inih without INI_HANDLER_LINENO) and an over-long
  * line is an error instead of being split into two. */
@@ -1233,6 +1309,8 @@ static char *fp_ini_reader(char *str, int num, void *stream)
             "limit of Debian's libinih); split a long [memcached] "
             "servers list over several \"servers =\" lines",
             c->name, c->lineno, num - 2);
+        str[0] = '\0';
+    } else if (check_line(c, str) < 0) {
         str[0] = '\0';
     }
     return str;

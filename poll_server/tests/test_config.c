@@ -114,9 +114,7 @@ static void test_good_file(void **state)
         "level = debug\n"
         "[app]\n"
         "database = /var/lib/fastpoll.db\n"
-        "anything = goes here\n"
-        "[something_else]\n"
-        "whatever = 1\n"), 0);
+        "anything = goes here\n"), 0);
     assert_string_equal(s.listen, "10.1.2.3");
     assert_int_equal(s.port, 9000);
     assert_int_equal(s.max_header_size, 4096);
@@ -328,7 +326,11 @@ static void test_unknown_and_repeats(void **state)
     expect_error("[memcached]\nservers = a:1\n  b:2\n", ":3:",
                  "unknown key \"b\"", NULL);
     expect_error("[memcached]\nservers = a:1\n  b\n", ":3:", "syntax", NULL);
-    expect_error("[server\nport = 1\n", ":1:", "syntax", NULL);
+    expect_error("[server\nport = 1\n", ":1:", "malformed section header",
+                 "[server");
+    /* A section neither program reads is a typo, not another program's. */
+    expect_error("[server]\nport = 1\n[memcache]\n", ":3:",
+                 "unknown section", "memcache");
     /* The first error wins, whichever kind it is. */
     expect_error("[server]\nport = x\nnonsense\n", ":2:", "port", NULL);
     expect_error("[server]\nnonsense\nport = x\n", ":2:", "syntax", NULL);
