@@ -142,6 +142,9 @@ def _run(args: argparse.Namespace, settings: config.Settings) -> int:
     except StoreError as exc:
         print(f"fastpoll_app: [app] database {settings.app.database}: {exc}", file=sys.stderr)
         return 1
+    if why := config.open_api_refusal(settings.app):
+        print(f"fastpoll_app: {settings.source}: {why}", file=sys.stderr)
+        return 1
     if args.check:
         print(f"fastpoll_app: {args.config or '(defaults)'}: OK", file=sys.stderr)
         return 0

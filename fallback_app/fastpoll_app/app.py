@@ -170,6 +170,12 @@ def create_app(settings: Settings | None = None) -> Starlette:
     store = open_store(settings.app)
     metrics.set_config_sha256(settings.sha256)
     api_token = config.read_api_token(settings.app)
+    if api_token is None:
+        log.warning(
+            "THE WRITE API IS OPEN: no [app] api_token_file, anyone who reaches this listener "
+            "can publish and mark read (%s)",
+            "open_api = true" if settings.app.open_api else "the command line refuses this",
+        )
     timeout = settings.cache.timeout_ms
     fp = FastPoll(
         settings,

@@ -152,8 +152,10 @@ class AppSettings:
     database: str = "fastpoll.db"
     max_body_size: int = 65536
     database_password_file: str | None = None
-    # None: the write API is open to whoever reaches the app's listener.
+    # None: the write API is open to whoever reaches the app's listener, which the command line
+    # refuses to start unless open_api says that is meant (a local development stack).
     api_token_file: str | None = None
+    open_api: bool = False
 
     @property
     def is_postgresql(self) -> bool:
@@ -213,6 +215,7 @@ _KNOWN: dict[str, dict[str, bool]] = {
         "max_body_size": False,
         "database_password_file": False,
         "api_token_file": False,
+        "open_api": False,
     },
     "signing": {"secret_file": False, "ttl": False},
     "poll": {
@@ -514,7 +517,12 @@ def _app(sec: dict[str, list[_Entry]], rd: _Reader) -> AppSettings:
         except ValueError as exc:
             raise rd.error(e.line, str(exc)) from None
         api_token_file = e.value
-    return AppSettings(database, max_body_size, password_file, api_token_file)
+    open_api = d.open_api
+    if e := _one(sec, "open_api"):
+        if e.value not in ("true", "false"):
+            raise rd.error(e.line, "[app] open_api must be true or false")
+        open_api = e.value == "true"
+    return AppSettings(database, max_body_size, password_file, api_token_file, open_api)
 
 
 def _signing(sec: dict[str, list[_Entry]], rd: _Reader) -> SigningSettings:
@@ -624,6 +632,18 @@ def read_database_password(settings: AppSettings) -> str | None:
     if not settings.database_password_file:
         return None
     return read_secret_file(settings.database_password_file, "[app] database_password_file")
+
+
+def open_api_refusal(settings: AppSettings) -> str | None:
+    """Why the app must not serve with these settings (no write API token and no explicit
+    open_api = true), or None."""
+    if settings.api_token_file or settings.open_api:
+        return None
+    return (
+        "[app] api_token_file is not set: the write API (POST /api/messages, "
+        "/api/messages/read, /api/poll-url) would accept anyone who reaches the app's "
+        "listener. Set api_token_file, or open_api = true for a local development stack"
+    )
 
 
 def read_api_token(settings: AppSettings) -> str | None:

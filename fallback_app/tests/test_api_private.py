@@ -273,7 +273,9 @@ def test_migrate_and_refusal_on_an_unmigrated_postgresql(
         conn.execute("CREATE DATABASE fresh")
     url = pg.url.rsplit("/", 1)[0] + "/fresh"
     ini = tmp_path / "f.ini"
-    ini.write_text(f"[app]\ndatabase = {url}\ndatabase_password_file = {srv.password_file}\n")
+    ini.write_text(
+        f"[app]\ndatabase = {url}\ndatabase_password_file = {srv.password_file}\nopen_api = true\n"
+    )
     r = run_cli("--config", str(ini), "--check")
     assert r.returncode == 1
     assert "schema is version 0" in r.stderr and "fastpoll_app migrate" in r.stderr

@@ -75,7 +75,8 @@ def test_workers_share_their_counts(memcached: Server, tmp_path: Path) -> None:
     requests of both, and the directory the CLI made for them is gone after it exits."""
     ini = tmp_path / "f.ini"
     ini.write_text(
-        f"[app]\ndatabase = {tmp_path / 'db'}\n[memcached]\nservers = {memcached.addr}\n"
+        f"[app]\ndatabase = {tmp_path / 'db'}\nopen_api = true\n"
+        f"[memcached]\nservers = {memcached.addr}\n"
     )
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}

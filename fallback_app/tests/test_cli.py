@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
-from .conftest import Server, free_port
+from .conftest import Server, app_process, free_port
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -25,7 +22,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_check_ok_and_bad(tmp_path: Path) -> None:
     good = tmp_path / "good.ini"
-    good.write_text(f"[cache]\nttl = 5\n[app]\ndatabase = {tmp_path / 'db'}\n")
+    good.write_text(f"[cache]\nttl = 5\n[app]\ndatabase = {tmp_path / 'db'}\nopen_api = true\n")
     r = run_cli("--config", str(good), "--check")
     assert r.returncode == 0, r.stderr
     bad = tmp_path / "bad.ini"
@@ -33,6 +30,26 @@ def test_check_ok_and_bad(tmp_path: Path) -> None:
     r = run_cli("--config", str(bad), "--check")
     assert r.returncode == 1
     assert f"{bad}:3: unknown key 'ttll' in [cache]" in r.stderr
+
+
+def test_refuses_to_serve_an_open_write_api(tmp_path: Path) -> None:
+    """Without [app] api_token_file the write API would take anyone's writes: the app refuses to
+    start (and --check fails) unless open_api = true says that is meant; with a token it runs."""
+    ini = tmp_path / "f.ini"
+    ini.write_text(f"[app]\ndatabase = {tmp_path / 'db'}\n")
+    for args in (["--check"], ["--port", str(free_port())]):
+        r = run_cli("--config", str(ini), *args)
+        assert r.returncode == 1
+        assert f"{ini}: [app] api_token_file is not set" in r.stderr, r.stderr
+        assert "open_api = true" in r.stderr
+    token = tmp_path / "api.token"
+    token.write_text("t" * 32 + "\n")
+    token.chmod(0o600)
+    ini.write_text(f"[app]\ndatabase = {tmp_path / 'db'}\napi_token_file = {token}\n")
+    assert run_cli("--config", str(ini), "--check").returncode == 0
+    ini.write_text(f"[app]\ndatabase = {tmp_path / 'db'}\nopen_api = yes\n")
+    r = run_cli("--config", str(ini), "--check")
+    assert r.returncode == 1 and "open_api must be true or false" in r.stderr
 
 
 def test_bad_database_path(tmp_path: Path) -> None:
@@ -47,42 +64,14 @@ def test_serves_with_two_workers(tmp_path: Path, memcached: Server) -> None:
     ini = tmp_path / "fastpoll.ini"
     ini.write_text(
         f"[memcached]\nservers = {memcached.addr}\n[app]\ndatabase = {tmp_path / 'db.sqlite'}\n"
+        "open_api = true\n"
     )
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fastpoll_app", "--config", str(ini), "--port", str(port),
-         "--workers", "2"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        base = f"http://127.0.0.1:{port}"
-        end = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < end, "app did not come up"
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            time.sleep(0.1)
-        with httpx.Client(base_url=base, timeout=10) as c:
-            r = c.get("/Poll/getMessages?user_id=3")
-            assert r.status_code == 200 and r.content == b""
-            assert r.headers["x-poll-source"] == "app"
-            assert "server" not in r.headers
-            for i in range(20):  # spread over both workers
-                assert (
-                    c.post("/api/messages", json={"user_id": 3, "text": f"t{i}"}).status_code == 201
-                )
-            r = c.get("/Poll/getMessages?user_id=3")
-            assert r.content.startswith(b'{"unread":20,')
-    finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0
+    with app_process(ini, workers=2) as base, httpx.Client(base_url=base, timeout=10) as c:
+        r = c.get("/Poll/getMessages?user_id=3")
+        assert r.status_code == 200 and r.content == b""
+        assert r.headers["x-poll-source"] == "app"
+        assert "server" not in r.headers
+        for i in range(20):  # spread over both workers
+            assert c.post("/api/messages", json={"user_id": 3, "text": f"t{i}"}).status_code == 201
+        r = c.get("/Poll/getMessages?user_id=3")
+        assert r.content.startswith(b'{"unread":20,')
