@@ -29,10 +29,10 @@ from starlette.routing import Route
 
 from . import __version__, conditional, config, metrics, signing
 from .announce import make_announcer
-from .cache import make_cache
+from .cache import RateLimitedLog, make_cache
 from .config import Settings
 from .service import POLL_PATH, FastPoll
-from .store import IdempotencyConflict, open_store
+from .store import IdempotencyConflict, StoreError, Unavailable, UserBusy, open_store
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +185,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         announcer=make_announcer(settings),
     )
     pacing = settings.poll
+    warn = RateLimitedLog(log)
     limit = settings.app.max_body_size
     content_type = settings.cache.content_type
     # Signed poll URLs (docs/security.md): without a secret file they are not checked.
@@ -290,6 +291,15 @@ def create_app(settings: Settings | None = None) -> Starlette:
         )
 
     async def healthz(request: Request) -> Response:
+        # Asks the database each time: an app that cannot reach it is not healthy.
+        try:
+            await run_in_threadpool(store.ping)
+        except StoreError as exc:
+            warn.warning("healthz", f"/healthz: database unavailable: {exc}")
+            return JSONResponse(
+                {"status": "database unavailable", "config_sha256": settings.sha256},
+                status_code=503,
+            )
         return JSONResponse({"status": "ok", "config_sha256": settings.sha256})
 
     async def metrics_page(request: Request) -> Response:
@@ -301,6 +311,18 @@ def create_app(settings: Settings | None = None) -> Starlette:
         if not isinstance(exc, HTTPException):
             return await server_error(request, exc)
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    async def unavailable(request: Request, exc: Exception) -> Response:
+        # 503 and when to try again: the database is down or restarting, every connection is
+        # busy, or this user's order stayed taken (UserBusy). A retry with the same
+        # Idempotency-Key is safe.
+        warn.warning(type(exc).__name__, f"503 on {request.method} {request.url.path}: {exc}")
+        what = (
+            "this user's messages are busy, try again"
+            if isinstance(exc, UserBusy)
+            else "the database is unavailable, try again"
+        )
+        return JSONResponse({"error": what}, status_code=503, headers={"Retry-After": "1"})
 
     async def server_error(request: Request, exc: Exception) -> Response:
         log.error("unhandled error on %s %s: %r", request.method, request.url.path, exc)
@@ -340,7 +362,11 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/metrics", metrics_page, methods=["GET"]),
         ],
         middleware=[Middleware(metrics.MetricsMiddleware)],
-        exception_handlers={HTTPException: http_error, 500: server_error},
+        exception_handlers={
+            HTTPException: http_error,
+            Unavailable: unavailable,
+            500: server_error,
+        },
         lifespan=lifespan,
     )
     app.state.fastpoll = fp

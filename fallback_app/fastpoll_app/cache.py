@@ -23,7 +23,8 @@ import ctypes.util
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol
 
 import pylibmc
@@ -45,6 +46,13 @@ class CacheError(Exception):
 # or from a fill, changed the key in between; under the user's order that is rare).
 PUT_TRIES = 5
 VERSION_SUFFIX = b"#v"  # never in a poll key: '#' is escaped by the key scheme (docs/keys.md)
+# A memcached node whose last operation failed (timed out, refused) is suspect until one
+# succeeds. While it is, at most this many operations of one cache client wait on it at once; the
+# others fail at once (CacheError: a write stays in the outbox, a fill is skipped). Every one of
+# them holds the user's order and, on PostgreSQL, a pooled connection while it waits: without
+# the bound, the writes of a hung node's users took every connection and thread of the process
+# and the other nodes' users waited behind them.
+SUSPECT_IN_FLIGHT = 4
 
 
 class Cache(Protocol):
@@ -153,6 +161,35 @@ class Placement:
             k.close()
 
 
+class _NodeGuard:
+    """The suspect state of one memcached node and the operations in flight on it."""
+
+    def __init__(self, addr: str) -> None:
+        self._addr = addr
+        self._lock = threading.Lock()
+        self._suspect = False
+        self._in_flight = 0
+
+    @contextmanager
+    def use(self) -> Iterator[None]:
+        with self._lock:
+            if self._suspect and self._in_flight >= SUSPECT_IN_FLIGHT:
+                raise CacheError(
+                    f"{self._addr}: failing, {self._in_flight} operations already wait on it"
+                )
+            self._in_flight += 1
+        failed = False
+        try:
+            yield
+        except pylibmc.Error as exc:
+            failed = not isinstance(exc, pylibmc.NotFound)  # NOT_FOUND is an answer
+            raise
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._suspect = failed
+
+
 class MemcachedCache:
     """memcached through pylibmc: one client per node, the node chosen by Placement.
 
@@ -190,11 +227,20 @@ class MemcachedCache:
         self._masters: dict[str, pylibmc.Client] = {}
         # pylibmc clients are not thread-safe: one clone per threadpool thread, per node.
         self._pools: dict[str, pylibmc.ThreadMappedPool] = {}
+        self._guards: dict[str, _NodeGuard] = {}
         for addr in (*servers, *previous_servers):
             if addr not in self._masters:
                 mc = pylibmc.Client([addr], binary=False, behaviors=behaviors)
                 self._masters[addr] = mc
                 self._pools[addr] = pylibmc.ThreadMappedPool(mc)
+                self._guards[addr] = _NodeGuard(addr)
+
+    @contextmanager
+    def _client(self, addr: str) -> Iterator[pylibmc.Client]:
+        """This thread's client of node `addr`; CacheError at once if the node is suspect and
+        SUSPECT_IN_FLIGHT operations already wait on it."""
+        with self._guards[addr].use(), self._pools[addr].reserve() as mc:
+            yield mc
 
     def nodes(self, key: bytes) -> tuple[str, ...]:
         """Every node that holds `key`: the current list's primary first, then its replica,
@@ -211,9 +257,9 @@ class MemcachedCache:
         failed: list[str] = []
         for addr in self.nodes(key):
             try:
-                with self._pools[addr].reserve() as mc:
+                with self._client(addr) as mc:
                     done = bool(mc.add(key, value, time=self._ttl))
-            except pylibmc.Error as exc:
+            except (pylibmc.Error, CacheError) as exc:
                 failed.append(f"{addr}: {exc}")
                 continue
             if stored is None:
@@ -223,7 +269,7 @@ class MemcachedCache:
         return bool(stored)
 
     def _put_one(self, addr: str, key: bytes, value: bytes) -> None:
-        with self._pools[addr].reserve() as mc:
+        with self._client(addr) as mc:
             for _ in range(PUT_TRIES):
                 current, unique = mc.gets(key)
                 if current is None:
@@ -258,9 +304,9 @@ class MemcachedCache:
         errors: list[str] = []
         for addr in self.nodes(key):
             try:
-                with self._pools[addr].reserve() as mc:
+                with self._client(addr) as mc:
                     value = mc.get(key)
-            except pylibmc.Error as exc:
+            except (pylibmc.Error, CacheError) as exc:
                 errors.append(f"{addr}: {exc}")
                 continue
             return value if value is None else bytes(value)
@@ -270,9 +316,9 @@ class MemcachedCache:
         failed: list[str] = []
         for addr in self.nodes(key):
             try:
-                with self._pools[addr].reserve() as mc:
+                with self._client(addr) as mc:
                     mc.delete(key)
-            except pylibmc.Error as exc:
+            except (pylibmc.Error, CacheError) as exc:
                 failed.append(f"{addr}: {exc}")
         if failed:
             raise CacheError(f"memcached delete: {'; '.join(failed)}")

@@ -18,7 +18,7 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 STRIPES = 1024
@@ -43,6 +43,55 @@ def _lock_stripe(fd: int, stripe: int) -> None:
                 raise
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
+
+
+class _Waiting:
+    __slots__ = ("lock", "count")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0  # threads holding or waiting for `lock`
+
+
+class UserGate:
+    """One thread per user inside the user's order in this process; the others wait here, for
+    at most `timeout` seconds and at most `max_waiting` of them (`busy` raised beyond either).
+
+    In front of both stores' locks: the threads of one busy user (its order held by a slow
+    write, a hung cache node, another host) wait without holding anything shared, neither a
+    pooled database connection nor a lock stripe, so they cannot take those from other users;
+    and a user can keep at most 1 + max_waiting of the process's threads."""
+
+    def __init__(
+        self, timeout: float, max_waiting: int, busy: Callable[[str], Exception]
+    ) -> None:
+        self._timeout = timeout
+        self._max_waiting = max_waiting
+        self._busy = busy  # the exception to raise, given what was busy
+        self._mutex = threading.Lock()
+        self._users: dict[int, _Waiting] = {}
+
+    @contextmanager
+    def hold(self, user_id: int) -> Iterator[None]:
+        with self._mutex:
+            w = self._users.get(user_id)
+            if w is None:
+                w = self._users[user_id] = _Waiting()
+            elif w.count > self._max_waiting:
+                raise self._busy(f"{w.count} requests of this user already in progress here")
+            w.count += 1
+        try:
+            if not w.lock.acquire(timeout=self._timeout):
+                raise self._busy(f"the user's order was not free within {self._timeout:g} s")
+            try:
+                yield
+            finally:
+                w.lock.release()
+        finally:
+            with self._mutex:
+                w.count -= 1
+                if w.count == 0:
+                    del self._users[user_id]
 
 
 class UserLocks:

@@ -57,7 +57,8 @@ CACHE_FILLS = Counter(
     "fastpoll_app_cache_fills",
     "Cache fills after a poll the app answered: stored (add took), exists (the key was "
     "already there), error (cache unreachable: answered, not cached), skipped (not the "
-    "user's canonical key: answered, never cached).",
+    "user's canonical key: answered, never cached), busy (the user's order was taken too "
+    "long: answered from the database, not cached).",
     ["result"],
 )
 PUBLISHES = Counter(

@@ -17,7 +17,16 @@ from .cache import Cache, CacheError, RateLimitedLog
 from .config import Settings
 from .keys import InvalidKey, derive_key
 from .metrics import CACHE_FILLS, CACHE_SECONDS, PUBLISHES, REPAIR_PENDING, REPAIRS, Timer
-from .store import Message, Snapshot, Store, StoreError, Tx, UserSession
+from .store import (
+    ConnectionLost,
+    Message,
+    Snapshot,
+    Store,
+    StoreError,
+    Tx,
+    UserBusy,
+    UserSession,
+)
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +36,10 @@ REPAIR_INTERVAL = 1.0
 # wait for the cache timeout, in parallel, so they do not hold up the keys of healthy nodes.
 REPAIR_BATCH = 64
 REPAIR_THREADS = 4
+# Attempts of one poll or write whose database connection broke (a restart, a terminated
+# backend): each retry takes a new connection. A write's retry first checks whether the broken
+# attempt committed (publish: its message id), so a message is stored once.
+STORE_TRIES = 3
 
 T = TypeVar("T")
 
@@ -78,7 +91,16 @@ class FastPoll:
         """
         if key is None or key != self.user_key(user_id):
             CACHE_FILLS.labels("skipped").inc()
-            return self.store.poll_answer(user_id)
+            return self._retrying(lambda: self.store.poll_answer(user_id))
+        try:
+            return self._retrying(lambda: self._fill_from_db(user_id, key))
+        except UserBusy:
+            # The user's order is taken (a write stuck on a hung node, another host): answer
+            # from the database at once, without the fill, which needs the order.
+            CACHE_FILLS.labels("busy").inc()
+            return self._retrying(lambda: self.store.poll_answer(user_id))
+
+    def _fill_from_db(self, user_id: int, key: bytes) -> bytes:
         # In the user's order, so no write can commit and write the cache between our read and
         # our `add` (the key may have been evicted, and the `add` would store the older answer).
         with self.store.user(user_id) as session:
@@ -92,6 +114,17 @@ class FastPoll:
                 self._warn.warning("fill", f"cache fill failed, answered without caching: {exc}")
         return snap.answer
 
+    def _retrying(self, op: Callable[[], T]) -> T:
+        """op(), again on a new connection when the database connection broke under it."""
+        for attempt in range(1, STORE_TRIES + 1):
+            try:
+                return op()
+            except ConnectionLost as exc:
+                if attempt == STORE_TRIES:
+                    raise
+                self._warn.warning("retry", f"database connection lost, retrying: {exc}")
+        raise AssertionError("unreachable")
+
     # -- writers ------------------------------------------------------------
 
     def publish(
@@ -102,14 +135,24 @@ class FastPoll:
         Returns (message, cache_written); cache_written is None for an idempotent replay (the
         message was stored before; nothing changed now).
         """
-        replay: list[bool] = []
+        replay = [False]
+        stored: list[Message] = []  # what an attempt inserted, committed or not
 
         def change(tx: Tx) -> Message:
-            msg, again = tx.add_message(text, idem_key)
-            replay.append(again)
+            if stored:
+                # An earlier attempt's connection broke, maybe after its COMMIT reached the
+                # server: if its message is there, it is this publish's (ids are never reused);
+                # the cache write it did not make is made now.
+                earlier = tx.get_message(stored[0].id)
+                if earlier is not None:
+                    replay[0] = False
+                    return earlier
+            msg, replay[0] = tx.add_message(text, idem_key)
+            if not replay[0]:
+                stored[:] = [msg]
             return msg
 
-        return self._write(user_id, change, lambda: bool(replay and replay[0]))
+        return self._write(user_id, change, lambda: replay[0])
 
     def mark_read(self, user_id: int, up_to_id: int) -> tuple[int, bool]:
         """Mark the user's unread messages with id <= up_to_id read; (count, cache_written)."""
@@ -124,16 +167,21 @@ class FastPoll:
         inside the transaction: SQLite's write lock is database-wide. After a cache write, out
         of the user's order, the key is announced (a lost or reordered announcement only makes
         a poll server re-read the key later: the message carries no state)."""
+        result, written = self._retrying(lambda: self._write_once(user_id, change, unchanged))
+        if written:
+            self.announce(user_id)
+        return result, written
+
+    def _write_once(
+        self, user_id: int, change: Callable[[Tx], T], unchanged: Callable[[], bool]
+    ) -> tuple[T, bool | None]:
         with self.store.user(user_id) as session:
             with session.write() as tx:
                 result = change(tx)
                 if unchanged():
                     return result, None
                 snap = tx.bump()
-            written = self._put(session, user_id, snap)
-        if written:
-            self.announce(user_id)
-        return result, written
+            return result, self._put(session, user_id, snap)
 
     def announce(self, user_id: int) -> bool:
         """Tell the poll servers that user_id's cached answer changed; False if not sent (no

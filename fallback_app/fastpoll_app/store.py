@@ -25,12 +25,12 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .config import AppSettings, read_database_password
-from .locks import UserLocks
+from .locks import UserGate, UserLocks
 from .metrics import DB_SECONDS, Timer
 
 BUSY_TIMEOUT_MS = 10000
@@ -49,10 +49,48 @@ OUTBOX_GRACE = 2.0
 OUTBOX_BACKOFF_BASE = 0.5
 OUTBOX_BACKOFF_MAX = 1.0
 SCHEMA_VERSION = 2
+# How long a request waits for its user's order (the in-process gate, then PostgreSQL's advisory
+# lock: lock_timeout), and how many of one user's requests may wait in one process. The order is
+# held for one write, up to the publish timeout per cache node when a node hangs; a user whose
+# order stays taken longer (a stuck session, a partitioned host) gets 503, and nobody else waits.
+USER_WAIT_S = 3.0
+USER_MAX_WAITING = 8
+# PostgreSQL: no statement of the app runs long; one that does (a lock queue, a stuck server)
+# is cancelled rather than holding its pooled connection. `migrate` lifts it.
+PG_STATEMENT_TIMEOUT_MS = 10000
+# TCP keepalives on every libpq connection: a peer that vanished without a reset (partition,
+# host death) is noticed within idle + interval x count = 5 + 3 x 2 s, not the kernel's 2 hours,
+# and its session, advisory locks included, ends with the socket. tcp_user_timeout bounds
+# unacknowledged sends the same way.
+PG_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 11000,
+}
+# Waiting for a free pooled connection (or for the pool to reconnect): then 503.
+PG_POOL_TIMEOUT_S = 5.0
 
 
 class StoreError(Exception):
     """The database failed (connection, constraint, timeout); callers answer 500 or retry."""
+
+
+class Unavailable(StoreError):
+    """The database cannot serve the request now (down, restarting, every connection busy):
+    503 with Retry-After, not 500."""
+
+
+class UserBusy(Unavailable):
+    """The user's order stayed taken for USER_WAIT_S (or too many of the user's requests wait
+    for it): this user's request fails with 503, other users are not held up."""
+
+
+class ConnectionLost(Unavailable):
+    """The database connection broke during the operation. Nothing of a transaction whose
+    COMMIT was not answered can be assumed either way: the caller retries the whole operation
+    on a new connection, and a write checks first whether its earlier attempt committed."""
 
 
 class NotMigrated(StoreError):
@@ -173,6 +211,11 @@ class Tx:
     def mark_read(self, up_to_id: int) -> int:
         return int(self._run(_MARK_READ, (self._uid, up_to_id)).rowcount)
 
+    def get_message(self, message_id: int) -> Message | None:
+        """The message, if stored (a retried publish asks whether its first attempt committed)."""
+        row = self._run(_GET_MESSAGE, (message_id,)).fetchone()
+        return _message(row) if row else None
+
     def bump(self) -> Snapshot:
         """Increment the user's version, record the outbox row, return the new answer."""
         (version,) = self._run(_BUMP_VERSION, (self._uid,)).fetchone()
@@ -208,6 +251,10 @@ class Store(Protocol):
         ...
 
     def outbox_backlog(self) -> int: ...
+
+    def ping(self) -> None:
+        """Unavailable unless the database answers now (GET /healthz)."""
+        ...
 
     def schema_version(self) -> int: ...
 
@@ -250,6 +297,14 @@ CREATE INDEX outbox_due ON outbox (attempts, due);
 }
 
 
+def _sqlite_error(exc: sqlite3.Error) -> StoreError:
+    # "database is locked": the write lock stayed taken for BUSY_TIMEOUT_MS (an overloaded or
+    # stuck writer); try again later, nothing was written.
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+        return Unavailable(str(exc))
+    return StoreError(str(exc))
+
+
 class _SqliteSession:
     def __init__(self, store: SqliteStore, user_id: int) -> None:
         self._store = store
@@ -285,6 +340,7 @@ class SqliteStore:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._all: list[sqlite3.Connection] = []
+        self._gate = UserGate(USER_WAIT_S, USER_MAX_WAITING, UserBusy)
         self._user_locks = UserLocks(path + ".locks")
         try:
             self.conn().execute("PRAGMA journal_mode = WAL")
@@ -322,12 +378,12 @@ class SqliteStore:
             with Timer(DB_SECONDS, "begin"):
                 conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            raise StoreError(str(exc)) from exc
+            raise _sqlite_error(exc) from exc
         try:
             yield conn
         except sqlite3.Error as exc:
             conn.execute("ROLLBACK")
-            raise StoreError(str(exc)) from exc
+            raise _sqlite_error(exc) from exc
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -337,11 +393,11 @@ class SqliteStore:
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            raise StoreError(str(exc)) from exc
+            raise _sqlite_error(exc) from exc
 
     @contextmanager
     def user(self, user_id: int) -> Iterator[_SqliteSession]:
-        with self._user_locks.hold(user_id):
+        with self._gate.hold(user_id), self._user_locks.hold(user_id):
             yield _SqliteSession(self, user_id)
 
     def snapshot(self, user_id: int) -> Snapshot:
@@ -387,6 +443,12 @@ class SqliteStore:
             return int(self.conn().execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
         except sqlite3.Error as exc:
             raise StoreError(str(exc)) from exc
+
+    def ping(self) -> None:
+        try:
+            self.conn().execute("SELECT version FROM schema_version LIMIT 1").fetchone()
+        except sqlite3.Error as exc:
+            raise Unavailable(str(exc)) from exc
 
     def schema_version(self) -> int:
         conn = self.conn()
@@ -460,6 +522,29 @@ def _pg_errors() -> tuple[type[Exception], ...]:
     return (psycopg.Error, psycopg_pool.PoolTimeout)
 
 
+def _pg_error(exc: Exception, conn: Any = None) -> StoreError:
+    """What a psycopg or pool error means to the caller (500, 503, or retry on a new
+    connection)."""
+    import psycopg
+    import psycopg_pool
+    from psycopg import errors
+
+    msg = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, errors.LockNotAvailable):  # lock_timeout: the user's order stayed taken
+        return UserBusy(f"the user's order was not free within {USER_WAIT_S:g} s")
+    if isinstance(exc, psycopg_pool.PoolTimeout):
+        return Unavailable(f"no database connection within {PG_POOL_TIMEOUT_S:g} s ({msg})")
+    if isinstance(exc, errors.QueryCanceled):  # statement_timeout
+        return Unavailable(msg)
+    broken = conn is not None and (conn.broken or conn.closed)
+    # 57P01-57P03: the server is shutting down, restarting or terminated this backend.
+    if broken or isinstance(exc, errors.OperatorIntervention):
+        return ConnectionLost(msg)
+    if isinstance(exc, psycopg.OperationalError):
+        return Unavailable(msg)
+    return StoreError(msg)
+
+
 class _PgSession:
     def __init__(self, conn: Any, user_id: int) -> None:
         self._conn = conn
@@ -467,26 +552,28 @@ class _PgSession:
 
     @contextmanager
     def write(self) -> Iterator[Tx]:
-        errors = _pg_errors()
+        import psycopg
+
         try:
             with Timer(DB_SECONDS, "begin"):
                 self._conn.execute("BEGIN")
             try:
                 yield Tx(self._conn, self._uid, _pg_sql)
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                with suppress(psycopg.Error):  # a broken connection: the server rolled back
+                    self._conn.execute("ROLLBACK")
                 raise
             with Timer(DB_SECONDS, "commit"):
                 self._conn.execute("COMMIT")
-        except errors as exc:
-            raise StoreError(str(exc)) from exc
+        except _pg_errors() as exc:
+            raise _pg_error(exc, self._conn) from exc
 
     def snapshot(self) -> Snapshot:
         try:
             with Timer(DB_SECONDS, "read"):
                 row = self._conn.execute(_pg_sql(_SNAPSHOT), (self._uid,) * 4).fetchone()
         except _pg_errors() as exc:
-            raise StoreError(str(exc)) from exc
+            raise _pg_error(exc, self._conn) from exc
         return _snapshot(row)
 
     def settled(self, version: int) -> None:
@@ -496,7 +583,7 @@ class _PgSession:
                 self._conn.execute("SET LOCAL synchronous_commit TO off")
                 self._conn.execute(_pg_sql(_SETTLE_OUTBOX), (self._uid, version))
         except _pg_errors() as exc:
-            raise StoreError(str(exc)) from exc
+            raise _pg_error(exc, self._conn) from exc
 
 
 class PgStore:
@@ -511,16 +598,27 @@ class PgStore:
         import psycopg_pool
 
         self.url = settings.database
-        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": 5}
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": 5,
+            **PG_KEEPALIVES,
+            # lock_timeout bounds the wait for a user's advisory lock (UserBusy: 503).
+            "options": f"-c lock_timeout={int(USER_WAIT_S * 1000)} "
+            f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS}",
+        }
         password = read_database_password(settings)
         if password is not None:
             kwargs["password"] = password
+        self._gate = UserGate(USER_WAIT_S, USER_MAX_WAITING, UserBusy)
         self._pool = psycopg_pool.ConnectionPool(
             self.url,
             min_size=1,
             max_size=PG_POOL_MAX,
             kwargs=kwargs,
-            timeout=5,  # waiting for a free connection; then the request fails (500)
+            # Each connection is checked (an empty query) as it is handed out: one that died
+            # with its server (a restart, pg_terminate_backend) is replaced, not used.
+            check=psycopg_pool.ConnectionPool.check_connection,
+            timeout=PG_POOL_TIMEOUT_S,  # waiting for a connection; then 503 (Unavailable)
             open=False,
             name="fastpoll",
         )
@@ -542,19 +640,21 @@ class PgStore:
                 )
 
     @contextmanager
-    def _conn(self) -> Iterator[Any]:
+    def _conn(self, timeout: float | None = None) -> Iterator[Any]:
+        conn = None
         try:
-            with self._pool.connection() as conn:
+            with self._pool.connection(timeout) as conn:
                 yield conn
         except _pg_errors() as exc:
-            raise StoreError(str(exc)) from exc
+            raise _pg_error(exc, conn) from exc
 
     @contextmanager
     def user(self, user_id: int) -> Iterator[_PgSession]:
         import psycopg
 
-        with self._conn() as conn:
-            conn.execute("SELECT pg_advisory_lock(%s)", (user_id,))
+        # The gate first: the user's other requests wait there, not on a pooled connection.
+        with self._gate.hold(user_id), self._conn() as conn:
+            conn.execute("SELECT pg_advisory_lock(%s)", (user_id,))  # waits up to lock_timeout
             try:
                 yield _PgSession(conn, user_id)
             finally:
@@ -598,6 +698,10 @@ class PgStore:
         with self._conn() as conn:
             return int(conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
 
+    def ping(self) -> None:
+        with self._conn(timeout=2.0) as conn:
+            conn.execute("SELECT 1")
+
     def schema_version(self) -> int:
         with self._conn() as conn:
             if conn.execute("SELECT to_regclass('schema_version')").fetchone()[0] is None:
@@ -606,6 +710,9 @@ class PgStore:
 
     def migrate(self) -> int:
         with self._conn() as conn, conn.transaction():
+            # A migration may wait for other sessions and rewrite large tables: no limits.
+            conn.execute("SET LOCAL lock_timeout = 0")
+            conn.execute("SET LOCAL statement_timeout = 0")
             conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", _PG_MIGRATE_LOCK)
             conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             was = int(conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] or 0)

@@ -11,11 +11,14 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from starlette.testclient import TestClient
 
@@ -145,11 +148,31 @@ def redis_server(redis_session: Server) -> Server:
 class PgServer:
     pg: Postgres
     password_file: Path
-    proc: subprocess.Popen[bytes]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
 
     @property
     def app_lines(self) -> str:
         return f"database = {self.pg.url}\ndatabase_password_file = {self.password_file}\n"
+
+    def start(self) -> None:
+        """Start the server (again: the same data directory and port) and wait until ready."""
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.pg.argv(), user=self.pg.run_as, cwd="/", stdout=log, stderr=log
+            )
+        end = time.monotonic() + 30
+        while not self.pg.ready():
+            if self.proc.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"postgres did not start (see {self.log})")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Fast shutdown (SIGINT): sessions are ended, as in a restart."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(30)
+        self.proc = None
 
     def empty(self) -> None:
         import psycopg
@@ -158,37 +181,37 @@ class PgServer:
             conn.execute("TRUNCATE messages, users, outbox RESTART IDENTITY")
 
 
-@pytest.fixture(scope="session")
-def postgres_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
-    """One PostgreSQL for the session, migrated once; `app_db` empties it per test."""
+@contextmanager
+def postgres(workdir: Path) -> Iterator[PgServer]:
+    """A PostgreSQL server of its own, started, its database created and migrated; removed at
+    the end."""
     if not (PG_BIN / "postgres").exists():
         pytest.skip(f"PostgreSQL not installed ({PG_BIN})")
     from fastpoll_app.store import PgStore
 
     pg = Postgres(free_port(), secrets.token_hex(16))
     pg.init()
-    log = open(tmp_path_factory.mktemp("pglog") / "postgres.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(pg.argv(), user=pg.run_as, cwd="/", stdout=log, stderr=log)
+    pw = workdir / "pg.pass"
+    pw.write_text(pg.password + "\n")
+    pw.chmod(0o600)
+    srv = PgServer(pg, pw, workdir / "postgres.log")
     try:
-        end = time.monotonic() + 30
-        while not pg.ready():
-            if proc.poll() is not None or time.monotonic() > end:
-                raise RuntimeError(f"postgres did not start (see {log.name})")
-            time.sleep(0.1)
+        srv.start()
         pg.create_db()
-        pw = tmp_path_factory.mktemp("pgpass") / "pg.pass"
-        pw.write_text(pg.password + "\n")
-        pw.chmod(0o600)
-        srv = PgServer(pg, pw, proc)
         store = PgStore(config.parse(f"[app]\n{srv.app_lines}").app, check_schema=False)
         store.migrate()
         store.close()
         yield srv
     finally:
-        proc.send_signal(signal.SIGINT)  # fast shutdown
-        proc.wait(30)
-        log.close()
+        srv.stop()
         pg.remove()
+
+
+@pytest.fixture(scope="session")
+def postgres_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
+    """One PostgreSQL for the session, migrated once; `app_db` empties it per test."""
+    with postgres(tmp_path_factory.mktemp("pg")) as srv:
+        yield srv
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -229,3 +252,39 @@ def settings(backend: tuple[str, Server], app_db: str, tmp_path: Path) -> config
 def client(settings: config.Settings) -> Iterator[TestClient]:
     with TestClient(create_app(settings)) as c:
         yield c
+
+
+@contextmanager
+def app_process(ini: Path, workers: int = 1) -> Iterator[str]:
+    """`python -m fastpoll_app` on `ini` and a free port, until it answers /healthz 200; yields
+    its base URL; at the end SIGTERM, which it must exit 0 on. Its stderr goes to app.log next
+    to `ini`."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    with open(ini.parent / "app.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fastpoll_app", "-c", str(ini), "--port", str(port),
+             "--workers", str(workers)],
+            env=env, stdout=subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        end = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"the app did not come up (see {ini.parent / 'app.log'})")
+            time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, f"the app exited with {proc.returncode} on SIGTERM (see app.log)"
