@@ -74,10 +74,9 @@ def wait_seconds(query: bytes, settings: PollSettings) -> int:
     values = [v for n, _, v in (p.partition(b"=") for p in query.split(b"&")) if n.lower() == name]
     if not values:
         return 0
-    if len(values) > 1:
-        raise BadWait("wait must be given at most once (in any case)")
-    if not _WAIT.fullmatch(values[0]):
-        raise BadWait("wait must be whole seconds, 1-6 digits (0-999999)")
+    if len(values) > 1 or not _WAIT.fullmatch(values[0]):
+        # The words of nginx's and the poll server's 400 for the same request.
+        raise BadWait("wait must be given at most once, as 1-6 decimal digits")
     return min(int(values[0]), settings.max_wait)
 
 
