@@ -1,5 +1,5 @@
 /* fuzz_http.c -- libFuzzer target: the request parser (httpparse.c) as
- * http.c drives it: the end of a head searched for as bytes arrive, the head
+ * conn.c drives it: the end of a head searched for as bytes arrive, the head
  * parsed, a chunked body fed in pieces.
  *
  * Input: one byte choosing the piece size the bytes arrive in, then the

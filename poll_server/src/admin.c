@@ -3,7 +3,7 @@
  * Everything here runs only when scraped: it reads the counters of stats.c
  * and a few gauges (requests in flight, coalescer, open connections), and
  * writes them as text format 0.0.4. Open client connections are counted
- * where they are accepted and closed (http.c), so unix socket and TCP
+ * where they are accepted and closed (conn.c), so unix socket and TCP
  * connections alike; only process_open_fds walks /proc/self/fd. */
 #include <dirent.h>
 #include <stdarg.h>

@@ -224,7 +224,7 @@ static void test_bad_values(void **state)
                  "100..60000");
 }
 
-/* request_timeout_ms bounds receiving a request, never a cache get (http.c
+/* request_timeout_ms bounds receiving a request, never a cache get (conn.c
  * ignores the timer while the cache is asked): smaller than the cache's
  * timeout, or than twice it with replicas, is a valid file. */
 static void test_request_vs_cache_timeout(void **state)

@@ -1,6 +1,6 @@
 /* test_httpparse.c -- the request parser (httpparse.c): what nginx sends is
  * accepted and read right; each kind of malformed head is refused with the
- * status http.c answers; chunked bodies end where they should, in one piece
+ * status conn.c answers; chunked bodies end where they should, in one piece
  * or byte by byte. */
 #include <setjmp.h>
 #include <stdarg.h>

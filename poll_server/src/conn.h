@@ -1,0 +1,180 @@
+/* conn.h -- the poll port's connections: their lifecycle, input and output
+ * buffers, read/write/timer events and state (conn.c). The request layer
+ * above (http.c, longpoll.c) decides what to answer; this layer reads the
+ * requests in, writes the answers out and closes.
+ *
+ * - A connection is a `struct conn` from a free list, with its three
+ *   events (read, write, timer) and a small input buffer of its own
+ *   (IN_SMALL bytes: what nginx sends is 100-400). A head that does not fit
+ *   gets a buffer of max_header_size from a pool until the connection's
+ *   input is empty again, so an idle connection holds the small one only
+ *   (a fixed 8 KB buffer doubled the memory of an idle keep-alive
+ *   connection). Nothing is allocated per request in steady state. An
+ *   answer the socket does not take at once is the one exception (a copy of
+ *   what is left, then freed).
+ * - One read per readiness; a request head is parsed in place once its
+ *   empty line is in (httpparse.c); a body is read and discarded as it
+ *   comes. One request per connection at a time: pipelined ones wait in
+ *   the buffer, answered in order; when they fill it while a request waits
+ *   or is held, only the client's close is watched (watch_close).
+ * - An answer is one writev of the head (formatted into a stack buffer by
+ *   response.c) and the value, straight from the cache's buffer.
+ * - The connection stays in the epoll set from accept to close (EV_PERSIST):
+ *   no epoll_ctl per request, and a client that hangs up while its request
+ *   waits for the cache is seen at once (EOF) and let go.
+ * - One timer per connection, on libevent's common timeouts (a queue per
+ *   duration, O(1) to re-arm): the first request must be in within
+ *   request_timeout_ms of the accept, each later one within idle_timeout_ms
+ *   + request_timeout_ms of the previous answer (a total limit, so a
+ *   slowloris client cannot hold a connection by trickling bytes); a
+ *   blocked write and a lingering close get request_timeout_ms. While a
+ *   request waits for the cache the timer is ignored: the cache's own
+ *   timeout bounds the wait.
+ * - An answer that ends the connection (an error, Connection: close, a
+ *   drain) is followed by a lingering close: shutdown(SHUT_WR), then input
+ *   is read and dropped until the client closes or request_timeout_ms, so
+ *   that unread bytes do not turn our close into a reset that destroys the
+ *   answer before the client reads it. */
+#ifndef FP_CONN_H
+#define FP_CONN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/util.h>
+
+#include "coalesce.h"
+#include "etag.h"
+#include "hold.h"
+#include "httpparse.h"
+#include "keys.h"
+#include "response.h"
+#include "stats.h"
+
+struct event;
+struct event_base;
+struct sockaddr;
+struct fp_accept_guard;
+struct fp_settings;
+struct fp_conns;
+
+enum conn_state {
+    C_HEAD,     /* reading a request head */
+    C_BODY,     /* reading (and discarding) its body */
+    C_WAIT,     /* the request waits for the cache */
+    C_HOLD,     /* a long poll waits for its answer to change (hold.c) */
+    C_WRITE,    /* its answer is being written */
+    C_LINGER    /* answered, closing: input is dropped until EOF */
+};
+
+struct conn {
+    struct fp_waiter w;             /* first: the coalescer's handle */
+    struct fp_conns *h;
+    struct conn *prev, *next;       /* open connections, or the free list */
+    evutil_socket_t fd;
+    struct event *rev, *wev, *timer;
+    enum conn_state state;
+    int reading;                    /* rev is added */
+    int edge;                       /* rev is edge-triggered (watch_close) */
+    int resume;                     /* rev was activated to parse, not read */
+    int counted;                    /* the request is in h->inflight */
+    /* The request being read or answered. */
+    enum fp_stat_method method;
+    int head_only, keep_alive, minor, chunked, too_large;
+    int verdict;                    /* 0: ask the cache; else answer this */
+    enum fp_stat_outcome outcome;   /* ... counted as this */
+    unsigned long long body_left;   /* Content-Length bytes to read */
+    struct fp_chunked ch;
+    size_t keylen;
+    char key[FP_MAX_KEY_LEN + 1];
+    /* Conditional and long polls (etag.h, hold.h, longpoll.h). */
+    struct fp_inm inm;              /* If-None-Match, if cond */
+    int cond;                       /* GET/HEAD with a valid If-None-Match */
+    unsigned wait_s;                /* wait=, clamped; 0: not a long poll */
+    uint64_t ann_seq;               /* fp_hold_seq() before its cache read */
+    int has_tag;                    /* the answer from the cache has ... */
+    uint64_t tag;                   /* ... this ETag */
+    unsigned pace_ms;               /* ... and this Poll-Interval-Ms */
+    struct fp_held held;
+    /* Input: in[in_off, in_len) not parsed yet; `scanned` bytes of it were
+     * searched for the end of a head already. `in` is `small` (in_cap:
+     * h->in_small) or, while a long head is read, a pooled buffer of
+     * h->in_max bytes. */
+    char *in;
+    size_t in_cap, in_off, in_len, scanned;
+    /* What the socket did not take of an answer (the slow path). */
+    char *out;
+    size_t out_off, out_len, out_cap;
+    char small[];                   /* h->in_small bytes */
+};
+
+/* The request layer's part, called from this one. */
+struct fp_conn_ops {
+    /* The head buf[0..len) of a request is in: parse it and decide the
+     * answer (before the body, which is dropped: the head's bytes may go
+     * with it). Returns 0, or the status to refuse the request with. */
+    int (*start)(struct conn *c, const char *buf, size_t len);
+    /* The request is in (head and body): answer it, or ask the cache.
+     * Returns 0 if the connection goes on with its next request, 1 if not. */
+    int (*dispatch)(struct conn *c);
+    /* A held poll's wait is over (its timer fired). */
+    void (*hold_expired)(struct conn *c);
+};
+
+/* Every connection of the poll port, with their pools and timers. */
+struct fp_conns {
+    struct event_base *base;
+    const struct fp_settings *s;
+    const struct fp_conn_ops *ops;
+    struct fp_accept_guard *guard; /* told when a descriptor is free */
+    struct conn *conns;         /* open */
+    struct conn *free_list;
+    size_t nfree;
+    size_t in_small, in_max;    /* input buffer sizes (see struct conn) */
+    char *big_free;             /* pooled in_max buffers, linked through */
+    size_t nbig;                /* ... their first bytes; how many */
+    unsigned long inflight;     /* requests in flight */
+    int draining;               /* every answer says Connection: close */
+    void (*drained)(void *arg);
+    void *drained_arg;
+    /* Common timeouts (event_base_init_common_timeout): O(1) timers. */
+    const struct timeval *request_tv, *next_tv;
+    struct fp_resp_date date;
+};
+
+/* Sets up cs (zeroed by the caller) on base. 0, or -1 (logged). */
+int fp_conns_init(struct fp_conns *cs, struct event_base *base,
+                  const struct fp_settings *s, const struct fp_conn_ops *ops,
+                  struct fp_accept_guard *guard);
+
+/* A connection was accepted on fd: serve it (or close fd). */
+void fp_conns_accepted(struct fp_conns *cs, evutil_socket_t fd,
+                       const struct sockaddr *sa);
+
+/* From now on every answer says Connection: close; done(arg) is called
+ * once no request is in flight (see fp_conns_check_drained). */
+void fp_conns_drain(struct fp_conns *cs, void (*done)(void *arg), void *arg);
+
+/* Calls the drain's done() if no request is in flight any more. */
+void fp_conns_check_drained(struct fp_conns *cs);
+
+/* Closes every connection and frees the pools. */
+void fp_conns_free(struct fp_conns *cs);
+
+/* The request is counted in flight until it is answered. */
+void conn_request_counted(struct conn *c);
+
+/* Writes an answer: one writev of the head and the body. Returns 0 if the
+ * connection goes on with its next request, 1 if not (the answer is still
+ * being written, or the connection lingers or is gone). */
+int conn_answer(struct conn *c, int code, const char *body, size_t len,
+                int from_cache);
+
+/* Pipelined requests are parsed from the loop, not from inside a
+ * delivery (the coalescer's or hold.c's). */
+void conn_resume_later(struct conn *c);
+
+/* Closes the connection and recycles it. c is gone after this. */
+void conn_close(struct conn *c);
+
+#endif

@@ -1,0 +1,43 @@
+/* longpoll.h -- the poll port's conditional and long-poll policy
+ * (docs/api.md, "If-None-Match" and "`wait`"): which polls may wait, when
+ * an unchanged answer is held rather than answered 304, and how a held poll
+ * ends (its answer changed, its wait is over, a drain). The holding itself
+ * is hold.c's; the connection is conn.c's. */
+#ifndef FP_LONGPOLL_H
+#define FP_LONGPOLL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache.h"
+#include "conn.h"
+#include "hold.h"
+#include "httpparse.h"
+#include "stats.h"
+
+/* Sets c->wait_s from the request's wait= and nginx's route. Returns 0, or
+ * -1 if the wait parameter is refused (400). */
+int fp_longpoll_wait(struct conn *c, const struct fp_http_head *hd,
+                     unsigned max_wait);
+
+/* c's cache read starts now: announcements from here on are seen when it
+ * is held (fp_hold_add's `since`). */
+void fp_longpoll_read_starts(struct conn *c, const struct fp_hold *ho);
+
+/* The cache has value for c: its ETag and pace are set. Returns 200 (the
+ * answer), 304 (unchanged, not held) or 0 (unchanged and held: answered
+ * later by fp_longpoll_release or fp_longpoll_end). Counted in the stats
+ * unless held. */
+int fp_longpoll_hit(struct conn *c, struct fp_hold *ho, const char *value,
+                    size_t len);
+
+/* A held poll ends with 304: its wait is over, or the server drains. */
+void fp_longpoll_end(struct conn *c, enum fp_stat_wake cause);
+
+/* hold.c's release callback (fp_hold_release): a held poll's answer
+ * changed (200), or its key is gone (404: nginx asks the app). */
+void fp_longpoll_release(struct fp_held *hd, enum fp_cache_status st,
+                         const char *value, size_t len, uint64_t tag,
+                         enum fp_stat_wake cause, void *arg);
+
+#endif
