@@ -3,8 +3,9 @@ node or Redis (the cache path), or between them and the Redis that carries annou
 
 Each client chunk is classified (classify_memcached, classify_redis) as a read, a write or other.
 Faults, each switched on and off by the nemesis:
-- read_delay: a read is forwarded read_delay seconds late (the connection's later chunks wait
-  behind it, as behind a slow node);
+- read_delay: on a connection that never wrote (a poll server's), the server's answers reach the
+  client read_delay seconds late (each chunk when due, in order): the value was read at once, so
+  a write and its announcement can land while that read is on its way back;
 - hold: writes are kept back (and everything sent after them on the same connection, so the
   server still sees each connection's bytes in order); release() sends them, in arrival order or
   reversed (a reorder across connections). A client that gave up meanwhile has closed its side:
@@ -67,9 +68,11 @@ class _Conn:
         self.dead = False  # blackholed
         self.held = 0  # chunks of this connection held back, not yet sent
         self.client_gone = False
+        self.writer = False  # sent a write or a `gets` (the app's): its answers are never delayed
         # (when due, chunk), None to end: forwarded in order by _send, each when due, so a
-        # read delay shifts a connection's stream without adding up chunk after chunk.
-        self.outq: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
+        # delay shifts a connection's stream without adding up chunk after chunk.
+        self.outq: queue.Queue[tuple[float, bytes] | None] = queue.Queue()  # to the server
+        self.inq: queue.Queue[tuple[float, bytes] | None] = queue.Queue()  # to the client
 
 
 class FaultProxy:
@@ -103,7 +106,8 @@ class FaultProxy:
             with self._lock:
                 self._conns.append(conn)
             threading.Thread(target=self._up, args=(conn,), daemon=True).start()
-            threading.Thread(target=self._send, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._send, args=(conn, False), daemon=True).start()
+            threading.Thread(target=self._send, args=(conn, True), daemon=True).start()
             threading.Thread(target=self._down, args=(conn,), daemon=True).start()
 
     def _up(self, conn: _Conn) -> None:
@@ -125,57 +129,68 @@ class FaultProxy:
                     conn.held += 1
                     self._held.append((conn, chunk))
                     continue
-                delay = self.read_delay if kind == READ else 0.0
-            conn.outq.put((time.monotonic() + delay, chunk))
+                if kind == WRITE or chunk.startswith(b"gets "):
+                    conn.writer = True
+            conn.outq.put((0.0, chunk))
 
-    def _send(self, conn: _Conn) -> None:
+    def _send(self, conn: _Conn, to_client: bool) -> None:
+        q, sock = (conn.inq, conn.client) if to_client else (conn.outq, conn.server)
         while True:
-            item = conn.outq.get()
+            item = q.get()
             if item is None:
                 with contextlib.suppress(OSError):
-                    conn.server.shutdown(socket.SHUT_WR)
+                    sock.shutdown(socket.SHUT_WR)
+                if to_client:
+                    self._drop(conn)
                 return
             due, chunk = item
             pause = due - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
             with contextlib.suppress(OSError):
-                conn.server.sendall(chunk)
+                sock.sendall(chunk)
 
     def _down(self, conn: _Conn) -> None:
         """Server to client."""
         while True:
             chunk = _recv(conn.server)
             if not chunk:
-                with contextlib.suppress(OSError):
-                    conn.client.shutdown(socket.SHUT_WR)
-                self._drop(conn)
+                conn.inq.put(None)
                 return
             with self._lock:
                 dead = conn.dead
+                delay = 0.0 if conn.writer else self.read_delay
             if not dead:
-                with contextlib.suppress(OSError):
-                    conn.client.sendall(chunk)
+                conn.inq.put((time.monotonic() + delay, chunk))
 
     def _drop(self, conn: _Conn) -> None:
         with self._lock:
             if conn in self._conns:
                 self._conns.remove(conn)
         conn.outq.put(None)
+        conn.inq.put(None)
         for s in (conn.client, conn.server):
             with contextlib.suppress(OSError):
                 s.close()
 
     def release(self, reverse: bool = False) -> int:
-        """Sends every held chunk now; returns how many."""
+        """Sends every held chunk now, connection after connection 10 ms apart, in the order
+        their first held chunk arrived or reversed (each connection's own bytes stay in order);
+        returns how many chunks."""
         with self._lock:
             held, self._held = self._held, []
             self.hold = False
-        for conn, chunk in reversed(held) if reverse else held:
-            conn.outq.put((0.0, chunk))
+        groups: dict[_Conn, list[bytes]] = {}
+        for conn, chunk in held:
+            groups.setdefault(conn, []).append(chunk)
+        order = list(groups)[::-1] if reverse else list(groups)
+        start = time.monotonic()
+        for i, conn in enumerate(order):
+            for chunk in groups[conn]:
+                conn.outq.put((start + 0.01 * i, chunk))
             with self._lock:
-                conn.held -= 1
-                close = conn.held == 0 and conn.client_gone
+                conn.held = 0
+                close = conn.client_gone
             if close:
                 conn.outq.put(None)
         return len(held)
