@@ -149,6 +149,11 @@ def test_5xx_only_where_documented() -> None:
     api_503 = Op("api", 1, 5.0, 5.1, 503, target="0", note="publish")
     assert violations(history(api_503), "4-5xx") == 1
     assert violations(history(api_503, faults=[pg]), "4-5xx") == 0
+    # The user's order held by a write stuck on a held cache write (api.md: 503).
+    hold = Fault("cache-hold-writes", "memcached-0", 1.0, 2.0, [CACHE])
+    assert violations(history(api_503, faults=[hold]), "4-5xx") == 0
+    old_hold = Fault("cache-hold-writes", "memcached-0", -5.0, -4.0, [CACHE])
+    assert violations(history(api_503, faults=[old_hold]), "4-5xx") == 1
     refused = Op("api", 1, 5.0, 5.1, 0, target="1", note="publish")
     assert violations(history(refused), "4-5xx") == 1
     restart = Fault("app-restart", "app-1", 4.0, 6.0, [APP + "1"])

@@ -55,6 +55,8 @@ class Params:
     pad_s: float = 0.5
     # After PostgreSQL is back: the app's pool replaces its dead connections.
     db_grace_s: float = 3.0
+    # The app's wait for a user's order before it answers 503 (api.md, "503, Retry-After").
+    order_wait_s: float = 3.0
     # nginx logs in whole seconds, and a read timeout (5 s) is logged after the request.
     log_pad_s: float = 7.0
 
@@ -286,6 +288,10 @@ def _rule4(h: History, p: Params, r: RuleResult) -> None:
                 continue
             around = _overlapping(h.faults, op.start, op.end, p.pad_s, p.db_grace_s)
             if op.status == 503 and any(_touches(f, [DB]) for f in around):
+                continue
+            # api.md: 503 when the user's order stayed taken 3 s (a write stuck on the cache).
+            stuck = _overlapping(h.faults, op.start, op.end, p.pad_s, p.order_wait_s + p.pad_s)
+            if op.status == 503 and any(_touches(f, [CACHE, CACHE_DOWN]) for f in stuck):
                 continue
             if op.status == 0 and any(_touches(f, [APPS_DOWN, APP + op.target]) for f in around):
                 continue

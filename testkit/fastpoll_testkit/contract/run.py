@@ -272,7 +272,9 @@ class Run:
             try:
                 r = clients[app].post(path, json=body, headers=headers)
                 att.status = r.status_code
-                att.headers = {k: v for k, v in r.headers.items() if k.startswith("x-")}
+                att.headers = {
+                    k: v for k, v in r.headers.items() if k.startswith("x-") or k == "retry-after"
+                }
                 att.body = r.text[:200]
             except httpx.HTTPError as e:
                 att.note += f" {type(e).__name__}"
