@@ -31,6 +31,7 @@ def log_config(level: str) -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"plain": {"format": _FORMAT}},
+        "filters": {"mask_sig": {"()": "fastpoll_app.accesslog.MaskSignature"}},
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",
@@ -41,7 +42,7 @@ def log_config(level: str) -> dict[str, Any]:
         "root": {"handlers": ["stderr"], "level": level.upper()},
         "loggers": {
             "uvicorn": {"level": level.upper()},
-            "uvicorn.access": {"level": "INFO"},
+            "uvicorn.access": {"level": "INFO", "filters": ["mask_sig"]},
         },
     }
 

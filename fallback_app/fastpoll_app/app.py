@@ -66,6 +66,8 @@ class PublishBody(_Body):
     def _text(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("must not be only whitespace")
+        if "\x00" in v:  # PostgreSQL's text cannot hold it (a 500 there, stored on SQLite)
+            raise ValueError("must not contain NUL (U+0000)")
         try:
             v.encode("utf-8")
         except UnicodeEncodeError:
@@ -369,5 +371,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
         },
         lifespan=lifespan,
     )
+    # No redirect from /Poll/getMessages/ to the slashless path: Starlette's would answer 307
+    # with a Location built from the request's Host, before any signature check. A path that
+    # is not a route is 404.
+    app.router.redirect_slashes = False
     app.state.fastpoll = fp
     return app

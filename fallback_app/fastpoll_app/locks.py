@@ -45,6 +45,22 @@ def _lock_stripe(fd: int, stripe: int) -> None:
         delay = min(delay * 2, 0.05)
 
 
+def _lock_byte_until(fd: int, offset: int, deadline: float) -> bool:
+    """Take the byte's fcntl lock, polling (0.5 ms, doubling to 5 ms) until `deadline`."""
+    delay = 0.0005
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.005)
+
+
 class _Waiting:
     __slots__ = ("lock", "count")
 
@@ -99,6 +115,7 @@ class UserLocks:
         self.path = path
         self.stripes = stripes
         self._thread_locks = [threading.Lock() for _ in range(stripes)]
+        self._write_lock = threading.Lock()
         self._fd: int | None = None
         self._pid = 0
         self._open_lock = threading.Lock()
@@ -122,6 +139,30 @@ class UserLocks:
                 yield
             finally:
                 fcntl.lockf(fd, fcntl.LOCK_UN, 1, stripe)
+
+    @contextmanager
+    def write_turn(self, timeout: float) -> Iterator[bool]:
+        """One writer of the database at a time across this host's processes and threads: the
+        process's threads queue on a thread lock (woken when the holder lets go), then one of
+        them polls the byte after the users' stripes every 0.5-5 ms, instead of all of them
+        polling in SQLite's busy handler, which sleeps up to 100 ms a turn. Yields False if
+        the turn was not had within `timeout` (nothing held then): a stuck holder (a stopped
+        process) is waited for no longer than SQLite's own busy timeout."""
+        deadline = time.monotonic() + timeout
+        if not self._write_lock.acquire(timeout=timeout):
+            yield False
+            return
+        try:
+            fd = self._file()
+            if not _lock_byte_until(fd, self.stripes, deadline):
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.lockf(fd, fcntl.LOCK_UN, 1, self.stripes)
+        finally:
+            self._write_lock.release()
 
     def close(self) -> None:
         with self._open_lock:

@@ -153,6 +153,15 @@ def test_unknown_routes_and_methods_are_json(client: TestClient) -> None:
     assert r.status_code == 405
 
 
+def test_no_slash_redirect_before_the_signature_check(client: TestClient) -> None:
+    """Starlette's redirect_slashes answered /Poll/getMessages/ with a 307 to the request's
+    Host, before any signature check; a path that is not a route is 404."""
+    r = client.get(
+        "/Poll/getMessages/?user_id=1", headers={"host": "evil.example"}, follow_redirects=False
+    )
+    assert r.status_code == 404 and "location" not in r.headers
+
+
 def test_healthz(client: TestClient) -> None:
     r = client.get("/healthz")
     assert r.status_code == 200 and r.json()["status"] == "ok"
@@ -179,6 +188,7 @@ def test_healthz(client: TestClient) -> None:
         (b'{"user_id": 1, "text": 5}', 400),
         (b'{"user_id": 1, "text": null}', 400),
         (b'{"user_id": 1, "text": "\\ud800"}', 400),
+        (b'{"user_id": 1, "text": "a\\u0000b"}', 400),  # NUL: PostgreSQL's text cannot hold it
         (b'{"user_id": 1, "text": "x", "extra": 1}', 400),
         (b'{"user_id": 1, "text": "' + b"x" * 2001 + b'"}', 400),
         (b'{"user_id": 1, "text": "' + b"x" * 70000 + b'"}', 413),

@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
+
+from fastpoll_app.accesslog import mask_target
 
 from .conftest import Server, app_process, free_port
 
@@ -75,3 +78,33 @@ def test_serves_with_two_workers(tmp_path: Path, memcached: Server) -> None:
             assert c.post("/api/messages", json={"user_id": 3, "text": f"t{i}"}).status_code == 201
         r = c.get("/Poll/getMessages?user_id=3")
         assert r.content.startswith(b'{"unread":20,')
+
+
+def test_access_log_masks_the_signature(tmp_path: Path, memcached: Server) -> None:
+    """A signed poll URL is a bearer token: --access-log writes it as nginx's log does, up to
+    `sig=` and `sig=-` in its place (before, the whole signature was logged)."""
+    ini = tmp_path / "f.ini"
+    ini.write_text(
+        f"[memcached]\nservers = {memcached.addr}\n[app]\ndatabase = {tmp_path / 'db'}\n"
+        "open_api = true\n"
+    )
+    with app_process(ini, args=("--access-log",)) as base:
+        r = httpx.get(f"{base}/Poll/getMessages?user_id=3&exp=9&sig=SECRETSIG&x=1", timeout=10)
+        assert r.status_code == 200
+    log = (tmp_path / "app.log").read_text()
+    assert "SECRETSIG" not in log
+    assert '"GET /Poll/getMessages?user_id=3&exp=9&sig=- HTTP/1.1" 200' in log, log
+
+
+@pytest.mark.parametrize(
+    ("target", "logged"),
+    [
+        ("/Poll/getMessages?user_id=1&exp=2&sig=abc", "/Poll/getMessages?user_id=1&exp=2&sig=-"),
+        ("/Poll/getMessages?sig=abc&user_id=1", "/Poll/getMessages?sig=-"),
+        ("/Poll/getMessages?user_id=1&xsig=abc", "/Poll/getMessages?user_id=1&xsig=abc"),
+        ("/Poll/getMessages?user_id=1", "/Poll/getMessages?user_id=1"),
+        ("/a/sig=1", "/a/sig=1"),
+    ],
+)
+def test_mask_target_as_nginx(target: str, logged: str) -> None:
+    assert mask_target(target) == logged
