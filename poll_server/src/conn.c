@@ -2,6 +2,7 @@
  * read/write/timer events and the per-connection state machine, on
  * libevent's event loop and its public API only (event_assign, common
  * timeouts). See conn.h for how a connection is served. */
+#include <assert.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -42,6 +43,38 @@ static void on_write(evutil_socket_t fd, short what, void *arg);
 static void on_timer(evutil_socket_t fd, short what, void *arg);
 static void process(struct conn *c);
 
+/* The legal transitions, from -> to (docs/design.md, "The connection state
+ * machine"). An answer is written from READING_HEAD: a request leaves
+ * READING_BODY, WAITING_CACHE or HELD for it first, and conn_answer then
+ * goes on to the next request, WRITING or LINGERING. Every state but FREE
+ * may close (FREE). */
+#define T(s) (1u << (s))
+static const unsigned legal_next[CONN_NSTATES] = {
+    [CONN_FREE] = T(CONN_READING_HEAD),
+    [CONN_READING_HEAD] = T(CONN_READING_HEAD) | T(CONN_READING_BODY) |
+                          T(CONN_WAITING_CACHE) | T(CONN_WRITING) |
+                          T(CONN_LINGERING) | T(CONN_FREE),
+    [CONN_READING_BODY] = T(CONN_READING_HEAD) | T(CONN_WRITING) |
+                          T(CONN_LINGERING) | T(CONN_FREE),
+    [CONN_WAITING_CACHE] = T(CONN_HELD) | T(CONN_READING_HEAD) | T(CONN_FREE),
+    [CONN_HELD] = T(CONN_READING_HEAD) | T(CONN_FREE),
+    [CONN_WRITING] = T(CONN_READING_HEAD) | T(CONN_LINGERING) | T(CONN_FREE),
+    [CONN_LINGERING] = T(CONN_FREE),
+};
+#undef T
+
+int conn_transition_legal(enum conn_state from, enum conn_state to)
+{
+    return from < CONN_NSTATES && to < CONN_NSTATES &&
+           (legal_next[from] & (1u << to)) != 0;
+}
+
+void conn_set_state(struct conn *c, enum conn_state next)
+{
+    assert(conn_transition_legal(c->state, next));
+    c->state = next;
+}
+
 static void arm(struct conn *c, const struct timeval *tv)
 {
     if (evtimer_add(c->timer, tv) != 0)
@@ -52,10 +85,9 @@ static void arm(struct conn *c, const struct timeval *tv)
  * is off after it. */
 static void unwatch(struct conn *c)
 {
-    if (!c->edge)
+    if (c->rd != CONN_READ_WATCH)
         return;
-    c->edge = 0;
-    c->reading = 0;
+    c->rd = CONN_READ_OFF;
     if (event_del(c->rev) != 0 ||
         event_assign(c->rev, c->h->base, c->fd, EV_READ | EV_PERSIST, on_read,
                      c) != 0)
@@ -65,22 +97,22 @@ static void unwatch(struct conn *c)
 static void read_on(struct conn *c)
 {
     unwatch(c);
-    if (c->reading)
+    if (c->rd == CONN_READ_ON)
         return;
     if (event_add(c->rev, NULL) != 0) {
         fp_log(FP_LOG_ERROR, "http: cannot read a connection");
         return;
     }
-    c->reading = 1;
+    c->rd = CONN_READ_ON;
 }
 
 static void read_off(struct conn *c)
 {
-    if (!c->reading)
+    if (c->rd == CONN_READ_OFF)
         return;
     if (event_del(c->rev) != 0)
         fp_log(FP_LOG_ERROR, "http: cannot stop reading a connection");
-    c->reading = 0;
+    c->rd = CONN_READ_OFF;
 }
 
 /* The input is full while the request waits for the cache or is held:
@@ -102,8 +134,7 @@ static void watch_close(struct conn *c)
                            on_read, c);
         return;
     }
-    c->edge = 1;
-    c->reading = 1;
+    c->rd = CONN_READ_WATCH;
 }
 
 /* Has the peer shut down its side or reset the connection? Pending input
@@ -199,8 +230,9 @@ static struct conn *conn_get(struct fp_conns *h, evutil_socket_t fd)
     }
     c->h = h;
     c->fd = fd;
-    c->state = C_HEAD;
-    c->reading = c->resume = c->counted = c->edge = 0;
+    c->rd = CONN_READ_OFF;
+    c->resume = c->counted = 0;
+    conn_set_state(c, CONN_READING_HEAD);
     c->in = c->small;
     c->in_cap = h->in_small;
     c->in_off = c->in_len = c->scanned = 0;
@@ -245,16 +277,17 @@ void conn_close(struct conn *c)
 {
     struct fp_conns *h = c->h;
 
-    if (c->state == C_WAIT) {
+    if (c->state == CONN_WAITING_CACHE) {
         fp_stat_request(c->method, FP_STAT_CLIENT_CLOSED);
         fp_coalesce_detach(&c->w);
         fp_log(FP_LOG_DEBUG, "http: connection closed with a request waiting "
                "for the cache");
-    } else if (c->state == C_HOLD) {
+    } else if (c->state == CONN_HELD) {
         /* The client of a held poll went away: its slot is free at once. */
         fp_stat_request(c->method, FP_STAT_CLIENT_CLOSED);
         fp_hold_remove(&c->held);
     }
+    conn_set_state(c, CONN_FREE);
     /* Deleting events that are not pending is a no-op. */
     if (event_del(c->rev) != 0 || event_del(c->wev) != 0 ||
         event_del(c->timer) != 0)
@@ -300,7 +333,7 @@ static void linger(struct conn *c)
         conn_close(c);
         return;
     }
-    c->state = C_LINGER;
+    conn_set_state(c, CONN_LINGERING);
     in_shrink(c);
     read_on(c);
     arm(c, c->h->request_tv);
@@ -317,7 +350,7 @@ static int answered(struct conn *c)
         linger(c);
         return 1;
     }
-    c->state = C_HEAD;
+    conn_set_state(c, CONN_READING_HEAD);
     c->scanned = 0;
     read_on(c);
     arm(c, c->h->next_tv);
@@ -410,7 +443,7 @@ int conn_answer(struct conn *c, int code, const char *body, size_t len,
         conn_close(c);
         return 1;
     }
-    c->state = C_WRITE;
+    conn_set_state(c, CONN_WRITING);
     if (event_add(c->wev, NULL) != 0) {
         fp_log(FP_LOG_ERROR, "http: cannot wait to write an answer");
         conn_close(c);
@@ -472,7 +505,7 @@ static void process(struct conn *c)
 {
     struct fp_conns *h = c->h;
 
-    while (c->state == C_HEAD || c->state == C_BODY) {
+    while (c->state == CONN_READING_HEAD || c->state == CONN_READING_BODY) {
         const char *p = c->in + c->in_off;
         size_t avail = c->in_len - c->in_off, end;
         int done, st;
@@ -481,7 +514,7 @@ static void process(struct conn *c)
             in_shrink(c);
             return;
         }
-        if (c->state == C_HEAD) {
+        if (c->state == CONN_READING_HEAD) {
             /* RFC 9112 2.2: empty lines before a request are ignored. */
             if (c->scanned == 0 && avail >= 2 && p[0] == '\r' && p[1] == '\n') {
                 c->in_off += 2;
@@ -503,7 +536,7 @@ static void process(struct conn *c)
                 return;
             }
             if (c->chunked || c->body_left > 0) {
-                c->state = C_BODY;
+                conn_set_state(c, CONN_READING_BODY);
                 continue;
             }
         } else if (c->chunked) {
@@ -532,7 +565,7 @@ static void process(struct conn *c)
             refuse(c, 413);
             return;
         }
-        c->state = C_HEAD;
+        conn_set_state(c, CONN_READING_HEAD);
         if (h->ops->dispatch(c) != 0)
             return;
     }
@@ -545,7 +578,7 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
     ssize_t n;
 
     (void)what;
-    if (c->edge) {
+    if (c->rd == CONN_READ_WATCH) {
         /* watch_close: nothing is read until the request is answered. */
         if (peer_gone(fd)) {
             fp_log(FP_LOG_DEBUG, "http: client gone while its input was full");
@@ -567,10 +600,10 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
         c->in_off = 0;
     }
     if (c->in_len == c->in_cap) {
-        if (c->state != C_HEAD || c->in_cap == h->in_max) {
+        if (c->state != CONN_READING_HEAD || c->in_cap == h->in_max) {
             /* Full while a request waits or is written: read again once it
              * is answered (answered() turns reading back on). */
-            if (c->state == C_WAIT || c->state == C_HOLD)
+            if (c->state == CONN_WAITING_CACHE || c->state == CONN_HELD)
                 watch_close(c);
             else
                 read_off(c);
@@ -594,7 +627,7 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
         conn_close(c);
         return;
     }
-    if (c->state == C_LINGER) {
+    if (c->state == CONN_LINGERING) {
         c->in_len = 0;
         return;
     }
@@ -609,22 +642,24 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     switch (c->state) {
-    case C_WAIT:
+    case CONN_WAITING_CACHE:
         return; /* the cache's timeout bounds it; re-armed once answered */
-    case C_HOLD:
+    case CONN_HELD:
         c->h->ops->hold_expired(c);
         return;
-    case C_HEAD:
-    case C_BODY:
+    case CONN_READING_HEAD:
+    case CONN_READING_BODY:
         /* Not in within the limit: closed, with no answer. */
         fp_log(FP_LOG_DEBUG, "http: request not received within the limit, "
                "closing the connection");
         break;
-    case C_WRITE:
+    case CONN_WRITING:
         fp_log(FP_LOG_DEBUG, "http: answer not written within the limit, "
                "closing the connection");
         break;
-    case C_LINGER:
+    case CONN_LINGERING:
+    case CONN_FREE:
+    case CONN_NSTATES:
     default:
         break;
     }
@@ -650,7 +685,7 @@ void fp_conns_accepted(struct fp_conns *h, evutil_socket_t fd,
     }
     read_on(c);
     arm(c, h->request_tv);
-    if (!c->reading)
+    if (c->rd != CONN_READ_ON)
         conn_close(c);
 }
 

@@ -58,13 +58,27 @@ struct fp_accept_guard;
 struct fp_settings;
 struct fp_conns;
 
+/* A connection's state (conn_set_state has the legal transitions; see
+ * docs/design.md, "The connection state machine"). The request fields of
+ * struct conn belong to the request in READING_BODY and later. */
 enum conn_state {
-    C_HEAD,     /* reading a request head */
-    C_BODY,     /* reading (and discarding) its body */
-    C_WAIT,     /* the request waits for the cache */
-    C_HOLD,     /* a long poll waits for its answer to change (hold.c) */
-    C_WRITE,    /* its answer is being written */
-    C_LINGER    /* answered, closing: input is dropped until EOF */
+    CONN_FREE,          /* not serving: new, or on the free list */
+    CONN_READING_HEAD,  /* reading a request head (or between requests) */
+    CONN_READING_BODY,  /* reading (and discarding) its body */
+    CONN_WAITING_CACHE, /* the request waits for the cache (coalesce.c) */
+    CONN_HELD,          /* a long poll waits for its answer to change (hold.c) */
+    CONN_WRITING,       /* the rest of an answer waits for the socket */
+    CONN_LINGERING,     /* answered, closing: input is dropped until EOF */
+    CONN_NSTATES
+};
+
+/* What the read event does (conn.c: read_on, read_off, watch_close). */
+enum conn_read {
+    CONN_READ_OFF,      /* not added: input waits in the socket */
+    CONN_READ_ON,       /* level-triggered: input is read as it comes */
+    CONN_READ_WATCH     /* edge-triggered, nothing read: only the client's
+                         * close is watched (the input is full while a
+                         * request waits or is held) */
 };
 
 struct conn {
@@ -73,11 +87,11 @@ struct conn {
     struct conn *prev, *next;       /* open connections, or the free list */
     evutil_socket_t fd;
     struct event *rev, *wev, *timer;
-    enum conn_state state;
-    int reading;                    /* rev is added */
-    int edge;                       /* rev is edge-triggered (watch_close) */
+    enum conn_state state;          /* changed by conn_set_state only */
+    enum conn_read rd;
     int resume;                     /* rev was activated to parse, not read */
-    int counted;                    /* the request is in h->inflight */
+    int counted;                    /* the request is in h->inflight (from
+                                     * dispatch to its answer written) */
     /* The request being read or answered. */
     enum fp_stat_method method;
     int head_only, keep_alive, minor, chunked, too_large;
@@ -160,6 +174,12 @@ void fp_conns_check_drained(struct fp_conns *cs);
 
 /* Closes every connection and frees the pools. */
 void fp_conns_free(struct fp_conns *cs);
+
+/* Is from -> to one of the legal transitions (conn.c's table)? */
+int conn_transition_legal(enum conn_state from, enum conn_state to);
+
+/* Moves c to state `next`; asserts that the transition is legal. */
+void conn_set_state(struct conn *c, enum conn_state next);
 
 /* The request is counted in flight until it is answered. */
 void conn_request_counted(struct conn *c);

@@ -77,7 +77,8 @@ static void on_answer(struct fp_waiter *w, enum fp_cache_status st,
         fp_stat_request(c->method, FP_STAT_BACKEND_ERROR);
         break;
     }
-    c->state = C_HEAD; /* not waiting any more (conn_close must not detach) */
+    /* Not waiting any more (conn_close must not detach). */
+    conn_set_state(c, CONN_READING_HEAD);
     if (conn_answer(c, code, code == 200 ? value : NULL, code == 200 ? len : 0,
                     code == 200 || code == 304) != 0)
         return;
@@ -98,12 +99,12 @@ static int dispatch(struct conn *c)
         body = fp_resp_body(c->verdict, &len);
         return conn_answer(c, c->verdict, body, len, 0);
     }
-    c->state = C_WAIT;
+    conn_set_state(c, CONN_WAITING_CACHE);
     fp_longpoll_read_starts(c, h->hold);
     if (fp_coalesce_get(h->co, c->key, c->keylen, &c->w) < 0) {
         fp_log(FP_LOG_DEBUG, "http: cache get failed for %s", c->key);
         fp_stat_request(c->method, FP_STAT_BACKEND_ERROR);
-        c->state = C_HEAD;
+        conn_set_state(c, CONN_READING_HEAD);
         return conn_answer(c, 503, NULL, 0, 0);
     }
     fp_log(FP_LOG_DEBUG, "http: %s waits for %s", c->head_only ? "HEAD" :
@@ -305,7 +306,7 @@ void fp_http_drain(struct fp_http *h, void (*done)(void *arg), void *arg)
      * wake them before the drain's limit. */
     for (c = h->cs.conns; c != NULL; c = next) {
         next = c->next;
-        if (c->state == C_HOLD)
+        if (c->state == CONN_HELD)
             fp_longpoll_end(c, FP_STAT_WAKE_SHUTDOWN);
     }
     fp_conns_check_drained(&h->cs);

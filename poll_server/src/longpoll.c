@@ -53,15 +53,14 @@ static int hold_or_304(struct conn *c, struct fp_hold *ho)
                fp_hold_count(ho));
         return 0;
     }
-    c->state = C_HOLD;
     tv.tv_sec = (time_t)c->wait_s;
     tv.tv_usec = 0;
     if (evtimer_add(c->timer, &tv) != 0) {
         fp_log(FP_LOG_ERROR, "http: cannot arm a held poll's timer");
         fp_hold_remove(&c->held);
-        c->state = C_WAIT;
         return 0;
     }
+    conn_set_state(c, CONN_HELD);
     return 1;
 }
 
@@ -88,7 +87,7 @@ void fp_longpoll_end(struct conn *c, enum fp_stat_wake cause)
     fp_hold_remove(&c->held);
     fp_stat_wake(cause);
     fp_stat_request(c->method, FP_STAT_NOT_MODIFIED);
-    c->state = C_HEAD;
+    conn_set_state(c, CONN_READING_HEAD);
     c->pace_ms = held_pace(c->h->s);
     if (conn_answer(c, 304, NULL, 0, 1) == 0)
         conn_resume_later(c);
@@ -104,7 +103,7 @@ void fp_longpoll_release(struct fp_held *hd, enum fp_cache_status st,
     (void)arg;
     fp_stat_wake(cause);
     fp_stat_request(c->method, code == 200 ? FP_STAT_HIT : FP_STAT_MISS);
-    c->state = C_HEAD;
+    conn_set_state(c, CONN_READING_HEAD);
     c->has_tag = 1;
     c->tag = tag;
     c->pace_ms = held_pace(c->h->s);
