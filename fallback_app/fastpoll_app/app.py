@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Annotated, TypeVar
 from urllib.parse import parse_qsl
 
@@ -32,7 +33,7 @@ from .announce import make_announcer
 from .cache import RateLimitedLog, make_cache
 from .config import Settings
 from .service import POLL_PATH, FastPoll
-from .store import IdempotencyConflict, StoreError, Unavailable, UserBusy, open_store
+from .store import IdempotencyConflict, Store, StoreError, Unavailable, UserBusy, open_store
 
 log = logging.getLogger(__name__)
 
@@ -165,8 +166,221 @@ def _check_json_type(request: Request) -> None:
         raise _error(415, "Content-Type must be application/json")
 
 
+@dataclass(frozen=True)
+class _Context:
+    """What the endpoints share, built once per worker by create_app (app.state.ctx)."""
+
+    settings: Settings
+    store: Store
+    fp: FastPoll
+    api_token: str | None
+    secrets: list[bytes]  # signing secrets, newest first; empty: URLs are not signed
+    warn: RateLimitedLog
+
+    @property
+    def limit(self) -> int:
+        return self.settings.app.max_body_size
+
+
+def _ctx(request: Request) -> _Context:
+    ctx: _Context = request.app.state.ctx
+    return ctx
+
+
+async def poll(request: Request) -> Response:
+    ctx = _ctx(request)
+    fp, pacing = ctx.fp, ctx.settings.poll
+    scope = request.scope
+    query: bytes = scope.get("query_string", b"")
+    # The key comes from the raw target, as the poll server sees it after
+    # nginx strips /Poll; without a raw path we answer but do not fill.
+    key = None
+    raw_path: bytes | None = scope.get("raw_path")
+    if raw_path is not None and raw_path.startswith(MOUNT + b"/"):
+        target = raw_path[len(MOUNT) :] + (b"?" + query if query else b"")
+        key = fp.derive(target)
+    if ctx.secrets:
+        # First, before the database, the cache or the body: the signature must
+        # cover this request's key, and that key must be the user's own.
+        if not signing.verify(ctx.secrets, key, query, time.time()):
+            raise _error(403, "missing, invalid or expired signature")
+        if key != fp.user_key(_user_id_from_query(query)):
+            raise _error(403, "the signature is not for this user's poll URL")
+    user_id = _user_id_from_query(query)
+    try:
+        # Checked, then not used: the app answers at once (docs/api.md: only the poll
+        # server holds polls; a held poll here would keep a worker thread and a database
+        # connection, and fill nginx's fallback cap, exactly when the app is the fallback).
+        conditional.wait_seconds(query, pacing)
+    except conditional.BadWait as exc:
+        raise _error(400, str(exc)) from None
+    headers = {"X-Poll-Source": "app", "Content-Type": ctx.settings.cache.content_type}
+    if request.method == "POST":
+        body = await _read_body(request, ctx.limit)
+        headers["X-Request-Body-Length"] = str(len(body))
+        headers["X-Request-Body-SHA256"] = hashlib.sha256(body).hexdigest()
+    answer = await run_in_threadpool(fp.poll, user_id, key)
+    headers["ETag"] = etag = conditional.etag_of(answer)
+    # The app answers when the cache could not: the next poll is asked to come later.
+    headers["Poll-Interval-Ms"] = str(
+        conditional.pace_ms(pacing.fallback_interval_ms, pacing.jitter_pct)
+    )
+    # Conditional polls are GET and HEAD (RFC 9110 13.1.2 would have a POST answered 412;
+    # a POST poll is a read, so its precondition is not evaluated: always the full answer).
+    if request.method != "POST" and conditional.not_modified(
+        (v for n, v in scope["headers"] if n == b"if-none-match"), etag
+    ):
+        metrics.NOT_MODIFIED.inc()
+        del headers["Content-Type"]
+        return Response(status_code=304, headers=headers)
+    if request.method == "HEAD":
+        headers["Content-Length"] = str(len(answer))
+        return Response(b"", headers=headers)
+    return Response(answer, headers=headers)
+
+
+async def _api_body(request: Request, model: type[B]) -> B:
+    """The write API's checks, in order: the bearer token (before the body is read),
+    the Content-Type, the size, the JSON, the fields."""
+    ctx = _ctx(request)
+    if ctx.api_token is not None:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not config.token_matches(ctx.api_token, given.strip()):
+            raise HTTPException(
+                401, "missing or invalid bearer token", {"WWW-Authenticate": "Bearer"}
+            )
+    _check_json_type(request)
+    return _parse(await _read_body(request, ctx.limit), model)
+
+
+async def post_message(request: Request) -> Response:
+    body = await _api_body(request, PublishBody)
+    idem_key = request.headers.get("idempotency-key")
+    if idem_key is not None and not _IDEM_KEY.fullmatch(idem_key):
+        raise _error(400, "Idempotency-Key must be 1-128 printable ASCII characters")
+    fp = _ctx(request).fp
+    try:
+        msg, written = await run_in_threadpool(fp.publish, body.user_id, body.text, idem_key)
+    except IdempotencyConflict:
+        raise _error(409, "Idempotency-Key already used for another message") from None
+    if written is None:
+        headers = {"Idempotent-Replayed": "true"}
+    else:
+        headers = {"X-Cache-Publish": "ok" if written else "pending"}
+    return JSONResponse(msg.as_json(), status_code=201, headers=headers)
+
+
+async def mark_read(request: Request) -> Response:
+    body = await _api_body(request, ReadBody)
+    fp = _ctx(request).fp
+    count, written = await run_in_threadpool(fp.mark_read, body.user_id, body.up_to_id)
+    return JSONResponse(
+        {"user_id": body.user_id, "marked_read": count},
+        headers={"X-Cache-Publish": "ok" if written else "pending"},
+    )
+
+
+async def poll_url(request: Request) -> Response:
+    # The seam where the site's backend, which authenticated the user, asks for that
+    # user's URL; with [app] api_token_file only that backend can call it.
+    user_id = (await _api_body(request, PollUrlBody)).user_id
+    ctx = _ctx(request)
+    path = MOUNT + POLL_PATH + b"?user_id=%d" % user_id
+    exp = int(time.time()) + ctx.settings.signing.ttl
+    if ctx.secrets:
+        path += b"&" + signing.signed_query(ctx.secrets[0], ctx.fp.user_key(user_id), exp)
+    return JSONResponse(
+        {"user_id": user_id, "url": path.decode(), "expires": exp if ctx.secrets else None},
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def healthz(request: Request) -> Response:
+    # Asks the database each time: an app that cannot reach it is not healthy.
+    ctx = _ctx(request)
+    try:
+        await run_in_threadpool(ctx.store.ping)
+    except StoreError as exc:
+        ctx.warn.warning("healthz", f"/healthz: database unavailable: {exc}")
+        return JSONResponse(
+            {"status": "database unavailable", "config_sha256": ctx.settings.sha256},
+            status_code=503,
+        )
+    return JSONResponse({"status": "ok", "config_sha256": ctx.settings.sha256})
+
+
+async def metrics_page(request: Request) -> Response:
+    # Not through nginx (its public server answers 404 for /metrics): scraped directly.
+    body, content_type = await run_in_threadpool(metrics.render)
+    return Response(body, headers={"Content-Type": content_type})
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, HTTPException):
+        return await server_error(request, exc)
+    return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def unavailable(request: Request, exc: Exception) -> Response:
+    # 503 and when to try again: the database is down or restarting, every connection is
+    # busy, or this user's order stayed taken (UserBusy). A retry with the same
+    # Idempotency-Key is safe.
+    _ctx(request).warn.warning(
+        type(exc).__name__, f"503 on {request.method} {request.url.path}: {exc}"
+    )
+    what = (
+        "this user's messages are busy, try again"
+        if isinstance(exc, UserBusy)
+        else "the database is unavailable, try again"
+    )
+    return JSONResponse({"error": what}, status_code=503, headers={"Retry-After": "1"})
+
+
+async def server_error(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error on %s %s: %r", request.method, request.url.path, exc)
+    return JSONResponse({"error": "internal error"}, status_code=500)
+
+
+@asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    ctx: _Context = app.state.ctx
+    settings = ctx.settings
+    where = (
+        " ".join(settings.memcached.servers)
+        if settings.cache.backend == "memcached"
+        else settings.redis.server
+    )
+    log.info(
+        "fastpoll_app %s: database %s (%s), cache %s %s, ttl %ss, config %s",
+        __version__,
+        settings.app.database,
+        ctx.store.kind,
+        settings.cache.backend,
+        where,
+        settings.cache.ttl,
+        settings.source,
+    )
+    metrics.started()
+    ctx.fp.start()
+    try:
+        yield
+    finally:
+        await run_in_threadpool(ctx.fp.close)
+
+
+ROUTES = [
+    Route("/Poll/getMessages", poll, methods=["GET", "HEAD", "POST"]),
+    Route("/api/messages", post_message, methods=["POST"]),
+    Route("/api/messages/read", mark_read, methods=["POST"]),
+    Route("/api/poll-url", poll_url, methods=["POST"]),
+    Route("/healthz", healthz, methods=["GET", "HEAD"]),
+    Route("/metrics", metrics_page, methods=["GET"]),
+]
+
+
 def create_app(settings: Settings | None = None) -> Starlette:
-    """Build the app; without settings, read the file named by $FASTPOLL_CONFIG."""
+    """Build the app; without settings, read the file named by $FASTPOLL_CONFIG. Only the
+    wiring: the store, the caches and the service, shared with the endpoints as app.state.ctx."""
     if settings is None:
         settings = config.load()
     store = open_store(settings.app)
@@ -186,183 +400,12 @@ def create_app(settings: Settings | None = None) -> Starlette:
         publish_cache=make_cache(settings, max(timeout, MIN_PUBLISH_TIMEOUT_MS)),
         announcer=make_announcer(settings),
     )
-    pacing = settings.poll
-    warn = RateLimitedLog(log)
-    limit = settings.app.max_body_size
-    content_type = settings.cache.content_type
     # Signed poll URLs (docs/security.md): without a secret file they are not checked.
     secrets = (
         signing.load_secrets(settings.signing.secret_file) if settings.signing.secret_file else []
     )
-
-    async def poll(request: Request) -> Response:
-        scope = request.scope
-        query: bytes = scope.get("query_string", b"")
-        # The key comes from the raw target, as the poll server sees it after
-        # nginx strips /Poll; without a raw path we answer but do not fill.
-        key = None
-        raw_path: bytes | None = scope.get("raw_path")
-        if raw_path is not None and raw_path.startswith(MOUNT + b"/"):
-            target = raw_path[len(MOUNT) :] + (b"?" + query if query else b"")
-            key = fp.derive(target)
-        if secrets:
-            # First, before the database, the cache or the body: the signature must
-            # cover this request's key, and that key must be the user's own.
-            if not signing.verify(secrets, key, query, time.time()):
-                raise _error(403, "missing, invalid or expired signature")
-            if key != fp.user_key(_user_id_from_query(query)):
-                raise _error(403, "the signature is not for this user's poll URL")
-        user_id = _user_id_from_query(query)
-        try:
-            # Checked, then not used: the app answers at once (docs/api.md: only the poll
-            # server holds polls; a held poll here would keep a worker thread and a database
-            # connection, and fill nginx's fallback cap, exactly when the app is the fallback).
-            conditional.wait_seconds(query, pacing)
-        except conditional.BadWait as exc:
-            raise _error(400, str(exc)) from None
-        headers = {"X-Poll-Source": "app", "Content-Type": content_type}
-        if request.method == "POST":
-            body = await _read_body(request, limit)
-            headers["X-Request-Body-Length"] = str(len(body))
-            headers["X-Request-Body-SHA256"] = hashlib.sha256(body).hexdigest()
-        answer = await run_in_threadpool(fp.poll, user_id, key)
-        headers["ETag"] = etag = conditional.etag_of(answer)
-        # The app answers when the cache could not: the next poll is asked to come later.
-        headers["Poll-Interval-Ms"] = str(
-            conditional.pace_ms(pacing.fallback_interval_ms, pacing.jitter_pct)
-        )
-        # Conditional polls are GET and HEAD (RFC 9110 13.1.2 would have a POST answered 412;
-        # a POST poll is a read, so its precondition is not evaluated: always the full answer).
-        if request.method != "POST" and conditional.not_modified(
-            (v for n, v in scope["headers"] if n == b"if-none-match"), etag
-        ):
-            metrics.NOT_MODIFIED.inc()
-            del headers["Content-Type"]
-            return Response(status_code=304, headers=headers)
-        if request.method == "HEAD":
-            headers["Content-Length"] = str(len(answer))
-            return Response(b"", headers=headers)
-        return Response(answer, headers=headers)
-
-    async def api_body(request: Request, model: type[B]) -> B:
-        """The write API's checks, in order: the bearer token (before the body is read),
-        the Content-Type, the size, the JSON, the fields."""
-        if api_token is not None:
-            scheme, _, given = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not config.token_matches(api_token, given.strip()):
-                raise HTTPException(
-                    401, "missing or invalid bearer token", {"WWW-Authenticate": "Bearer"}
-                )
-        _check_json_type(request)
-        return _parse(await _read_body(request, limit), model)
-
-    async def post_message(request: Request) -> Response:
-        body = await api_body(request, PublishBody)
-        idem_key = request.headers.get("idempotency-key")
-        if idem_key is not None and not _IDEM_KEY.fullmatch(idem_key):
-            raise _error(400, "Idempotency-Key must be 1-128 printable ASCII characters")
-        try:
-            msg, written = await run_in_threadpool(fp.publish, body.user_id, body.text, idem_key)
-        except IdempotencyConflict:
-            raise _error(409, "Idempotency-Key already used for another message") from None
-        if written is None:
-            headers = {"Idempotent-Replayed": "true"}
-        else:
-            headers = {"X-Cache-Publish": "ok" if written else "pending"}
-        return JSONResponse(msg.as_json(), status_code=201, headers=headers)
-
-    async def mark_read(request: Request) -> Response:
-        body = await api_body(request, ReadBody)
-        count, written = await run_in_threadpool(fp.mark_read, body.user_id, body.up_to_id)
-        return JSONResponse(
-            {"user_id": body.user_id, "marked_read": count},
-            headers={"X-Cache-Publish": "ok" if written else "pending"},
-        )
-
-    async def poll_url(request: Request) -> Response:
-        # The seam where the site's backend, which authenticated the user, asks for that
-        # user's URL; with [app] api_token_file only that backend can call it.
-        user_id = (await api_body(request, PollUrlBody)).user_id
-        path = MOUNT + POLL_PATH + b"?user_id=%d" % user_id
-        exp = int(time.time()) + settings.signing.ttl
-        if secrets:
-            path += b"&" + signing.signed_query(secrets[0], fp.user_key(user_id), exp)
-        return JSONResponse(
-            {"user_id": user_id, "url": path.decode(), "expires": exp if secrets else None},
-            headers={"Cache-Control": "no-store"},
-        )
-
-    async def healthz(request: Request) -> Response:
-        # Asks the database each time: an app that cannot reach it is not healthy.
-        try:
-            await run_in_threadpool(store.ping)
-        except StoreError as exc:
-            warn.warning("healthz", f"/healthz: database unavailable: {exc}")
-            return JSONResponse(
-                {"status": "database unavailable", "config_sha256": settings.sha256},
-                status_code=503,
-            )
-        return JSONResponse({"status": "ok", "config_sha256": settings.sha256})
-
-    async def metrics_page(request: Request) -> Response:
-        # Not through nginx (its public server answers 404 for /metrics): scraped directly.
-        body, content_type = await run_in_threadpool(metrics.render)
-        return Response(body, headers={"Content-Type": content_type})
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        if not isinstance(exc, HTTPException):
-            return await server_error(request, exc)
-        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
-
-    async def unavailable(request: Request, exc: Exception) -> Response:
-        # 503 and when to try again: the database is down or restarting, every connection is
-        # busy, or this user's order stayed taken (UserBusy). A retry with the same
-        # Idempotency-Key is safe.
-        warn.warning(type(exc).__name__, f"503 on {request.method} {request.url.path}: {exc}")
-        what = (
-            "this user's messages are busy, try again"
-            if isinstance(exc, UserBusy)
-            else "the database is unavailable, try again"
-        )
-        return JSONResponse({"error": what}, status_code=503, headers={"Retry-After": "1"})
-
-    async def server_error(request: Request, exc: Exception) -> Response:
-        log.error("unhandled error on %s %s: %r", request.method, request.url.path, exc)
-        return JSONResponse({"error": "internal error"}, status_code=500)
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        where = (
-            " ".join(settings.memcached.servers)
-            if settings.cache.backend == "memcached"
-            else settings.redis.server
-        )
-        log.info(
-            "fastpoll_app %s: database %s (%s), cache %s %s, ttl %ss, config %s",
-            __version__,
-            settings.app.database,
-            store.kind,
-            settings.cache.backend,
-            where,
-            settings.cache.ttl,
-            settings.source,
-        )
-        metrics.started()
-        fp.start()
-        try:
-            yield
-        finally:
-            await run_in_threadpool(fp.close)
-
     app = Starlette(
-        routes=[
-            Route("/Poll/getMessages", poll, methods=["GET", "HEAD", "POST"]),
-            Route("/api/messages", post_message, methods=["POST"]),
-            Route("/api/messages/read", mark_read, methods=["POST"]),
-            Route("/api/poll-url", poll_url, methods=["POST"]),
-            Route("/healthz", healthz, methods=["GET", "HEAD"]),
-            Route("/metrics", metrics_page, methods=["GET"]),
-        ],
+        routes=ROUTES,
         middleware=[Middleware(metrics.MetricsMiddleware)],
         exception_handlers={
             HTTPException: http_error,
@@ -375,5 +418,6 @@ def create_app(settings: Settings | None = None) -> Starlette:
     # with a Location built from the request's Host, before any signature check. A path that
     # is not a route is 404.
     app.router.redirect_slashes = False
+    app.state.ctx = _Context(settings, store, fp, api_token, secrets, RateLimitedLog(log))
     app.state.fastpoll = fp
     return app
