@@ -8,7 +8,9 @@ lock across "read, then add" and "commit, then write" closes that window.
 
 Users are spread over a fixed number of stripes. Each stripe is a threading.Lock (fcntl locks do
 not exclude threads of one process) plus an fcntl byte-range lock on one byte of a lock file next
-to the database (which excludes the other worker processes).
+to the database (which excludes the other worker processes). The byte after the stripes is the
+SQLite writers' turn (UserLocks.write_turn). In front of either store's lock, UserGate bounds how
+long and how many of one user's requests wait in a process (both stores use it).
 """
 
 from __future__ import annotations
