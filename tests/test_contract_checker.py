@@ -10,6 +10,7 @@ from fastpoll_testkit.contract.checker import Params, check, render
 from fastpoll_testkit.contract.history import (
     ANNOUNCE,
     APP,
+    APP_PATH,
     APPS_DOWN,
     CACHE,
     CACHE_DELAY,
@@ -211,3 +212,26 @@ def test_the_schedule_is_a_function_of_the_seed(tmp_path: Path) -> None:
     # The shapes of the defects the checker must find come up in every short run.
     assert kinds.count("cache-delay-reads") >= 1 and kinds.count("cache-hold-writes") >= 1
     assert len(HOSTILE) > 5 and Params().held_bound_s == 0.25
+
+
+def test_a_pending_write_may_be_missed_while_only_the_apps_path_fails() -> None:
+    """design.md, "Where the rule holds, and where not": the app's writes held, the poll servers
+    reading the node: the older answer until the outbox rewrites the key (3 s at most)."""
+    ops = writes()
+    ops[1].headers = {"x-cache-publish": "pending"}  # the mark-read [2.0, 2.1]
+    stale = Op("poll", 1, 2.5, 2.51, 200, ONE)
+    hold = Fault("cache-hold-writes", "memcached-0", 1.5, 2.3, [CACHE, APP_PATH])
+    rep = check(History(ops=[*ops, stale], faults=[hold]))
+    assert rep.rules["1-no-stale"].violations == [] and rep.rules["1-no-stale"].excluded == 1
+    # Not 3 s after the fault ended (the outbox should have rewritten it) ...
+    late = Op("poll", 1, 2.9, 2.91, 200, ONE)
+    early = Fault("cache-hold-writes", "memcached-0", 1.5, 2.05, [CACHE, APP_PATH])
+    h = History(ops=[*ops, late], faults=[early])
+    assert len(check(h, Params(outbox_s=0.5)).rules["1-no-stale"].violations) == 1
+    # ... nor for a write that returned ok (the late-write defect: the mark-read wrote nothing).
+    ops[1].headers = {"x-cache-publish": "ok"}
+    assert violations(History(ops=[*ops, stale], faults=[hold]), "1-no-stale") == 1
+    # ... nor when the poll servers could see the failure (a hung memcached node).
+    ops[1].headers = {"x-cache-publish": "pending"}
+    hang = Fault("cache-hang", "memcached-0", 1.5, 2.3, [CACHE, CACHE_DOWN])
+    assert violations(History(ops=[*ops, stale], faults=[hang]), "1-no-stale") == 1

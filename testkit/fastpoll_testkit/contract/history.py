@@ -15,6 +15,9 @@ ANNOUNCE = "announce"  # the announcement path (Redis pub/sub, the subscriber's 
 # A poll server logged that a cache node did not answer in time or failed (not the nemesis: the
 # proxies' own latency on a loaded machine, or a consequence of a fault elsewhere).
 OBSERVED = "cache-observed"
+# Only the app's path to the cache fails (its writes held; or a Redis cache hung, which has no
+# recovery window): the poll servers see nothing (design.md, "Where the rule holds, and where not").
+APP_PATH = "cache-app-path"
 DB = "db"  # PostgreSQL down or restarting
 APPS_DOWN = "apps-down"  # no app process can answer
 POLLER = "poller:"  # + index: that poll server restarting

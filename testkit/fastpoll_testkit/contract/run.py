@@ -471,7 +471,7 @@ class Run:
             time.sleep(length)
             self._ctl(node, "read_delay", 0.0)
         elif f.kind == "cache-hold-writes":
-            f.paths = [hist.CACHE]
+            f.paths = [hist.CACHE, hist.APP_PATH]
             self._ctl(node, "hold", True)
             time.sleep(length)
             p["released"] = self._ctl(node, "release", bool(p["reverse"]))
@@ -481,6 +481,8 @@ class Run:
             f.paths = [hist.ANNOUNCE] if name == "redis" else []
             if name == "redis" and self.config.backend == "redis" or name != "redis":
                 f.paths += [hist.CACHE, hist.CACHE_DOWN]
+            if name == "redis" and self.config.backend == "redis":
+                f.paths.append(hist.APP_PATH)  # no recovery window on the Redis backend
             pid = st.procs[name].pid
             freeze(pid)
             time.sleep(length)
@@ -525,7 +527,8 @@ class Run:
         late over the newer answer is then still there after recovery (rule 2)."""
         cache = [n for n in self.proxy_names if n != "announce"]
         reverse = self._rng("finish").random() < 0.5
-        fault = Fault("cache-hold-writes", "+".join(cache), time.monotonic(), paths=[hist.CACHE])
+        paths = [hist.CACHE, hist.APP_PATH]
+        fault = Fault("cache-hold-writes", "+".join(cache), time.monotonic(), paths=paths)
         self.finishing.set()
         with contextlib.suppress(threading.BrokenBarrierError):
             self.ready.wait()
