@@ -167,21 +167,29 @@ class FastPoll:
         inside the transaction: SQLite's write lock is database-wide. After a cache write, out
         of the user's order, the key is announced (a lost or reordered announcement only makes
         a poll server re-read the key later: the message carries no state)."""
-        result, written = self._retrying(lambda: self._write_once(user_id, change, unchanged))
+        result, written, replayed = self._retrying(
+            lambda: self._write_once(user_id, change, unchanged)
+        )
         if written:
             self.announce(user_id)
-        return result, written
+        return result, None if replayed else written
 
     def _write_once(
         self, user_id: int, change: Callable[[Tx], T], unchanged: Callable[[], bool]
-    ) -> tuple[T, bool | None]:
+    ) -> tuple[T, bool, bool]:
+        """(result, cache written, replayed)."""
         with self.store.user(user_id) as session:
             with session.write() as tx:
                 result = change(tx)
-                if unchanged():
-                    return result, None
-                snap = tx.bump()
-            return result, self._put(session, user_id, snap)
+                replayed = unchanged()
+                if not replayed:
+                    snap = tx.bump()
+            if replayed:
+                # An idempotent replay changes nothing, but the first attempt may have committed
+                # without its cache write (the write failed, or its process died): the current
+                # answer is written again, so that this answer too means no older state is shown.
+                snap = session.snapshot()
+            return result, self._put(session, user_id, snap), replayed
 
     def announce(self, user_id: int) -> bool:
         """Tell the poll servers that user_id's cached answer changed; False if not sent (no

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fastpoll_app import config
-from fastpoll_app.cache import make_cache
+from fastpoll_app.cache import CacheError, make_cache
 from fastpoll_app.service import FastPoll
 from fastpoll_app.store import Snapshot, StoreError, open_store
 
@@ -198,4 +198,31 @@ def test_failed_commit_touches_no_cache(settings: config.Settings) -> None:
     assert fp.store.poll_answer(UID) == b""
     assert fp._fill.get(key) == b""
     assert fp.store.outbox_backlog() == 0
+    fp.close()
+
+
+def test_a_replayed_publish_writes_the_answer_its_first_attempt_did_not(
+    settings: config.Settings,
+) -> None:
+    """A publish committed, its cache write failed (201 pending, the outbox row waits for the
+    repair), and the client, which did not see that answer, sends it again with the same
+    Idempotency-Key: the replay's 201 must also mean that no poll shows the older answer, so
+    it writes the current one itself instead of leaving it to the repair."""
+    fp = make_fp(settings)
+    key = fp.user_key(UID)
+    first, written = fp.publish(UID, "before")
+    assert written
+    real_put = fp._publish.put
+
+    def failing_put(*args: object, **kwargs: object) -> None:
+        raise CacheError("the node hung")
+
+    fp._publish.put = failing_put  # type: ignore[method-assign]
+    msg, written = fp.publish(UID, "lost reply", "idem-1")
+    assert written is False  # committed, pending
+    fp._publish.put = real_put  # type: ignore[method-assign]
+    assert newest_id(fp._fill.get(key)) == first.id  # the repair has not run
+    again, written = fp.publish(UID, "lost reply", "idem-1")
+    assert written is None and again.id == msg.id  # a replay: nothing stored twice
+    assert newest_id(fp._fill.get(key)) == msg.id
     fp.close()
