@@ -51,6 +51,10 @@
  * answers from the database). A get that was queued on it before and is
  * answered inside the window counts the same. Every idle node is probed
  * every MC_PROBE_MS, so a hang is seen by every poll server, busy or not.
+ *
+ * The decisions of both (which node takes a get, the recovery window, the
+ * replica instead of the primary, a failed read retried on the replica)
+ * are node_health.c's; server_serves() is the one test of a node here.
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* getaddrinfo under -std=c11 */
@@ -73,6 +77,7 @@
 
 #include "cache_memcached.h"
 #include "health.h"
+#include "node_health.h"
 #include "log.h"
 #include "resolve.h"
 #include "settings.h"
@@ -164,8 +169,8 @@ struct mc_server {
     uint64_t skip_logged_ms;        /* rate limit of the warning */
     enum mc_proto proto;            /* of this connection */
     enum mc_proto logged_proto;
-    uint64_t recover_until_ms;      /* fp_mono_ms(): read through replicas
-                                     * until then; 0: not recovering */
+    struct fp_node_recovery recovery; /* its window (node_health.h): its
+                                       * keys are read through replicas */
     struct event *probe;            /* asks it when idle */
 };
 
@@ -216,8 +221,7 @@ static void req_finish(struct mc_req *r, enum fp_cache_status st,
     if (!late) /* a late one was counted, and called back, at its TIMEOUT */
         fp_stat_backend_done(r->srv_index, st, r->sent);
     (void)event_del(r->timer);
-    if (!late && (st == FP_CACHE_ERROR || st == FP_CACHE_TIMEOUT) &&
-        r->failover && req_failover(r) == 0)
+    if (!late && fp_node_fails_over(st, r->failover) && req_failover(r) == 0)
         late = 1; /* the replica's get calls back instead */
     req_release(r->mc, r);
     if (!late)
@@ -267,12 +271,11 @@ static void server_log_up(struct mc_server *s)
 {
     struct fp_mc *mc = s->mc;
 
-    if (s->logged == MC_LOG_DOWN && mc->recovery_ms > 0) {
+    if (fp_node_back(&s->recovery, s->logged == MC_LOG_DOWN, mc->recovery_ms)) {
         /* Back from down or hung: it may hold answers older than publishes
          * made meanwhile, until the app's outbox rewrites them. */
-        s->recover_until_ms = fp_mono_ms() + mc->recovery_ms;
         fp_stat_backend_recovering((size_t)(s - mc->servers),
-                                   s->recover_until_ms);
+                                   s->recovery.until_ms);
         fp_log(FP_LOG_INFO, "memcached %s: connected; no hit is served from "
                "it for %u ms (recovery_ms): %s", s->name, mc->recovery_ms,
                mc->replicas ? "its keys are read from their replicas"
@@ -881,7 +884,8 @@ static void req_timer_cb(evutil_socket_t fd, short what, void *arg)
          * keeps its place in the FIFO until its answer is read. */
         r->late = 1;
         fp_stat_backend_done(r->srv_index, FP_CACHE_TIMEOUT, r->sent);
-        if (!r->failover || req_failover(r) != 0)
+        if (!fp_node_fails_over(FP_CACHE_TIMEOUT, r->failover) ||
+            req_failover(r) != 0)
             r->cb(FP_CACHE_TIMEOUT, NULL, 0, r->arg);
         return;
     }
@@ -913,19 +917,19 @@ static int key_is_safe(const char *key, size_t len)
  * a timeout. */
 static int server_ready(const struct mc_server *s)
 {
-    if (s->state == MC_DOWN || s->npending >= MC_MAX_PENDING)
-        return 0;
-    return !(s->mc->replicas && s->health.hung && s->health.last_rx_ms == 0);
+    return fp_node_ready(s->state == MC_DOWN, s->npending, MC_MAX_PENDING,
+                         s->mc->replicas, &s->health);
 }
 
 /* In its recovery window (server_log_up): neither primary nor replica. */
 static int server_recovering(struct mc_server *s)
 {
-    if (s->recover_until_ms == 0)
-        return 0;
-    if (fp_mono_ms() < s->recover_until_ms)
+    int ended;
+
+    if (fp_node_recovering(&s->recovery, &ended))
         return 1;
-    s->recover_until_ms = 0;
+    if (!ended)
+        return 0;
     fp_stat_backend_recovering((size_t)(s - s->mc->servers), 0);
     fp_log(FP_LOG_INFO, "memcached %s: recovery window over, reading its "
            "keys from it again", s->name);
@@ -941,6 +945,27 @@ static size_t replica_of(const struct fp_mc *mc, const char *key,
                (mc->nservers - 1);
 
     return j < p ? j : j + 1;
+}
+
+/* The one test of whether a node serves a get, as primary or replica. */
+static int server_serves(struct mc_server *s)
+{
+    return server_ready(s) && !server_recovering(s);
+}
+
+/* fp_node_pick's question about a key's replica (found only if asked). */
+struct replica_pick {
+    struct fp_mc *mc;
+    const char *key;
+    size_t keylen, p, i;
+};
+
+static int replica_serves(void *arg)
+{
+    struct replica_pick *k = arg;
+
+    k->i = replica_of(k->mc, k->key, k->keylen, k->p);
+    return server_serves(&k->mc->servers[k->i]);
 }
 
 static struct mc_req *req_alloc(struct fp_mc *mc)
@@ -1027,7 +1052,7 @@ static int req_failover(struct mc_req *r)
         return -1;
     i = replica_of(mc, r->key, r->keylen, r->srv_index);
     s = &mc->servers[i];
-    if (!server_ready(s) || server_recovering(s))
+    if (!server_serves(s))
         return -1;
     if ((r2 = req_alloc(mc)) == NULL)
         return -1;
@@ -1091,7 +1116,8 @@ int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
 {
     struct mc_req *r;
     struct mc_server *s;
-    size_t p, i;
+    struct replica_pick pick;
+    size_t p;
 
     if (mc->closing)
         return -1;
@@ -1111,19 +1137,24 @@ int fp_mc_get(struct fp_mc *mc, const char *key, size_t keylen,
     p = memcached_generate_hash(mc->memc, key, keylen) % mc->nservers;
     s = &mc->servers[p];
     r->srv_index = p;
-    if (mc->replicas) {
-        if (server_ready(s) && !server_recovering(s)) {
-            r->failover = 1;
-        } else {
-            i = replica_of(mc, key, keylen, p);
-            s = &mc->servers[i];
-            if (!server_ready(s) || server_recovering(s))
-                goto fail_fast; /* counted on the primary */
-            r->srv_index = i;
-            fp_stat_replica_read(i);
-        }
-    } else if (!server_ready(s) || server_recovering(s)) {
-        goto fail_fast; /* no replica to read instead: the app answers */
+    pick.mc = mc;
+    pick.key = key;
+    pick.keylen = keylen;
+    pick.p = p;
+    switch (fp_node_pick(mc->replicas, server_serves(s), replica_serves,
+                         &pick)) {
+    case FP_NODE_PRIMARY:
+        r->failover = mc->replicas != 0; /* retried on the replica */
+        break;
+    case FP_NODE_REPLICA:
+        s = &mc->servers[pick.i];
+        r->srv_index = pick.i;
+        fp_stat_replica_read(pick.i);
+        break;
+    case FP_NODE_NONE:
+    default:
+        /* Counted on the primary; without replicas the app answers. */
+        goto fail_fast;
     }
     if (req_queue(r, s) != 0)
         goto fail_fast;
