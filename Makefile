@@ -82,7 +82,7 @@ deps-browser: venv
 # fails (then the later ones do not run and the exit code is the failure's).
 # tests/test_monitoring.py is part of test-integration's run, so make test adds only the rule checks.
 TEST_STAGES := test-unit monitoring-rules test-integration bench-quick lint-c fuzz valgrind \
-	check-contract-short test-deploy
+	check-contract-gate test-deploy
 test:
 	@tools/stage-times $(MAKE) $(TEST_STAGES)
 
@@ -181,6 +181,14 @@ check-contract: venv build
 
 check-contract-short: venv build
 	$(PY) -m fastpoll_testkit.contract --short $(if $(SEED),--seed $(SEED))
+
+# make test's gate: the short run on a fixed seed (its schedule replays; the interleaving does
+# not), so that a red CI means a regression of a known history. New seeds hunt in
+# check-contract-short and check-contract; a seed that finds something joins this list.
+CONTRACT_GATE_SEED := 874623
+.PHONY: check-contract-gate
+check-contract-gate: venv build
+	$(PY) -m fastpoll_testkit.contract --short --seed $(CONTRACT_GATE_SEED)
 
 check-contract-defects: venv build
 	$(PY) -m fastpoll_testkit.contract.defects $(if $(SEED),--seed $(SEED))
