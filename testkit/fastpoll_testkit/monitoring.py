@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import httpx
 import jinja2
 import pytest
 
+from fastpoll_testkit.procs import terminate
 from fastpoll_testkit.stack import ROOT, wait_for
 
 BINARIES = {
@@ -52,13 +52,7 @@ class Running:
         )
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+        terminate(self.popen)
 
 
 def scrape_when_up(url: str, proc: Running, what: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 
@@ -39,3 +40,15 @@ def freeze(pid: int, timeout: float = 5.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"pid {pid} not stopped {timeout:.0f} s after SIGSTOP")
         time.sleep(0.001)
+
+
+def terminate(popen: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM a process this test started, SIGKILL it if it is still there after timeout."""
+    if popen.poll() is not None:
+        return
+    popen.send_signal(signal.SIGTERM)
+    try:
+        popen.wait(timeout)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait()

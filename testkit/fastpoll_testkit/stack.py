@@ -539,13 +539,7 @@ class Stack:
         pg = Postgres(self.pg_port, password)
         pg.init()
         self.pg_dir = pg.data_dir
-        self._spawn("postgres", pg.argv(), self.pg_port, user=pg.run_as)
-        wait_for(
-            "postgres",
-            pg.ready,
-            proc=self._popen["postgres"],
-            logs=[self.run_dir / "postgres.log"],
-        )
+        self._run_postgres(pg)
         pg.create_db()
         migrate = subprocess.run(
             [str(VENV_PYTHON), "-m", "fastpoll_app", "migrate", "--config", str(self.ini_path)],
@@ -556,6 +550,15 @@ class Stack:
         if migrate.returncode != 0:
             raise RuntimeError(f"fastpoll_app migrate failed: {migrate.stderr}")
 
+    def _run_postgres(self, pg: Postgres) -> None:
+        self._spawn("postgres", pg.argv(), self.pg_port, user=pg.run_as)
+        wait_for(
+            "postgres",
+            pg.ready,
+            proc=self._popen["postgres"],
+            logs=[self.run_dir / "postgres.log"],
+        )
+
     def restart_postgres(self, down_s: float = 0.0) -> None:
         """Fast shutdown of the running PostgreSQL, `down_s` seconds down, then the same server
         again on its data directory and port (the fault drills; start_postgres makes a new one)."""
@@ -564,13 +567,7 @@ class Stack:
         pg = Postgres(self.pg_port, (self.run_dir / "pg.pass").read_text().strip(), self.pg_dir)
         self.stop_proc("postgres", signal.SIGINT, timeout=30)
         time.sleep(down_s)
-        self._spawn("postgres", pg.argv(), self.pg_port, user=pg.run_as)
-        wait_for(
-            "postgres",
-            pg.ready,
-            proc=self._popen["postgres"],
-            logs=[self.run_dir / "postgres.log"],
-        )
+        self._run_postgres(pg)
 
     @staticmethod
     def app_name(i: int) -> str:

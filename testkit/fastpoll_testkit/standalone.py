@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from fastpoll_testkit.procs import terminate
 from fastpoll_testkit.stack import (
     POLL_SERVER,
     POLL_WRAPPER,
@@ -133,13 +134,8 @@ class Procs:
     def stop(self) -> None:
         for p in reversed(self.started):
             if p.popen.poll() is None:
-                os.kill(p.popen.pid, signal.SIGCONT)
-                p.popen.send_signal(signal.SIGTERM)
-                try:
-                    p.popen.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.popen.kill()
-                    p.popen.wait()
+                os.kill(p.popen.pid, signal.SIGCONT)  # a frozen one would not take SIGTERM
+                terminate(p.popen)
 
     def sanitizer_reports(self) -> list[str]:
         return [
