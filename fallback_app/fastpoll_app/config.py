@@ -42,6 +42,10 @@ API_TOKEN_MIN = 16
 API_TOKEN_MAX = 1024
 # The long-poll parameter (docs/api.md): never a keyed parameter, never signed.
 WAIT_PARAM = "wait"
+# The channels' parameter (docs/channels.md): never a keyed parameter.
+CH_PARAM = "ch"
+MAX_CHANNELS = 255
+MAX_HISTORY = 1000
 MAX_WAIT = 300
 MAX_INTERVAL_MS = 3600 * 1000
 
@@ -163,6 +167,15 @@ class AppSettings:
 
 
 @dataclass(frozen=True)
+class ChannelSettings:
+    """Channels (docs/channels.md): how many a poll may name, how many messages a channel's
+    answer keeps (the app's alone)."""
+
+    max: int = 16
+    history: int = 20
+
+
+@dataclass(frozen=True)
 class Settings:
     keys: KeySettings = field(default_factory=KeySettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
@@ -172,6 +185,7 @@ class Settings:
     signing: SigningSettings = field(default_factory=SigningSettings)
     poll: PollSettings = field(default_factory=PollSettings)
     announce: AnnounceSettings = field(default_factory=AnnounceSettings)
+    channels: ChannelSettings = field(default_factory=ChannelSettings)
     source: str = "(defaults)"
     # Hex SHA-256 of the file's bytes as read (of b"" without a file): /healthz and /metrics
     # report it so a deploy can tell a running app whose config differs from the file.
@@ -225,6 +239,7 @@ _KNOWN: dict[str, dict[str, bool]] = {
         "max_wait": False,
     },
     "announce": {"server": False, "password_file": False, "username": False, "channel": False},
+    "channels": {"max": False, "history": False},
 }
 
 
@@ -310,6 +325,8 @@ def _keys(sec: dict[str, list[_Entry]], rd: _Reader) -> KeySettings:
                 raise rd.error(e.line, "[keys] params: exp and sig are reserved for signed URLs")
             if n.lower() == WAIT_PARAM:  # any case: every reader of `wait` ignores its case
                 raise rd.error(e.line, "[keys] params: wait is reserved for long polls")
+            if n.lower() == CH_PARAM:  # any case, as wait
+                raise rd.error(e.line, "[keys] params: ch is reserved for channels")
         # The app's answers are per user: a key without user_id would be
         # shared by every user and the app would fill it with one user's answer.
         if "user_id" not in names:
@@ -581,6 +598,16 @@ def _announce(sec: dict[str, list[_Entry]], rd: _Reader) -> AnnounceSettings:
     return AnnounceSettings(server, password_file, username, channel)
 
 
+def _channels(sec: dict[str, list[_Entry]], rd: _Reader) -> ChannelSettings:
+    d = ChannelSettings()
+    max_, history = d.max, d.history
+    if e := _one(sec, "max"):
+        max_ = _int(e, rd, "[channels] max", 1, MAX_CHANNELS)
+    if e := _one(sec, "history"):
+        history = _int(e, rd, "[channels] history", 1, MAX_HISTORY)
+    return ChannelSettings(max_, history)
+
+
 def _one(sec: dict[str, list[_Entry]], key: str) -> _Entry | None:
     entries = sec.get(key)
     return entries[-1] if entries else None
@@ -600,6 +627,7 @@ def parse(text: str, source: str = "<string>", sha256: str | None = None) -> Set
         signing=_signing(secs.get("signing", {}), rd),
         poll=_poll(secs.get("poll", {}), rd),
         announce=_announce(secs.get("announce", {}), rd),
+        channels=_channels(secs.get("channels", {}), rd),
         source=source,
         sha256=sha256 or hashlib.sha256(text.encode("utf-8")).hexdigest(),
     )
