@@ -38,7 +38,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from loadtests import clients, peers, preload, stackctl, sysinfo
+from fastpoll_testkit import loadgen
+from loadtests import peers, preload, stackctl, sysinfo
 from loadtests.derive import Row, derive
 from loadtests.plans import (
     APP_USERS,
@@ -66,7 +67,6 @@ from loadtests.signing import Signer
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-
 
 
 def _terminated(signum: int, _frame: object) -> None:
@@ -293,7 +293,7 @@ def main() -> int:
                 if not args.attach:
                     set_active_pollers(ctx, p.system)
                 row = run_plan(ctx, p, users)
-            except clients.ToolError as e:
+            except loadgen.ToolError as e:
                 failures.append(f"{p.name}: {e}")
                 print(f"  [{i:3}/{len(plans)}] {p.name}: FAILED TO RUN: {e}", flush=True)
                 continue

@@ -50,9 +50,10 @@ from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
+from fastpoll_testkit import loadgen
 from fastpoll_testkit.procs import freeze
 from fastpoll_testkit.stack import Stack  # the one stack harness
-from loadtests import clients, preload
+from loadtests import preload
 from loadtests.signing import Signer
 
 HERE = Path(__file__).resolve().parent
@@ -235,11 +236,11 @@ def node_loss(args: argparse.Namespace) -> dict[str, object]:
         uids = (str(u) for u in range(1, args.users + 1))
         targets = Signer(stack).write(run_dir / "targets.txt", uids)
         env = {"FP_TARGETS": str(targets), "FP_USERS": str(args.users)}
-        result: dict[str, clients.LoadResult] = {}
+        result: dict[str, loadgen.LoadResult] = {}
         load = threading.Thread(
             target=lambda: result.setdefault(
                 "wrk",
-                clients.run_wrk(
+                loadgen.run_wrk(
                     f"{stack.base_url}/Poll/getMessages", args.conns, args.seconds, env=env
                 ),
             )
@@ -293,9 +294,7 @@ def node_loss(args: argparse.Namespace) -> dict[str, object]:
         "resumed_after_s": round(resumed_at - start, 1) if resumed_at else None,
         "share_after_resume": share(per_s, int(resumed_at)) if resumed_at else None,
         "stale_check": stale,
-        "timeline": {
-            str(t - int(start)): dict(per_s[t]) for t in sorted(per_s) if t >= int(start)
-        },
+        "timeline": {str(t - int(start)): dict(per_s[t]) for t in sorted(per_s) if t >= int(start)},
         "run_dir": str(run_dir),
     }
 
@@ -318,11 +317,11 @@ def herd(args: argparse.Namespace) -> dict[str, object]:
         env = {"FP_TARGETS": str(targets), "FP_USERS": str(users)}
         # The cache gone: a dead node is refused at once, by the pollers and by the app's fills.
         os.kill(stack.procs["memcached-0"].pid, signal.SIGKILL)
-        alone = clients.run_wrk(
+        alone = loadgen.run_wrk(
             f"{stack.app_url()}/Poll/getMessages", 4 * stack.app_workers, 8, env=env
         )
         start = time.time()
-        herd_run = clients.run_wrk(
+        herd_run = loadgen.run_wrk(
             f"{stack.base_url}/Poll/getMessages", args.conns, args.seconds, env=env
         )
         end = time.time()
@@ -398,7 +397,7 @@ def edge(args: argparse.Namespace) -> dict[str, object]:
         env = {"FP_TARGETS": str(targets), "FP_USERS": str(users)}
         for conns in args.conns:
             before = listen_overflows()
-            r = clients.run_wrk(f"{stack.base_url}/Poll/getMessages", conns, args.seconds, env=env)
+            r = loadgen.run_wrk(f"{stack.base_url}/Poll/getMessages", conns, args.seconds, env=env)
             runs.append(
                 {
                     "conns": conns,
@@ -437,7 +436,9 @@ def main() -> int:
     nl.add_argument("--nodes", type=int, default=3)
     nl.add_argument("--replicas", type=int, choices=[0, 1], default=1)
     nl.add_argument(
-        "--no-check-stale", dest="check_stale", action="store_false",
+        "--no-check-stale",
+        dest="check_stale",
+        action="store_false",
         help="no publisher/checker (publishes 5/s and polls them through nginx)",
     )
     hd = sub.add_parser("herd", help="the cache gone, far more clients than the fallback cap")

@@ -18,11 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fastpoll_testkit import loadgen
 from fastpoll_testkit.stack import free_port, http_status, wait_for
-from loadtests import clients, sysinfo
+from loadtests import sysinfo
 
 HERE = Path(__file__).resolve().parent
-
 
 
 WORK = HERE.parent / "run" / "hop_cost"
@@ -98,7 +98,7 @@ def measure(seconds: float = 4.0, rounds: int = 2, conns: int = 50) -> list[dict
                     }
                 )
                 meter.start()
-                r = clients.run_wrk(
+                r = loadgen.run_wrk(
                     f"http://127.0.0.1:{port}/",
                     conns,
                     seconds,

@@ -54,8 +54,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fastpoll_testkit import loadgen
 from fastpoll_testkit.stack import Stack, free_port  # the one stack harness
-from loadtests import clients, preload, sysinfo
+from loadtests import preload, sysinfo
 from loadtests.longpoll_client import HoldRun, quantile_ms
 from loadtests.longpoll_nchan import NchanPeer
 from loadtests.peers import Peer
@@ -387,7 +388,7 @@ end
 def parse_fplp(text: str) -> dict[str, int]:
     m = re.search(r"^FPLP (\{.*\})\s*$", text, re.M)
     if not m:
-        raise clients.ToolError("wrk printed no FPLP line:\n" + text[-2000:])
+        raise loadgen.ToolError("wrk printed no FPLP line:\n" + text[-2000:])
     return {k: int(v) for k, v in json.loads(m.group(1)).items()}
 
 
@@ -418,7 +419,7 @@ def wrk_interval(
     )
     cpu = meter.stop()
     if p.returncode != 0:
-        raise clients.ToolError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-2000:]}")
+        raise loadgen.ToolError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-2000:]}")
     d = parse_fplp(p.stdout)
     n = d["requests"] or 1
     errors = {k: d[k] for k in ("connect", "read", "write", "status", "timeout")}
@@ -531,8 +532,8 @@ def ab_plain(sysm: Systems, reps: int, raw_log: Path) -> dict[str, object]:
     try:
         fp, ceiling = [], []
         for _ in range(reps):
-            fp.append(clients.run_ab(url, 50, 5000, raw_log=raw_log))
-            ceiling.append(clients.run_ab(f"{peer.base_url}/Poll/getMessages?user_id=1", 50, 5000))
+            fp.append(loadgen.run_ab(url, 50, 5000, raw_log=raw_log))
+            ceiling.append(loadgen.run_ab(f"{peer.base_url}/Poll/getMessages?user_id=1", 50, 5000))
     finally:
         peer.stop()
     rps = [r.rps for r in fp]

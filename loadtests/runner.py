@@ -9,14 +9,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadtests import clients, conns, peers, preload, stackctl, sysinfo
+from fastpoll_testkit import loadgen
+from loadtests import conns, peers, preload, stackctl, sysinfo
 from loadtests.derive import Row  # a result row: JSON values by key
 from loadtests.plans import APP_EMPTY_BASE, APP_USERS, HOT_USER, TUNING, Plan
 from loadtests.signing import Signer
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-
 
 
 @dataclass
@@ -138,7 +138,7 @@ def run_plan(ctx: Ctx, p: Plan, users: int) -> Row:
             body = ctx.raw_log.parent / "post-body.json.tmp"
             body.write_text('{"since":0}')
         query = targets.open().readline().strip()  # the first user: the hot one
-        r = clients.run_ab(
+        r = loadgen.run_ab(
             f"{base}{path}?{query}",
             p.conns,
             p.n,
@@ -147,7 +147,7 @@ def run_plan(ctx: Ctx, p: Plan, users: int) -> Row:
             method_body=body,
         )
     else:
-        r = clients.run_wrk(
+        r = loadgen.run_wrk(
             f"{base}{path}",
             p.conns,
             p.seconds,

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.clients import ToolError
+from fastpoll_testkit.loadgen import ToolError
 from loadtests.longpoll import parse_fplp
 from loadtests.longpoll_client import Deliveries, marker_of, quantile_ms, read_response
 from loadtests.longpoll_nchan import MODULE, NchanPeer
 
 HERE = Path(__file__).resolve().parent
-
 
 
 def read(raw: bytes) -> tuple[int, dict[bytes, bytes], bytes, int, bytes]:

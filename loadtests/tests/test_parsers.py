@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.clients import ToolError, _dur_s, parse_ab, parse_wrk
+from fastpoll_testkit.loadgen import ToolError, _dur_s, parse_ab, parse_wrk
 
 HERE = Path(__file__).resolve().parent
 
