@@ -16,7 +16,13 @@
  * small table by its key's hash (ANN_SLOTS, overwritten: a collision can
  * only cause one more read, never a missed one), and a poll that is about
  * to be held on a read that started before a later announcement of its key
- * has its key read again at once (fp_hold_add). */
+ * has its key read again at once (fp_hold_add).
+ *
+ * A read for a change the holders have not seen (an announcement's, or one
+ * with an announcement during it) that fails or times out is tried again
+ * soon, RETRY_MAX times at most, RETRY_BASE_MS doubling: a late answer must
+ * not cost a held poll the re-check period. The retry goes to the front of
+ * the re-check queue, due then; keys behind it may be read that much later. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -39,6 +45,8 @@ static int hash_oom;
 #define FREE_KEY_MAX  1024  /* recycled key objects kept */
 #define BUSY_TICK_MS  10    /* next turn when more keys are due */
 #define ANN_SLOTS     4096  /* recent announcements, by key hash */
+#define RETRY_MAX     4     /* failed reads of a change retried, in a row */
+#define RETRY_BASE_MS 20    /* the first retry's delay, doubling */
 
 struct fp_hkey {
     UT_hash_handle hh;
@@ -47,6 +55,8 @@ struct fp_hkey {
     size_t nholders;
     int reading;                /* a cache read is in flight */
     int again;                  /* ... and another is wanted after it */
+    int retry;                  /* the next read is a failed one's retry */
+    unsigned retries;           /* failed reads since the last answer */
     enum fp_stat_wake cause, again_cause;
     uint64_t checked_ms;        /* when its last read started */
     /* Publish times (Unix ms, 0: unknown) for the metric: the earliest of
@@ -82,6 +92,7 @@ struct fp_hold {
     size_t nfree, held;
     struct event *tick;
     int tick_armed;
+    uint64_t tick_due_ms;       /* when the armed tick fires */
     uint64_t ann_seq;           /* announcements so far */
     struct ann_slot ann[ANN_SLOTS];
 };
@@ -141,6 +152,7 @@ static void arm_tick(struct fp_hold *ho, uint64_t in_ms)
         return;
     }
     ho->tick_armed = 1;
+    ho->tick_due_ms = now_ms(ho) + in_ms;
 }
 
 /* Frees k if nothing needs it any more. */
@@ -162,6 +174,30 @@ static void key_release(struct fp_hkey *k)
 }
 
 static void read_key(struct fp_hkey *k, enum fp_stat_wake cause);
+static uint64_t recheck_period(const struct fp_hold *ho);
+
+/* Reads k again in_ms from now, through the re-check timer (never from
+ * inside the failed read's callback: the cache may be closing). */
+static void retry_later(struct fp_hkey *k, uint64_t in_ms)
+{
+    struct fp_hold *ho = k->ho;
+    uint64_t now = now_ms(ho), period = recheck_period(ho);
+
+    k->retry = 1;
+    /* Due when checked_ms + period <= now. */
+    k->checked_ms = now + in_ms >= period ? now + in_ms - period : 0;
+    q_remove(ho, k);
+    k->qnext = ho->qhead;
+    if (ho->qhead != NULL)
+        ho->qhead->qprev = k;
+    else
+        ho->qtail = k;
+    ho->qhead = k;
+    if (ho->tick_armed && ho->tick_due_ms > now + in_ms &&
+        event_del(ho->tick) == 0)
+        ho->tick_armed = 0;
+    arm_tick(ho, in_ms);
+}
 
 static void on_read(enum fp_cache_status st, const char *value, size_t len,
                     void *arg)
@@ -194,10 +230,24 @@ static void on_read(enum fp_cache_status st, const char *value, size_t len,
         if (st == FP_CACHE_HIT && k->read_pub_ms != 0)
             fp_stat_delivered(k->read_pub_ms, wall_ms());
     }
+    if (st == FP_CACHE_HIT || st == FP_CACHE_MISS) {
+        k->retries = 0;
+    } else if (k->read_pub_ms != 0 &&
+               (k->pub_ms == 0 || k->read_pub_ms < k->pub_ms)) {
+        k->pub_ms = k->read_pub_ms; /* not delivered: the next read's */
+    }
     k->read_pub_ms = 0;
     k->reading = 0;
-    /* After an error the re-check reads it (and the cache may be closing:
-     * fp_cache_free answers pending reads with errors). */
+    if (k->nholders > 0 && st != FP_CACHE_HIT && st != FP_CACHE_MISS &&
+        (k->again || k->cause == FP_STAT_WAKE_ANNOUNCEMENT) &&
+        k->retries < RETRY_MAX) {
+        /* Failed, or timed out (the answer may be late only, as when the
+         * cache path is slowed near the timeout), reading for a change:
+         * after RETRY_MAX the re-check reads it. */
+        k->again = 0;
+        retry_later(k, (uint64_t)RETRY_BASE_MS << k->retries++);
+        return;
+    }
     if (k->again && k->nholders > 0 &&
         (st == FP_CACHE_HIT || st == FP_CACHE_MISS)) {
         k->again = 0;
@@ -219,6 +269,7 @@ static void read_key(struct fp_hkey *k, enum fp_stat_wake cause)
         return;
     }
     k->cause = cause;
+    k->retry = 0;
     k->checked_ms = now_ms(ho);
     q_remove(ho, k);
     q_push(ho, k);
@@ -259,7 +310,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             q_push(ho, k);
             k->checked_ms = now;
         } else {
-            read_key(k, FP_STAT_WAKE_RECHECK);
+            read_key(k, k->retry ? FP_STAT_WAKE_ANNOUNCEMENT
+                                 : FP_STAT_WAKE_RECHECK);
         }
         n++;
     }
