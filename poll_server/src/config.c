@@ -504,6 +504,12 @@ static int set_params(struct fp_settings *s, const struct option_def *o,
             fmt(why, whylen, "exp and sig are reserved for signed poll URLs");
             goto out;
         }
+        if (len == 2 && strncasecmp(start, "ch", 2) == 0) {
+            /* docs/channels.md: ch names a poll's channels, read in any
+             * case; as a key's parameter it would be both. */
+            fmt(why, whylen, "ch is the channels' parameter, never a key's");
+            goto out;
+        }
         if (len == 4 && strncasecmp(start, "wait", 4) == 0) {
             /* docs/api.md: the long poll's wait is never part of a key, in
              * any case (every reader of wait ignores its case). */
@@ -1023,7 +1029,9 @@ static int set_level(struct fp_settings *s, const struct option_def *o,
 #define F(field) offsetof(struct fp_settings, field)
 
 /* Every key of the sections the poll server reads. [cache] ttl belongs to
- * the app but lives in a shared section: checked the same way, not used. */
+ * the app but lives in a shared section: checked the same way, not used.
+ * [channels] history is the app's alone (its range too: config.json's
+ * app-only cases): any integer, not used. */
 static const struct option_def options[] = {
     { "server", "listen", set_listen, 0, 0, 0, false },
     { "server", "port", set_port, 0, 0, 0, false },
@@ -1040,6 +1048,8 @@ static const struct option_def options[] = {
     { "server", "announce_timeout_ms", set_uint, F(announce_timeout_ms), 200, 600000, false },
     { "keys", "prefix", set_prefix, 0, 0, 0, false },
     { "keys", "params", set_params, 0, 0, 0, false },
+    { "channels", "max", set_uint, F(channels_max), 1, FP_MAX_CHANNELS, false },
+    { "channels", "history", set_uint, NO_FIELD, 0, UINT_MAX, false },
     { "cache", "backend", set_backend, 0, 0, 0, false },
     { "cache", "timeout_ms", set_uint, F(cache_timeout_ms), 1, 60000, false },
     { "cache", "content_type", set_content_type, 0, 0, 0, false },
@@ -1073,7 +1083,7 @@ static const struct option_def options[] = {
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
 
 static const char *const sections[] = {
-    "server", "keys", "cache", "memcached", "redis", "signing", "poll",
+    "server", "keys", "channels", "cache", "memcached", "redis", "signing", "poll",
     "announce", "admin", "log"
 };
 
@@ -1156,6 +1166,7 @@ int fp_config_defaults(struct fp_settings *s, char *err, size_t errlen)
     s->poll_interval_ms = 1000;
     s->poll_jitter_pct = 20;
     s->poll_max_wait = 30;
+    s->channels_max = 16;
     s->backend = FP_BACKEND_MEMCACHED;
     s->cache_timeout_ms = 100;
     s->mc_replicas = -1;

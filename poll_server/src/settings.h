@@ -13,6 +13,8 @@
 #define FP_MAX_SERVERS      64
 #define FP_MAX_SIGN_SECRETS 4    /* [signing]: the first signs, all verify */
 #define FP_MAX_SENTINELS    8
+#define FP_MAX_CHANNELS     255  /* [channels] max's upper bound (Nchan's) */
+#define FP_MAX_CHANNEL_NAME 64
 
 enum fp_backend { FP_BACKEND_MEMCACHED, FP_BACKEND_REDIS };
 
@@ -47,6 +49,9 @@ struct fp_settings {
     char *key_prefix;            /* default "/Poll" */
     char *key_params[FP_MAX_PARAMS]; /* default {"user_id"}; sorted bytewise */
     size_t nkey_params;
+
+    /* [channels] (shared with the app: docs/channels.md) */
+    unsigned channels_max;       /* names in one poll's ch, default 16 */
 
     /* [cache] */
     enum fp_backend backend;     /* default memcached */
