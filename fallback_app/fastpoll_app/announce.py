@@ -57,6 +57,21 @@ class Announcer:
         ANNOUNCEMENTS.labels("sent").inc()
         return True
 
+    def announce_many(self, keys: list[bytes]) -> bool:
+        """Every key's announcement in one round trip (a pipeline)."""
+        ms = time.time_ns() // 1_000_000
+        try:
+            pipe = self._r.pipeline(transaction=False)
+            for key in keys:
+                pipe.publish(self.channel, message(key, ms))
+            pipe.execute()
+        except redis.RedisError as exc:
+            ANNOUNCEMENTS.labels("failed").inc(len(keys))
+            self._warn.warning("announce", f"announcements of a batch failed: {exc}")
+            return False
+        ANNOUNCEMENTS.labels("sent").inc(len(keys))
+        return True
+
     def close(self) -> None:
         self._r.close()
 

@@ -13,13 +13,13 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, TypeVar
 from urllib.parse import parse_qsl
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -28,18 +28,27 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from . import __version__, conditional, config, metrics, signing
+from . import __version__, channels, conditional, config, metrics, signing
 from .announce import make_announcer
 from .cache import RateLimitedLog, make_cache
 from .config import Settings
 from .service import POLL_PATH, FastPoll
-from .store import IdempotencyConflict, Store, StoreError, Unavailable, UserBusy, open_store
+from .store import (
+    IdempotencyConflict,
+    Message,
+    Store,
+    StoreError,
+    Unavailable,
+    UserBusy,
+    open_store,
+)
 
 log = logging.getLogger(__name__)
 
 MOUNT = b"/Poll"
 MAX_TEXT_CHARS = 2000
 MAX_USER_ID = 2**63 - 1
+MAX_BATCH = 1000
 # The app's publish must reach the cache even when the poll server's read
 # timeout is tight: a failed publish leaves a possibly stale answer behind
 # until the repair thread rewrites it.
@@ -58,22 +67,51 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
+def _check_text(v: str) -> str:
+    if not v.strip():
+        raise ValueError("must not be only whitespace")
+    if "\x00" in v:  # PostgreSQL's text cannot hold it (a 500 there, stored on SQLite)
+        raise ValueError("must not contain NUL (U+0000)")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("is not valid Unicode (lone surrogate)") from None
+    return v
+
+
+def _check_channel(v: str) -> str:
+    if not channels.valid_name(v.encode("utf-8", "replace")):
+        raise ValueError(channels.NAME_RULE)
+    return v
+
+
+Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS), AfterValidator(_check_text)]
+ChannelName = Annotated[str, AfterValidator(_check_channel)]
+
+
 class PublishBody(_Body):
     user_id: UserId
-    text: Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
+    text: Text
 
-    @field_validator("text")
-    @classmethod
-    def _text(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("must not be only whitespace")
-        if "\x00" in v:  # PostgreSQL's text cannot hold it (a 500 there, stored on SQLite)
-            raise ValueError("must not contain NUL (U+0000)")
-        try:
-            v.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError("is not valid Unicode (lone surrogate)") from None
-        return v
+
+class ChannelPublishBody(_Body):
+    text: Text
+
+
+class BatchItem(_Body):
+    user_id: UserId | None = None
+    channel: ChannelName | None = None
+    text: Text
+
+    @model_validator(mode="after")
+    def _one_target(self) -> BatchItem:
+        if (self.user_id is None) == (self.channel is None):
+            raise ValueError("an item names exactly one of user_id and channel")
+        return self
+
+
+class BatchBody(_Body):
+    items: Annotated[list[BatchItem], Field(min_length=1, max_length=MAX_BATCH)]
 
 
 class ReadBody(_Body):
@@ -85,9 +123,11 @@ class ReadBody(_Body):
 
 class PollUrlBody(_Body):
     user_id: UserId
+    channels: list[ChannelName] | None = None
 
 
 B = TypeVar("B", bound=_Body)
+T = TypeVar("T")
 
 
 class _DuplicateKey(ValueError):
@@ -199,10 +239,17 @@ async def poll(request: Request) -> Response:
     if raw_path is not None and raw_path.startswith(MOUNT + b"/"):
         target = raw_path[len(MOUNT) :] + (b"?" + query if query else b"")
         key = fp.derive(target)
+    try:
+        # Before the signature: a bad `ch` is the client's error whoever signed it, and the
+        # poll server refuses it the same way (docs/channels.md).
+        chans = channels.parse_ch(query, ctx.settings.channels.max)
+    except channels.BadChannels as exc:
+        raise _error(400, str(exc)) from None
     if ctx.secrets:
         # First, before the database, the cache or the body: the signature must
-        # cover this request's key, and that key must be the user's own.
-        if not signing.verify(ctx.secrets, key, query, time.time()):
+        # cover this request's key (and its channels), and that key must be the user's own.
+        signed = None if key is None else channels.signed_key(key, chans and chans[0])
+        if not signing.verify(ctx.secrets, signed, query, time.time()):
             raise _error(403, "missing, invalid or expired signature")
         if key != fp.user_key(_user_id_from_query(query)):
             raise _error(403, "the signature is not for this user's poll URL")
@@ -219,7 +266,10 @@ async def poll(request: Request) -> Response:
         body = await _read_body(request, ctx.limit)
         headers["X-Request-Body-Length"] = str(len(body))
         headers["X-Request-Body-SHA256"] = hashlib.sha256(body).hexdigest()
-    answer = await run_in_threadpool(fp.poll, user_id, key)
+    if chans is None:
+        answer = await run_in_threadpool(fp.poll, user_id, key)
+    else:
+        answer = await run_in_threadpool(fp.poll_channels, user_id, key, chans[1])
     headers["ETag"] = etag = conditional.etag_of(answer)
     # The app answers when the cache could not: the next poll is asked to come later.
     headers["Poll-Interval-Ms"] = str(
@@ -255,19 +305,60 @@ async def _api_body(request: Request, model: type[B]) -> B:
 
 async def post_message(request: Request) -> Response:
     body = await _api_body(request, PublishBody)
+    idem_key = _idem_key(request)
+    fp = _ctx(request).fp
+    msg, headers = await _publish(fp.publish, body.user_id, body.text, idem_key)
+    return JSONResponse(msg.as_json(), status_code=201, headers=headers)
+
+
+def _idem_key(request: Request) -> str | None:
     idem_key = request.headers.get("idempotency-key")
     if idem_key is not None and not _IDEM_KEY.fullmatch(idem_key):
         raise _error(400, "Idempotency-Key must be 1-128 printable ASCII characters")
-    fp = _ctx(request).fp
+    return idem_key
+
+
+async def _publish(
+    op: Callable[[T, str, str | None], tuple[Message, bool | None]],
+    target: T,
+    text: str,
+    idem_key: str | None,
+) -> tuple[Message, dict[str, str]]:
     try:
-        msg, written = await run_in_threadpool(fp.publish, body.user_id, body.text, idem_key)
+        msg, written = await run_in_threadpool(op, target, text, idem_key)
     except IdempotencyConflict:
         raise _error(409, "Idempotency-Key already used for another message") from None
     if written is None:
-        headers = {"Idempotent-Replayed": "true"}
-    else:
-        headers = {"X-Cache-Publish": "ok" if written else "pending"}
-    return JSONResponse(msg.as_json(), status_code=201, headers=headers)
+        return msg, {"Idempotent-Replayed": "true"}
+    return msg, {"X-Cache-Publish": "ok" if written else "pending"}
+
+
+async def post_channel_message(request: Request) -> Response:
+    name = request.path_params["name"]
+    if not channels.valid_name(name.encode("utf-8", "replace")):
+        raise _error(400, channels.NAME_RULE)
+    body = await _api_body(request, ChannelPublishBody)
+    fp = _ctx(request).fp
+    msg, headers = await _publish(fp.publish_channel, name, body.text, _idem_key(request))
+    doc = {"id": msg.id, "channel": name, "text": msg.text, "created": msg.created}
+    return JSONResponse(doc, status_code=201, headers=headers)
+
+
+async def post_batch(request: Request) -> Response:
+    body = await _api_body(request, BatchBody)
+    fp = _ctx(request).fp
+
+    def run() -> tuple[list[Message], bool]:
+        owners = {n: fp.channel_owner(n) for n in {i.channel for i in body.items if i.channel}}
+        items = [(owners[i.channel] if i.channel else i.user_id or 0, i.text) for i in body.items]
+        return fp.publish_batch(items)
+
+    msgs, written = await run_in_threadpool(run)
+    return JSONResponse(
+        {"ids": [m.id for m in msgs]},
+        status_code=201,
+        headers={"X-Cache-Publish": "ok" if written else "pending"},
+    )
 
 
 async def mark_read(request: Request) -> Response:
@@ -283,16 +374,27 @@ async def mark_read(request: Request) -> Response:
 async def poll_url(request: Request) -> Response:
     # The seam where the site's backend, which authenticated the user, asks for that
     # user's URL; with [app] api_token_file only that backend can call it.
-    user_id = (await _api_body(request, PollUrlBody)).user_id
+    body = await _api_body(request, PollUrlBody)
+    user_id = body.user_id
     ctx = _ctx(request)
     path = MOUNT + POLL_PATH + b"?user_id=%d" % user_id
+    signed = ctx.fp.user_key(user_id)
+    doc: dict[str, object] = {"user_id": user_id}
+    if body.channels is not None:
+        names = sorted(n.encode("ascii") for n in body.channels)
+        if len(set(names)) != len(names):
+            raise _error(400, "channels: a channel is named twice")
+        if not 1 <= len(names) <= ctx.settings.channels.max:
+            raise _error(400, f"channels: 1 to {ctx.settings.channels.max} channels")
+        ch = b",".join(names)
+        path += b"&ch=" + ch
+        signed = channels.signed_key(signed, ch)
+        doc["channels"] = [n.decode() for n in names]
     exp = int(time.time()) + ctx.settings.signing.ttl
     if ctx.secrets:
-        path += b"&" + signing.signed_query(ctx.secrets[0], ctx.fp.user_key(user_id), exp)
-    return JSONResponse(
-        {"user_id": user_id, "url": path.decode(), "expires": exp if ctx.secrets else None},
-        headers={"Cache-Control": "no-store"},
-    )
+        path += b"&" + signing.signed_query(ctx.secrets[0], signed, exp)
+    doc |= {"url": path.decode(), "expires": exp if ctx.secrets else None}
+    return JSONResponse(doc, headers={"Cache-Control": "no-store"})
 
 
 async def healthz(request: Request) -> Response:
@@ -372,6 +474,8 @@ ROUTES = [
     Route("/Poll/getMessages", poll, methods=["GET", "HEAD", "POST"]),
     Route("/api/messages", post_message, methods=["POST"]),
     Route("/api/messages/read", mark_read, methods=["POST"]),
+    Route("/api/messages/batch", post_batch, methods=["POST"]),
+    Route("/api/channels/{name}/messages", post_channel_message, methods=["POST"]),
     Route("/api/poll-url", poll_url, methods=["POST"]),
     Route("/healthz", healthz, methods=["GET", "HEAD"]),
     Route("/metrics", metrics_page, methods=["GET"]),
@@ -383,7 +487,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     wiring: the store, the caches and the service, shared with the endpoints as app.state.ctx."""
     if settings is None:
         settings = config.load()
-    store = open_store(settings.app)
+    store = open_store(settings.app, history=settings.channels.history)
     metrics.set_config_sha256(settings.sha256)
     api_token = config.read_api_token(settings.app)
     if api_token is None:

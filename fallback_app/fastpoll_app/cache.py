@@ -64,6 +64,11 @@ class Cache(Protocol):
         """Make `value` the cached answer unless a newer one is there; CacheError if unsure."""
         ...
 
+    def put_many(self, items: Sequence[tuple[bytes, bytes, int]]) -> None:
+        """put() of every (key, value, version), pipelined; CacheError if any is unsure (after
+        trying every one)."""
+        ...
+
     def get(self, key: bytes) -> bytes | None: ...
 
     def delete(self, key: bytes) -> None: ...
@@ -299,6 +304,16 @@ class MemcachedCache:
         if failed:
             raise CacheError(f"memcached put: {'; '.join(failed)}")
 
+    def put_many(self, items: Sequence[tuple[bytes, bytes, int]]) -> None:
+        failed: list[str] = []
+        for key, value, version in items:
+            try:
+                self.put(key, value, version)
+            except CacheError as exc:
+                failed.append(str(exc))
+        if failed:
+            raise CacheError(f"{len(failed)} of {len(items)} writes failed: {failed[0]}")
+
     def get(self, key: bytes) -> bytes | None:
         """The primary's answer; the next node's when the primary cannot be read."""
         errors: list[str] = []
@@ -402,6 +417,20 @@ class RedisCache:
             self._put(keys=[key, key + VERSION_SUFFIX], args=[value, version, self._ttl_arg])
         except redis.RedisError as exc:
             raise CacheError(f"redis put script: {exc}") from exc
+
+    def put_many(self, items: Sequence[tuple[bytes, bytes, int]]) -> None:
+        # One round trip: the scripts pipelined (redis-py loads a missing script first).
+        try:
+            pipe = self._r.pipeline(transaction=False)
+            for key, value, version in items:
+                self._put(
+                    keys=[key, key + VERSION_SUFFIX],
+                    args=[value, version, self._ttl_arg],
+                    client=pipe,
+                )
+            pipe.execute()
+        except redis.RedisError as exc:
+            raise CacheError(f"redis put scripts: {exc}") from exc
 
     def get(self, key: bytes) -> bytes | None:
         try:

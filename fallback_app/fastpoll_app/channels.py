@@ -17,6 +17,7 @@ from .config import CH_PARAM
 from .keys import InvalidKey, _decode
 
 _CH = CH_PARAM.encode("ascii")
+NAME_RULE = "a channel name is 1-64 bytes of A-Z a-z 0-9 _ . -"
 _NAME = re.compile(rb"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -53,7 +54,7 @@ def parse_ch(query: bytes, max_channels: int) -> tuple[bytes, list[bytes]] | Non
         if not name:
             raise BadChannels("ch has an empty channel name")
         if not valid_name(name):
-            raise BadChannels("a channel name is 1-64 bytes of A-Z a-z 0-9 _ . -")
+            raise BadChannels(NAME_RULE)
         if name <= prev:
             raise BadChannels("ch must list channels in strictly ascending byte order, each once")
         prev = name

@@ -80,9 +80,7 @@ class UserGate:
     pooled database connection nor a lock stripe, so they cannot take those from other users;
     and a user can keep at most 1 + max_waiting of the process's threads."""
 
-    def __init__(
-        self, timeout: float, max_waiting: int, busy: Callable[[str], Exception]
-    ) -> None:
+    def __init__(self, timeout: float, max_waiting: int, busy: Callable[[str], Exception]) -> None:
         self._timeout = timeout
         self._max_waiting = max_waiting
         self._busy = busy  # the exception to raise, given what was busy

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from .announce import Announcer
 from .cache import Cache, CacheError, RateLimitedLog
+from .channels import channel_key, compose
 from .config import Settings
 from .keys import InvalidKey, derive_key
 from .metrics import CACHE_FILLS, CACHE_SECONDS, PUBLISHES, REPAIR_PENDING, REPAIRS, Timer
@@ -62,6 +63,7 @@ class FastPoll:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._repairers: ThreadPoolExecutor | None = None
+        self._names: dict[int, str] = {}  # channel id -> name (never changes)
 
     # -- keys -------------------------------------------------------------
 
@@ -74,11 +76,29 @@ class FastPoll:
             return None
 
     def user_key(self, user_id: int) -> bytes:
-        """The one key of user_id's answer: the only key the app ever writes."""
+        """The one key of user_id's answer: the only user key the app ever writes."""
         key = self.derive(POLL_PATH + b"?user_id=%d" % user_id)
         if key is None:  # digits only, far below 250 bytes: cannot happen
             raise ValueError(f"no cache key for user {user_id}")
         return key
+
+    def channel_owner(self, name: str) -> int:
+        """The owner id of a channel (store.py): minus its id; the channel is made if new."""
+        cid = self.store.channel_id(name)
+        self._names[cid] = name
+        return -cid
+
+    def key_of(self, owner: int) -> bytes:
+        """The cache key of an owner: a user's key, or a channel's (prefix#name)."""
+        if owner >= 0:
+            return self.user_key(owner)
+        name = self._names.get(-owner)
+        if name is None:
+            name = self.store.channel_name(-owner)
+            if name is None:
+                raise ValueError(f"no channel {-owner}")
+            self._names[-owner] = name
+        return channel_key(self.settings.keys.prefix, name.encode("ascii"))
 
     # -- poll -------------------------------------------------------------
 
@@ -99,6 +119,21 @@ class FastPoll:
             # from the database at once, without the fill, which needs the order.
             CACHE_FILLS.labels("busy").inc()
             return self._retrying(lambda: self.store.poll_answer(user_id))
+
+    def poll_channels(self, user_id: int, key: bytes | None, names: list[bytes]) -> bytes:
+        """The composed answer of a poll of the user and `names` (docs/channels.md); each
+        channel's part filled in the cache (`add`: a part already cached stays)."""
+        parts = [(n, self.channel_part(n.decode("ascii"))) for n in names]
+        return compose(self.poll(user_id, key), parts)
+
+    def channel_part(self, name: str) -> bytes:
+        owner = self.channel_owner(name)
+        key = self.key_of(owner)
+        try:
+            return self._retrying(lambda: self._fill_from_db(owner, key))
+        except UserBusy:
+            CACHE_FILLS.labels("busy").inc()
+            return self._retrying(lambda: self.store.poll_answer(owner))
 
     def _fill_from_db(self, user_id: int, key: bytes) -> bytes:
         # In the user's order, so no write can commit and write the cache between our read and
@@ -133,8 +168,8 @@ class FastPoll:
         """Store a message and rewrite the user's cached answer.
 
         Returns (message, cache_written); cache_written is None for an idempotent replay (the
-        message was stored before; nothing changed now).
-        """
+        message was stored before; nothing changed now). A channel's owner id (channel_owner)
+        publishes to the channel."""
         replay = [False]
         stored: list[Message] = []  # what an attempt inserted, committed or not
 
@@ -153,6 +188,54 @@ class FastPoll:
             return msg
 
         return self._write(user_id, change, lambda: replay[0])
+
+    def publish_channel(
+        self, name: str, text: str, idem_key: str | None = None
+    ) -> tuple[Message, bool | None]:
+        """Store a message in the channel and rewrite the channel's cached answer."""
+        return self.publish(self.channel_owner(name), text, idem_key)
+
+    def publish_batch(self, items: list[tuple[int, str]]) -> tuple[list[Message], bool]:
+        """Messages for many owners [(owner, text)] in one transaction (every owner's order
+        held, ascending), then one pipelined cache write of every owner's answer and the
+        announcements in one round trip. (messages in order, every cache write made)."""
+        owners = sorted({o for o, _ in items})
+        keys = {o: self.key_of(o) for o in owners}
+        stored: list[Message] = []  # what an attempt inserted, committed or not
+
+        def once() -> tuple[list[Message], bool]:
+            with self.store.users(owners) as session:
+                with session.write() as tx:
+                    # A retry after a broken connection: if the first message is there, the
+                    # whole transaction committed; its cache write is made now.
+                    earlier = tx.get_message(stored[0].id) if stored else None
+                    if earlier is not None:
+                        msgs = list(stored)
+                    else:
+                        msgs = [tx.for_owner(o).add_message(t, None)[0] for o, t in items]
+                        stored[:] = msgs
+                    snaps = {o: tx.for_owner(o).bump() for o in owners}
+                # In the orders, out of the transaction: the cache write, then the outbox.
+                try:
+                    with Timer(CACHE_SECONDS, "publish"):
+                        self._publish.put_many(
+                            [(keys[o], snaps[o].answer, snaps[o].version) for o in owners]
+                        )
+                except CacheError as exc:
+                    PUBLISHES.labels("pending").inc(len(owners))
+                    self._warn.warning("publish", f"batch cache write failed: {exc}")
+                    return msgs, False
+                PUBLISHES.labels("written").inc(len(owners))
+                try:
+                    session.settled({o: s.version for o, s in snaps.items()})
+                except StoreError as exc:
+                    self._warn.warning("settle", f"outbox rows not dropped: {exc}")
+                return msgs, True
+
+        msgs, written = self._retrying(once)
+        if written and self._announcer is not None:
+            self._announcer.announce_many([keys[o] for o in owners])
+        return msgs, written
 
     def mark_read(self, user_id: int, up_to_id: int) -> tuple[int, bool]:
         """Mark the user's unread messages with id <= up_to_id read; (count, cache_written)."""
@@ -191,17 +274,17 @@ class FastPoll:
                 snap = session.snapshot()
             return result, self._put(session, user_id, snap), replayed
 
-    def announce(self, user_id: int) -> bool:
-        """Tell the poll servers that user_id's cached answer changed; False if not sent (no
+    def announce(self, owner: int) -> bool:
+        """Tell the poll servers that the owner's cached answer changed; False if not sent (no
         [announce] target, or Redis failed: counted, never raised)."""
         if self._announcer is None:
             return False
-        return self._announcer.announce(self.user_key(user_id))
+        return self._announcer.announce(self.key_of(owner))
 
-    def _put(self, session: UserSession, user_id: int, snap: Snapshot) -> bool:
+    def _put(self, session: UserSession, owner: int, snap: Snapshot) -> bool:
         try:
             with Timer(CACHE_SECONDS, "publish"):
-                self._publish.put(self.user_key(user_id), snap.answer, snap.version)
+                self._publish.put(self.key_of(owner), snap.answer, snap.version)
         except CacheError as exc:
             PUBLISHES.labels("pending").inc()
             self._warn.warning("publish", f"cache write failed, the outbox has it: {exc}")
@@ -223,9 +306,9 @@ class FastPoll:
         try:
             with self.store.user(user_id) as session:
                 snap = session.snapshot()
-                self._publish.put(self.user_key(user_id), snap.answer, snap.version)
+                self._publish.put(self.key_of(user_id), snap.answer, snap.version)
                 session.settled(snap.version)
-        except (CacheError, StoreError) as exc:
+        except (CacheError, StoreError, ValueError) as exc:
             REPAIRS.labels("failed").inc()
             self._warn.warning("repair", f"cache repair failed, will retry: {exc}")
             return "failed"

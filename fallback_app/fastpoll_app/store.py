@@ -12,6 +12,11 @@ tier"):
   (user, version) in the same transaction; the row is deleted once the cache holds that version.
   A row left behind (cache down, app killed) is drained by the repair worker of any app host.
 - ``idempotency keys``: a publish with a key stores one message per (user, key).
+- **Channels** (docs/channels.md) share all of it through an *owner* id: a user's id (>= 0), or
+  minus a channel's id (table ``channels``, name -> id). A channel's messages, version and outbox
+  row are stored under its owner id, its order is the owner id's lock, and its answer is its
+  newest ``history`` messages (``Store.history``, [channels] history). Channel messages are never
+  read (no mark-read), so the unread indexes serve their newest-first reads too.
 
 The schema is versioned (table ``schema_version``) and created by ``migrate()``
 (``python -m fastpoll_app migrate``). SQLite migrates itself when opened; PostgreSQL refuses
@@ -25,10 +30,11 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .channels import encode_channel
 from .config import AppSettings, read_database_password
 from .locks import UserGate, UserLocks
 from .metrics import DB_SECONDS, Timer
@@ -48,7 +54,7 @@ OUTBOX_GRACE = 2.0
 # The claim itself is the lease: while one worker repairs a user, the row is not due for others.
 OUTBOX_BACKOFF_BASE = 0.5
 OUTBOX_BACKOFF_MAX = 1.0
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # How long a request waits for its user's order (the in-process gate, then PostgreSQL's advisory
 # lock: lock_timeout), and how many of one user's requests may wait in one process. The order is
 # held for one write, up to the publish timeout per cache node when a node hangs; a user whose
@@ -133,6 +139,13 @@ def encode_answer(unread: int, newest_id: int, newest_text: str) -> bytes:
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+def _channel_snapshot(rows: list[tuple[Any, ...]]) -> Snapshot:
+    """From _CHANNEL_SNAPSHOT's rows (version, id, text), id NULL without messages."""
+    version = int(rows[0][0] or 0) if rows else 0
+    msgs = sorted((int(r[1]), r[2]) for r in rows if r[1] is not None)
+    return Snapshot(version, encode_channel(msgs))
+
+
 def _snapshot(row: tuple[Any, ...] | None) -> Snapshot:
     if row is None:
         return Snapshot(0, b"")
@@ -152,6 +165,16 @@ SELECT (SELECT version FROM users WHERE user_id = ?),
        (SELECT id FROM messages WHERE user_id = ? AND read = FALSE ORDER BY id DESC LIMIT 1),
        (SELECT text FROM messages WHERE user_id = ? AND read = FALSE ORDER BY id DESC LIMIT 1)
 """
+# A channel's version and newest messages in one statement (one row with a NULL id: none).
+_CHANNEL_SNAPSHOT = """
+SELECT v.version, m.id, m.text
+FROM (SELECT (SELECT version FROM users WHERE user_id = ?) AS version) v
+LEFT JOIN (SELECT id, text FROM messages WHERE user_id = ? AND read = FALSE
+           ORDER BY id DESC LIMIT ?) m ON TRUE
+"""
+_FIND_CHANNEL = "SELECT id FROM channels WHERE name = ?"
+_ADD_CHANNEL = "INSERT INTO channels (name) VALUES (?) ON CONFLICT (name) DO NOTHING"
+_CHANNEL_NAME = "SELECT name FROM channels WHERE id = ?"
 _GET_MESSAGE = "SELECT id, user_id, text, created, read FROM messages WHERE id = ?"
 _FIND_IDEM = (
     "SELECT id, user_id, text, created, read FROM messages WHERE user_id = ? AND idem_key = ?"
@@ -184,14 +207,29 @@ def _message(row: tuple[Any, ...]) -> Message:
     return Message(int(row[0]), int(row[1]), row[2], float(row[3]), bool(row[4]))
 
 
+def read_snapshot(conn: Any, sql: Callable[[str], str], owner: int, history: int) -> Snapshot:
+    """The owner's answer and version, read in one statement on `conn` (either store)."""
+    if owner < 0:
+        rows = conn.execute(sql(_CHANNEL_SNAPSHOT), (owner, owner, history)).fetchall()
+        return _channel_snapshot(rows)
+    return _snapshot(conn.execute(sql(_SNAPSHOT), (owner,) * 4).fetchone())
+
+
 class Tx:
     """Operations inside one write transaction of one user (UserSession.write), for either
     store: `conn` is a sqlite3 or a psycopg connection, `sql` adapts the placeholders."""
 
-    def __init__(self, conn: Any, user_id: int, sql: Callable[[str], str]) -> None:
+    def __init__(
+        self, conn: Any, user_id: int, sql: Callable[[str], str], history: int = 20
+    ) -> None:
         self._conn = conn
         self._uid = user_id
         self._sql = sql
+        self._history = history
+
+    def for_owner(self, owner: int) -> Tx:
+        """The same transaction, for another owner (a batch writes many in one)."""
+        return Tx(self._conn, owner, self._sql, self._history)
 
     def _run(self, statement: str, params: tuple[Any, ...]) -> Any:
         return self._conn.execute(self._sql(statement), params)
@@ -220,7 +258,7 @@ class Tx:
         """Increment the user's version, record the outbox row, return the new answer."""
         (version,) = self._run(_BUMP_VERSION, (self._uid,)).fetchone()
         self._run(_RECORD_OUTBOX, (self._uid, version, time.time() + OUTBOX_GRACE))
-        return _snapshot(self._run(_SNAPSHOT, (self._uid,) * 4).fetchone())
+        return read_snapshot(self._conn, self._sql, self._uid, self._history)
 
 
 class UserSession(Protocol):
@@ -236,8 +274,31 @@ class UserSession(Protocol):
         ...
 
 
+class BatchSession(Protocol):
+    """What may be done while holding the orders of several owners (Store.users)."""
+
+    def write(self) -> Any:  # a context manager yielding a Tx (Tx.for_owner for each owner)
+        ...
+
+    def settled(self, versions: dict[int, int]) -> None:
+        """The cache holds each owner's version: drop their outbox rows up to it."""
+        ...
+
+
 class Store(Protocol):
     kind: str
+    history: int  # [channels] history: the messages of a channel's answer
+
+    def users(self, owners: list[int]) -> Any:
+        """A context manager yielding a BatchSession holding every owner's order, taken in
+        ascending order (a batch)."""
+        ...
+
+    def channel_id(self, name: str) -> int:
+        """The channel's id, the channel created if new."""
+        ...
+
+    def channel_name(self, channel_id: int) -> str | None: ...
 
     def user(self, user_id: int) -> Any:  # a context manager yielding a UserSession
         ...
@@ -294,6 +355,12 @@ CREATE TABLE outbox (
 );
 CREATE INDEX outbox_due ON outbox (attempts, due);
 """,
+    3: """
+CREATE TABLE channels (
+    id   INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE
+);
+""",
 }
 
 
@@ -313,7 +380,7 @@ class _SqliteSession:
     @contextmanager
     def write(self) -> Iterator[Tx]:
         with self._store.transaction() as conn:
-            yield Tx(conn, self._uid, _same_sql)
+            yield Tx(conn, self._uid, _same_sql, self._store.history)
 
     def snapshot(self) -> Snapshot:
         return self._store.snapshot(self._uid)
@@ -322,14 +389,21 @@ class _SqliteSession:
         self._store.defer_settle(self._uid, version)
 
 
+class _SqliteBatch(_SqliteSession):
+    def settled(self, versions: dict[int, int]) -> None:  # type: ignore[override]
+        for owner, version in versions.items():
+            self._store.defer_settle(owner, version)
+
+
 class SqliteStore:
     """One file on one host. WAL lets polls read while a writer writes; writers serialise on
     BEGIN IMMEDIATE (the database-wide write lock, held only for the transaction itself)."""
 
     kind = "sqlite"
 
-    def __init__(self, path: str, migrate: bool = True) -> None:
+    def __init__(self, path: str, migrate: bool = True, history: int = 20) -> None:
         self.path = path
+        self.history = history
         self._local = threading.local()
         self._lock = threading.Lock()
         self._all: list[sqlite3.Connection] = []
@@ -411,13 +485,38 @@ class SqliteStore:
         with self._gate.hold(user_id), self._user_locks.hold(user_id):
             yield _SqliteSession(self, user_id)
 
+    @contextmanager
+    def users(self, owners: list[int]) -> Iterator[_SqliteBatch]:
+        """Every owner's order: the gates, then the lock stripes, each once, ascending (a
+        single user's holder takes one stripe, so no cycle)."""
+        with ExitStack() as stack:
+            for owner in sorted(set(owners)):
+                stack.enter_context(self._gate.hold(owner))
+            for stripe in sorted({o % self._user_locks.stripes for o in owners}):
+                stack.enter_context(self._user_locks.hold(stripe))
+            yield _SqliteBatch(self, owners[0])
+
+    def channel_id(self, name: str) -> int:
+        try:
+            row = self.conn().execute(_FIND_CHANNEL, (name,)).fetchone()
+            if row is None:  # the write lock only for a new channel
+                with self.transaction() as c:
+                    c.execute(_ADD_CHANNEL, (name,))
+                row = self.conn().execute(_FIND_CHANNEL, (name,)).fetchone()
+        except sqlite3.Error as exc:
+            raise _sqlite_error(exc) from exc
+        return int(row[0])
+
+    def channel_name(self, channel_id: int) -> str | None:
+        row = self.conn().execute(_CHANNEL_NAME, (channel_id,)).fetchone()
+        return None if row is None else str(row[0])
+
     def snapshot(self, user_id: int) -> Snapshot:
         try:
             with Timer(DB_SECONDS, "read"):
-                row = self.conn().execute(_SNAPSHOT, (user_id,) * 4).fetchone()
+                return read_snapshot(self.conn(), _same_sql, user_id, self.history)
         except sqlite3.Error as exc:
             raise StoreError(str(exc)) from exc
-        return _snapshot(row)
 
     def poll_answer(self, user_id: int) -> bytes:
         return self.snapshot(user_id).answer
@@ -552,6 +651,12 @@ CREATE TABLE outbox (
 );
 CREATE INDEX outbox_due ON outbox (attempts, due);
 """,
+    3: """
+CREATE TABLE channels (
+    id   BIGSERIAL PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE
+);
+""",
 }
 # Serialises concurrent `migrate` runs (two-int advisory keys never meet the users' bigint ones).
 _PG_MIGRATE_LOCK = (0x66707031, 1)
@@ -588,9 +693,10 @@ def _pg_error(exc: Exception, conn: Any = None) -> StoreError:
 
 
 class _PgSession:
-    def __init__(self, conn: Any, user_id: int) -> None:
+    def __init__(self, conn: Any, user_id: int, history: int) -> None:
         self._conn = conn
         self._uid = user_id
+        self._history = history
 
     @contextmanager
     def write(self) -> Iterator[Tx]:
@@ -600,7 +706,7 @@ class _PgSession:
             with Timer(DB_SECONDS, "begin"):
                 self._conn.execute("BEGIN")
             try:
-                yield Tx(self._conn, self._uid, _pg_sql)
+                yield Tx(self._conn, self._uid, _pg_sql, self._history)
             except BaseException:
                 with suppress(psycopg.Error):  # a broken connection: the server rolled back
                     self._conn.execute("ROLLBACK")
@@ -613,10 +719,9 @@ class _PgSession:
     def snapshot(self) -> Snapshot:
         try:
             with Timer(DB_SECONDS, "read"):
-                row = self._conn.execute(_pg_sql(_SNAPSHOT), (self._uid,) * 4).fetchone()
+                return read_snapshot(self._conn, _pg_sql, self._uid, self._history)
         except _pg_errors() as exc:
             raise _pg_error(exc, self._conn) from exc
-        return _snapshot(row)
 
     def settled(self, version: int) -> None:
         try:
@@ -628,6 +733,17 @@ class _PgSession:
             raise _pg_error(exc, self._conn) from exc
 
 
+class _PgBatch(_PgSession):
+    def settled(self, versions: dict[int, int]) -> None:  # type: ignore[override]
+        try:
+            with self._conn.transaction():
+                self._conn.execute("SET LOCAL synchronous_commit TO off")
+                with self._conn.cursor() as cur:
+                    cur.executemany(_pg_sql(_SETTLE_OUTBOX), list(versions.items()))
+        except _pg_errors() as exc:
+            raise _pg_error(exc, self._conn) from exc
+
+
 class PgStore:
     """PostgreSQL through a psycopg 3 connection pool (per worker process). Autocommit
     connections: transactions are explicit (conn.transaction()), the per-user order is a
@@ -635,11 +751,12 @@ class PgStore:
 
     kind = "postgresql"
 
-    def __init__(self, settings: AppSettings, check_schema: bool = True) -> None:
+    def __init__(self, settings: AppSettings, check_schema: bool = True, history: int = 20) -> None:
         import psycopg
         import psycopg_pool
 
         self.url = settings.database
+        self.history = history
         kwargs: dict[str, Any] = {
             "autocommit": True,
             "connect_timeout": 5,
@@ -698,7 +815,7 @@ class PgStore:
         with self._gate.hold(user_id), self._conn() as conn:
             conn.execute("SELECT pg_advisory_lock(%s)", (user_id,))  # waits up to lock_timeout
             try:
-                yield _PgSession(conn, user_id)
+                yield _PgSession(conn, user_id, self.history)
             finally:
                 try:
                     conn.execute("SELECT pg_advisory_unlock(%s)", (user_id,))
@@ -707,8 +824,46 @@ class PgStore:
 
     def poll_answer(self, user_id: int) -> bytes:
         with self._conn() as conn, Timer(DB_SECONDS, "read"):
-            row = conn.execute(_pg_sql(_SNAPSHOT), (user_id,) * 4).fetchone()
-        return _snapshot(row).answer
+            return read_snapshot(conn, _pg_sql, user_id, self.history).answer
+
+    @contextmanager
+    def users(self, owners: list[int]) -> Iterator[_PgBatch]:
+        """Every owner's order: the gates, then the advisory locks in one statement, ascending
+        (a single user's holder takes one lock, so no cycle)."""
+        import psycopg
+
+        order = sorted(set(owners))
+        with ExitStack() as stack:
+            for owner in order:
+                stack.enter_context(self._gate.hold(owner))
+            conn = stack.enter_context(self._conn())
+            try:
+                conn.execute(
+                    "SELECT pg_advisory_lock(o) FROM unnest(%s::bigint[]) AS o ORDER BY o",
+                    (order,),
+                )
+            except _pg_errors() as exc:
+                raise _pg_error(exc, conn) from exc
+            try:
+                yield _PgBatch(conn, owners[0], self.history)
+            finally:
+                try:
+                    conn.execute("SELECT pg_advisory_unlock_all()")
+                except psycopg.Error:
+                    conn.close()
+
+    def channel_id(self, name: str) -> int:
+        with self._conn() as conn:
+            row = conn.execute(_pg_sql(_FIND_CHANNEL), (name,)).fetchone()
+            if row is None:
+                conn.execute(_pg_sql(_ADD_CHANNEL), (name,))
+                row = conn.execute(_pg_sql(_FIND_CHANNEL), (name,)).fetchone()
+        return int(row[0])
+
+    def channel_name(self, channel_id: int) -> str | None:
+        with self._conn() as conn:
+            row = conn.execute(_pg_sql(_CHANNEL_NAME), (channel_id,)).fetchone()
+        return None if row is None else str(row[0])
 
     def get_message(self, message_id: int) -> Message | None:
         with self._conn() as conn:
@@ -767,9 +922,12 @@ class PgStore:
         self._pool.close()
 
 
-def open_store(settings: AppSettings, check_schema: bool = True) -> SqliteStore | PgStore:
+def open_store(
+    settings: AppSettings, check_schema: bool = True, history: int = 20
+) -> SqliteStore | PgStore:
     """The store [app] database names. SQLite migrates itself; PostgreSQL must be migrated
-    (NotMigrated otherwise, unless check_schema is False: the migrate command)."""
+    (NotMigrated otherwise, unless check_schema is False: the migrate command). `history`:
+    [channels] history."""
     if settings.is_postgresql:
-        return PgStore(settings, check_schema)
-    return SqliteStore(settings.database, migrate=check_schema)
+        return PgStore(settings, check_schema, history)
+    return SqliteStore(settings.database, migrate=check_schema, history=history)
