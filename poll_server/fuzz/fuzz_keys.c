@@ -9,12 +9,17 @@
  * - a key is canonical: the key without its prefix, as a target, derives
  *   the same key (so app and server cannot disagree on a re-encoded URL);
  * - a smaller output buffer never gives a different key, only none;
- * - the signature check never accepts a signature it did not make. */
+ * - the signature check never accepts a signature it did not make;
+ * - `ch` (channels.c): a value it accepts is 1..FP_MAX_CHANNELS valid
+ *   names, strictly ascending, that joined with ',' are the decoded value;
+ *   their keys are printable without spaces; nothing is read or written
+ *   outside the buffers whatever the value (ASan). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../src/channels.h"
 #include "../src/keys.h"
 #include "../src/sign.h"
 
@@ -30,6 +35,44 @@ static void check(int ok, const char *what, const uint8_t *data, size_t size)
     fprintf(stderr, "property failed: %s (%zu bytes of input)\n", what, size);
     (void)data;
     abort();
+}
+
+/* The properties of an accepted `ch` (see the top of the file). */
+static void check_ch(const char *target, size_t tlen, unsigned max,
+                     const uint8_t *data, size_t size)
+{
+    static struct fp_ch ch;
+    char key[FP_CH_KEY_MAX + 1];
+    size_t joined = 0;
+    int rc = fp_ch_parse(target, tlen, max, &ch);
+
+    check(rc >= FP_CH_ORDER && rc <= FP_CH_OK, "ch result", data, size);
+    check(ch.len <= FP_CH_VALUE_MAX, "ch value length", data, size);
+    if (rc != FP_CH_OK) {
+        check(ch.n == 0, "ch names on a refusal", data, size);
+        return;
+    }
+    check(ch.n >= 1 && ch.n <= max, "ch count", data, size);
+    for (size_t i = 0; i < ch.n; i++) {
+        const char *name = ch.value + ch.off[i];
+        ssize_t kl;
+
+        check(fp_ch_name_valid(name, ch.nlen[i]), "ch name", data, size);
+        check(ch.off[i] == joined, "ch names joined", data, size);
+        joined += ch.nlen[i] + 1;
+        if (i > 0) {
+            const char *p = ch.value + ch.off[i - 1];
+            size_t pl = ch.nlen[i - 1], m = pl < ch.nlen[i] ? pl : ch.nlen[i];
+            int c = memcmp(p, name, m);
+            check(c < 0 || (c == 0 && pl < ch.nlen[i]), "ch order", data, size);
+            check(ch.value[ch.off[i] - 1] == ',', "ch comma", data, size);
+        }
+        kl = fp_ch_key(PREFIX, name, ch.nlen[i], key, sizeof(key));
+        check(kl > 0 && (size_t)kl <= FP_CH_KEY_MAX, "ch key length", data, size);
+        for (ssize_t k = 0; k < kl; k++)
+            check(key[k] > 0x20 && key[k] < 0x7F, "ch key byte", data, size);
+    }
+    check(joined - 1 == ch.len, "ch value is the names", data, size);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -82,5 +125,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (n >= 0)
         check(fp_sign_check(signer, target, tlen, key, (size_t)n, 0) != 0,
               "forged signature accepted", data, size);
+
+    /* The same bytes' `ch`, under a max the first byte picks. */
+    check_ch(target, tlen, 1u + (unsigned)data[0] % FP_MAX_CHANNELS, data, size);
     return 0;
 }

@@ -41,9 +41,7 @@ static int hexval(unsigned char c)
     return -1;
 }
 
-/* Decodes the byte at s[*i] (s has n bytes): %XX, or + as space if `plus`.
- * Returns the byte, or -1 on a malformed escape. Advances *i. */
-static int decode_one(const char *s, size_t n, size_t *i, int plus)
+int key_decode_byte(const char *s, size_t n, size_t *i, int plus)
 {
     unsigned char c = (unsigned char)s[*i];
     int hi, lo;
@@ -95,7 +93,7 @@ static int encode_path(struct kbuf *b, const char *s, size_t n)
     int seg_dots = 1; /* the current segment is only dots so far */
 
     while (i < n) {
-        int c = decode_one(s, n, &i, 0);
+        int c = key_decode_byte(s, n, &i, 0);
         if (c < 0 || bad_byte((unsigned char)c))
             return -1;
         if (c == '/') {
@@ -123,7 +121,7 @@ static int encode_value(struct kbuf *b, const char *s, size_t n)
     size_t i = 0;
 
     while (i < n) {
-        int c = decode_one(s, n, &i, 1);
+        int c = key_decode_byte(s, n, &i, 1);
         if (c < 0 || bad_byte((unsigned char)c))
             return -1;
         if (put_encoded(b, (unsigned char)c, 0) < 0)
@@ -143,7 +141,7 @@ static int match_param(char *const *params, size_t nparams,
     if (n == 0) /* "=x": no parameter has an empty name */
         return -1;
     while (i < n) {
-        int c = decode_one(s, n, &i, 1);
+        int c = key_decode_byte(s, n, &i, 1);
         if (c < 0 || len == sizeof(name))
             return -1;
         name[len++] = (char)c;

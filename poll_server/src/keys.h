@@ -23,4 +23,9 @@ ssize_t key_derive(const char *prefix, char *const *params, size_t nparams,
                    const char *target, size_t target_len,
                    char *out, size_t outcap);
 
+/* Decodes the byte at s[*i] (s has n bytes, *i < n): %XX (either case of
+ * hex digit), or '+' as a space if `plus`. Returns the byte, or -1 on a
+ * malformed escape. Advances *i past what it read. */
+int key_decode_byte(const char *s, size_t n, size_t *i, int plus);
+
 #endif

@@ -62,9 +62,11 @@ static void b64url(const uint8_t d[SHA256_DIGEST_SIZE], char out[FP_SIG_LEN + 1]
     out[o] = '\0';
 }
 
+/* "<exp>:<key>", or "<exp>:<key> <ch>" with channels (docs/channels.md):
+ * a key has no space, so the two forms cannot be confused. */
 static void sign_with(const struct hmac_sha256_ctx *keyed, const char *exp,
                       size_t exp_len, const char *key, size_t keylen,
-                      char out[FP_SIG_LEN + 1])
+                      const char *ch, size_t ch_len, char out[FP_SIG_LEN + 1])
 {
     struct hmac_sha256_ctx c = *keyed;
     uint8_t d[SHA256_DIGEST_SIZE];
@@ -72,6 +74,10 @@ static void sign_with(const struct hmac_sha256_ctx *keyed, const char *exp,
     hmac_sha256_update(&c, exp_len, (const uint8_t *)exp);
     hmac_sha256_update(&c, 1, (const uint8_t *)":");
     hmac_sha256_update(&c, keylen, (const uint8_t *)key);
+    if (ch != NULL) {
+        hmac_sha256_update(&c, 1, (const uint8_t *)" ");
+        hmac_sha256_update(&c, ch_len, (const uint8_t *)ch);
+    }
     hmac_sha256_digest(&c, sizeof(d), d);
     b64url(d, out);
 }
@@ -79,7 +85,14 @@ static void sign_with(const struct hmac_sha256_ctx *keyed, const char *exp,
 void fp_sign(const struct fp_signer *sg, const char *exp, size_t exp_len,
              const char *key, size_t keylen, char out[FP_SIG_LEN + 1])
 {
-    sign_with(&sg->keyed[0], exp, exp_len, key, keylen, out);
+    sign_with(&sg->keyed[0], exp, exp_len, key, keylen, NULL, 0, out);
+}
+
+void fp_sign_ch(const struct fp_signer *sg, const char *exp, size_t exp_len,
+                const char *key, size_t keylen, const char *ch, size_t ch_len,
+                char out[FP_SIG_LEN + 1])
+{
+    sign_with(&sg->keyed[0], exp, exp_len, key, keylen, ch, ch_len, out);
 }
 
 /* exp: 1..19 decimal digits, later than now. */
@@ -100,6 +113,13 @@ static int exp_valid(const char *s, size_t n, long long now)
 int fp_sign_check(const struct fp_signer *sg, const char *target,
                   size_t target_len, const char *key, size_t keylen,
                   long long now)
+{
+    return fp_sign_check_ch(sg, target, target_len, key, keylen, NULL, 0, now);
+}
+
+int fp_sign_check_ch(const struct fp_signer *sg, const char *target,
+                     size_t target_len, const char *key, size_t keylen,
+                     const char *ch, size_t ch_len, long long now)
 {
     const char *q, *exp = NULL, *sig = NULL;
     size_t qlen, exp_len = 0, sig_len = 0;
@@ -136,7 +156,7 @@ int fp_sign_check(const struct fp_signer *sg, const char *target,
         !exp_valid(exp, exp_len, now))
         return -1;
     for (size_t k = 0; k < sg->n; k++) {
-        sign_with(&sg->keyed[k], exp, exp_len, key, keylen, want);
+        sign_with(&sg->keyed[k], exp, exp_len, key, keylen, ch, ch_len, want);
         ok |= memeql_sec(want, sig, FP_SIG_LEN);
     }
     explicit_bzero(want, sizeof(want));

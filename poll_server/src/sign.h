@@ -5,8 +5,9 @@
  * where <key> is the cache key the request derives (docs/keys.md). The
  * poll server checks it before the cache sees the request; the app checks
  * it on the fallback path. exp and sig are not keyed parameters, so they
- * never enter the key. The Python twin is fallback_app/fastpoll_app/
- * signing.py; both run tests/vectors/signing.json. */
+ * never enter the key. A poll with channels (docs/channels.md) signs
+ * "<exp>:<key> <ch>" instead. The Python twin is fallback_app/fastpoll_app/
+ * signing.py; both run tests/vectors/signing.json and channels.json. */
 #ifndef FP_SIGN_H
 #define FP_SIGN_H
 
@@ -32,6 +33,12 @@ void fp_signer_free(struct fp_signer *sg);
 void fp_sign(const struct fp_signer *sg, const char *exp, size_t exp_len,
              const char *key, size_t keylen, char out[FP_SIG_LEN + 1]);
 
+/* The same with channels: the signature of key and ch (the decoded `ch`
+ * value, docs/channels.md), "<exp>:<key> <ch>". */
+void fp_sign_ch(const struct fp_signer *sg, const char *exp, size_t exp_len,
+                const char *key, size_t keylen, const char *ch, size_t ch_len,
+                char out[FP_SIG_LEN + 1]);
+
 /* 0 if the query of target (raw request-target, target_len bytes) carries
  * exactly one exp and one sig, exp is 1..19 digits later than now, and sig
  * is the signature of key under one of the secrets; -1 otherwise. No
@@ -39,5 +46,11 @@ void fp_sign(const struct fp_signer *sg, const char *exp, size_t exp_len,
 int fp_sign_check(const struct fp_signer *sg, const char *target,
                   size_t target_len, const char *key, size_t keylen,
                   long long now);
+
+/* fp_sign_check of a poll with channels: sig must be the signature of key
+ * and ch; ch NULL is fp_sign_check. */
+int fp_sign_check_ch(const struct fp_signer *sg, const char *target,
+                     size_t target_len, const char *key, size_t keylen,
+                     const char *ch, size_t ch_len, long long now);
 
 #endif
