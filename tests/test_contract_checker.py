@@ -114,6 +114,21 @@ def test_a_held_poll_bound_grows_with_an_injected_read_delay() -> None:
     assert violations(history(held, faults=[delay]), "3-held-bound") == 0
 
 
+def test_a_read_delay_counts_until_its_answers_have_arrived() -> None:
+    # Answered 320 ms after "two" returned (3.1): over the 250 ms bound, within 250 + 2 x 50.
+    held = Op("held", 1, 2.5, 3.42, 200, TWO, inm_body="", wait=5)
+
+    def delay_until(end: float) -> Fault:
+        return Fault("cache-delay-reads", "redis", 1.0, end, [CACHE_DELAY], delay_s=0.05)
+
+    # Ended as the poll was sent, or just before: its answers still arrive up to 50 ms late.
+    for end in (2.5, 2.45, 2.41):
+        assert violations(history(held, faults=[delay_until(end)]), "3-held-bound") == 0, end
+    # Ended longer ago than its delay and the margin (50 + 50 ms): no allowance.
+    assert violations(history(held, faults=[delay_until(2.39)]), "3-held-bound") == 1
+    assert Params().delay_margin_s == 0.05
+
+
 def test_a_held_poll_is_not_judged_while_the_announcement_path_is_faulty() -> None:
     late = Op("held", 1, 2.5, 5.0, 200, TWO, inm_body="", wait=5)
     for paths in ([ANNOUNCE], [CACHE], [POLLER + "0"]):
@@ -159,6 +174,51 @@ def test_5xx_only_where_documented() -> None:
     assert violations(history(refused), "4-5xx") == 1
     restart = Fault("app-restart", "app-1", 4.0, 6.0, [APP + "1"])
     assert violations(history(refused, faults=[restart]), "4-5xx") == 0
+
+
+def test_a_poll_5xx_while_no_app_answers_only_if_it_needed_the_app() -> None:
+    # Hits are still served while the app is down (operations.md): a 5xx is documented for a
+    # poll only if its key may have been missing or the cache path failing.
+    poll_503 = Op("poll", 1, 5.0, 5.1, 503, source="")
+    app_down = Fault("app-restart", "app", 4.0, 6.0, [APP + "0", APPS_DOWN])
+    pg = Fault("pg-restart", "postgres", 4.0, 6.0, [DB])
+    hit = Op("cond", 1, 3.5, 3.51, 304, ONE, inm_body=ONE, source="cache")
+    for down in (app_down, pg):
+        # Never seen in the cache: the poll may have been a miss.
+        assert violations(history(poll_503, faults=[down]), "4-5xx") == 0
+        # Its key was served from the cache at 3.5 and nothing touched the cache since.
+        rep = check(history(poll_503, hit, faults=[down]))
+        assert len(rep.rules["4-5xx"].violations) == 1
+        assert "its key was in the cache" in rep.rules["4-5xx"].violations[0].what
+        # A cache node killed after it was seen: lost.
+        kill = Fault("cache-kill", "memcached-0", 3.8, 4.2, [CACHE, CACHE_DOWN])
+        assert violations(history(poll_503, hit, faults=[down, kill]), "4-5xx") == 0
+        # Reads slowed during the poll (a read may time out): the app answers then.
+        delay = Fault("cache-delay-reads", "redis", 4.5, 5.5, [CACHE_DELAY], delay_s=0.05)
+        assert violations(history(poll_503, hit, faults=[down, delay]), "4-5xx") == 0
+    # A write answered X-Cache-Publish: ok put the key in the cache too.
+    written = history(poll_503, faults=[app_down])
+    written.ops[2].headers = {"x-cache-publish": "ok"}
+    assert violations(written, "4-5xx") == 1
+
+
+def test_5xx_windows_are_the_documented_ones() -> None:
+    poll_503 = Op("poll", 1, 5.0, 5.1, 503, source="")
+    # No app process could answer until 4.0: 0.5 s of slack, not the database's 3 s of grace.
+    app_down = Fault("app-restart", "app", 2.0, 4.0, [APP + "0", APPS_DOWN])
+    assert violations(history(poll_503, faults=[app_down]), "4-5xx") == 1
+    app_down.end = 4.6
+    assert violations(history(poll_503, faults=[app_down]), "4-5xx") == 0
+    pg = Fault("pg-restart", "postgres", 0.0, 1.6, [DB])
+    assert violations(history(poll_503, faults=[pg]), "4-5xx") == 0  # 3 s after, + 0.5 s
+    pg.end = 1.4
+    assert violations(history(poll_503, faults=[pg]), "4-5xx") == 1
+    # nginx's shed 503: during a cache fault and 3 s after (+ 0.5 s).
+    shed = Op("poll", 1, 5.0, 5.1, 503, source="shed")
+    hold = Fault("cache-hold-writes", "memcached-0", 0.0, 1.6, [CACHE])
+    assert violations(history(shed, faults=[hold]), "4-5xx") == 0
+    hold.end = 1.4
+    assert violations(history(shed, faults=[hold]), "4-5xx") == 1
 
 
 def test_nginx_marking_a_poller_failed_is_found_outside_its_faults() -> None:

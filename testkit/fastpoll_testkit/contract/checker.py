@@ -46,6 +46,10 @@ class Params:
     # Rule 3: a held poll is answered this long after the write that changed its answer
     # returned (plus twice the cache read delay injected then).
     held_bound_s: float = 0.25
+    # A cache read delay counts for a held poll until this long after its fault ends, plus the
+    # delay itself: answers the proxy received before the end still arrive up to the delay
+    # late, and the ones behind them on the same connection wait for them.
+    delay_margin_s: float = 0.05
     # After a fault on the announcement path ends: the subscriber's detection and reconnection
     # (docs/api.md: reconnect with a backoff up to 5 s) and the re-check when it resubscribes.
     announce_settle_s: float = 8.0
@@ -61,6 +65,8 @@ class Params:
     outbox_s: float = 3.0
     # The app's wait for a user's order before it answers 503 (api.md, "503, Retry-After").
     order_wait_s: float = 3.0
+    # nginx's shed 503 is documented during a cache fault and this long after (misses refill).
+    shed_grace_s: float = 3.0
     # nginx logs in whole seconds, and a read timeout (5 s) is logged after the request.
     log_pad_s: float = 7.0
 
@@ -237,12 +243,27 @@ def _blocking(faults: list[Fault], lo: float, hi: float, p: Params) -> list[Faul
     ]
 
 
+def _read_delay(faults: list[Fault], lo: float, hi: float, p: Params) -> float:
+    """The largest cache read delay injected in [lo, hi]: of the cache-delay faults whose window,
+    widened by pad_s before and by their own delay and delay_margin_s after, meets it."""
+    return max(
+        (
+            f.delay_s
+            for f in faults
+            if CACHE_DELAY in f.paths
+            and f.start - p.pad_s <= hi
+            and f.end + f.delay_s + p.delay_margin_s >= lo
+        ),
+        default=0.0,
+    )
+
+
 def _rule3(h: History, model: _Model, p: Params, r: RuleResult) -> None:
     """A held poll whose tag stopped being current: the first write k (from the state known when
     the poll was sent) whose answer differs from the tag's, returned at t_k (or the poll's send
     time, if state k was already known then), with no later write invoked before the deadline
-    t_k + bound (+ twice an injected cache read delay), so that state k alone was current
-    throughout. The poll must be answered by the deadline, unless a fault touched the
+    t_k + bound (+ twice an injected cache read delay, `_read_delay`), so that state k alone was
+    current throughout. The poll must be answered by the deadline, unless a fault touched the
     announcement path, the cache (held, hung, killed) or a poll server (`blocking`)."""
     for op in h.ops:
         if op.kind != "held" or op.status not in (200, 304) or op.inm_body is None:
@@ -260,9 +281,9 @@ def _rule3(h: History, model: _Model, p: Params, r: RuleResult) -> None:
             t_k = max(op.start, ws[k - 1].end) if k else op.start
             if t_k > op.start + op.wait - 1.0:
                 break  # the wait ends about then anyway
-            window = _overlapping(h.faults, op.start, t_k + p.held_bound_s + 0.2, p.pad_s, 0.0)
-            delay = max((f.delay_s for f in window if CACHE_DELAY in f.paths), default=0.0)
-            deadline = t_k + p.held_bound_s + 2 * delay
+            hi = t_k + p.held_bound_s + 0.2
+            window = _overlapping(h.faults, op.start, hi, p.pad_s, p.pad_s)
+            deadline = t_k + p.held_bound_s + 2 * _read_delay(h.faults, op.start, hi, p)
             if k < len(ws) and ws[k].start <= deadline:
                 continue  # the next write may have made the tag current again
             found = (k, t_k, deadline, window)
@@ -288,39 +309,75 @@ def _rule3(h: History, model: _Model, p: Params, r: RuleResult) -> None:
         )
 
 
+def _cached_at(h: History) -> dict[int, list[float]]:
+    """Per user, the times its key was known to be in the cache: a poll through nginx answered
+    from it (X-Poll-Source: cache), or the end of a write answered X-Cache-Publish: ok."""
+    seen: dict[int, list[float]] = {}
+    for op in h.ops:
+        if op.kind in NGINX_POLLS and op.status in (200, 304) and op.source == "cache":
+            seen.setdefault(op.user, []).append(op.start)
+        elif op.kind in WRITES and op.headers.get("x-cache-publish") == "ok":
+            seen.setdefault(op.user, []).append(op.end)
+    return seen
+
+
+def _needed_the_app(h: History, p: Params, op: Op, seen: dict[int, list[float]]) -> bool:
+    """A poll through nginx reaches the app only on a miss or a cache failure (operations.md,
+    "The app is down": hits are still served). So it may have needed the app if a cache fault
+    (any, a read delay included) met it or ended less than cache_settle_s before it was sent, or
+    if its key was not seen in the cache since the last cache node hang or kill (the run's start
+    if none) before it was sent."""
+    paths = [CACHE, CACHE_DOWN, CACHE_DELAY, OBSERVED]
+    near = _overlapping(h.faults, op.start, op.end, p.pad_s, p.pad_s + p.cache_settle_s)
+    if any(_touches(f, paths) for f in near):
+        return True
+    lost = max(
+        (f.end for f in h.faults if _touches(f, [CACHE_DOWN]) and f.start <= op.start),
+        default=float("-inf"),
+    )
+    return not any(lost < t < op.start for t in seen.get(op.user, []))
+
+
 def _rule4(h: History, p: Params, r: RuleResult) -> None:
+    """Each fault window is widened by pad_s on both sides, and by a grace after where the doc
+    gives one."""
+    seen = _cached_at(h)
     for op in h.ops:
         if op.kind in NGINX_POLLS:
             r.checked += 1
             if op.status and op.status < 500:
                 continue
-            around = _overlapping(h.faults, op.start, op.end, p.pad_s, p.db_grace_s)
-            if any(_touches(f, [APPS_DOWN, DB]) for f in around):
+            around = _overlapping(h.faults, op.start, op.end, p.pad_s, p.pad_s)
+            db = _overlapping(h.faults, op.start, op.end, p.pad_s, p.pad_s + p.db_grace_s)
+            app_cannot = any(_touches(f, [APPS_DOWN]) for f in around) or any(
+                _touches(f, [DB]) for f in db
+            )
+            if app_cannot and _needed_the_app(h, p, op, seen):
                 continue
-            if (
-                op.status == 503
-                and op.source == "shed"
-                and any(_touches(f, [CACHE]) for f in around)
-            ):
+            shed = _overlapping(h.faults, op.start, op.end, p.pad_s, p.pad_s + p.shed_grace_s)
+            if op.status == 503 and op.source == "shed" and any(_touches(f, [CACHE]) for f in shed):
                 continue
             what = f"user {op.user}: {op.kind} through nginx answered {op.status or 'nothing'}"
-            r.violations.append(Violation("4-5xx", what, [op], around))
+            if app_cannot:
+                what += " (no app could answer, but its key was in the cache and no cache fault)"
+            r.violations.append(Violation("4-5xx", what, [op], [*db, *shed]))
         elif op.kind == "api":
             r.checked += 1
             if op.status and op.status < 500:
                 continue
-            around = _overlapping(h.faults, op.start, op.end, p.pad_s, p.db_grace_s)
-            if op.status == 503 and any(_touches(f, [DB]) for f in around):
+            around = _overlapping(h.faults, op.start, op.end, p.pad_s, p.pad_s)
+            db = _overlapping(h.faults, op.start, op.end, p.pad_s, p.pad_s + p.db_grace_s)
+            if op.status == 503 and any(_touches(f, [DB]) for f in db):
                 continue
             # api.md: 503 when the user's order stayed taken 3 s (a write stuck on the cache).
-            stuck = _overlapping(h.faults, op.start, op.end, p.pad_s, p.order_wait_s + p.pad_s)
+            stuck = _overlapping(h.faults, op.start, op.end, p.pad_s, p.pad_s + p.order_wait_s)
             if op.status == 503 and any(_touches(f, [CACHE, CACHE_DOWN]) for f in stuck):
                 continue
             if op.status == 0 and any(_touches(f, [APPS_DOWN, APP + op.target]) for f in around):
                 continue
             what = f"user {op.user}: API {op.target and 'app' + op.target} {op.note} answered "
             what += f"{op.status or 'nothing'}"
-            r.violations.append(Violation("4-5xx", what, [op], around))
+            r.violations.append(Violation("4-5xx", what, [op], [*db, *stuck]))
 
 
 def _rule5(h: History, p: Params, r: RuleResult) -> None:
