@@ -212,9 +212,9 @@ class FastPoll:
                     if earlier is not None:
                         msgs = list(stored)
                     else:
-                        msgs = [tx.for_owner(o).add_message(t, None)[0] for o, t in items]
+                        msgs = tx.add_messages(items)
                         stored[:] = msgs
-                    snaps = {o: tx.for_owner(o).bump() for o in owners}
+                    snaps = tx.bump_many(owners)
                 # In the orders, out of the transaction: the cache write, then the outbox.
                 try:
                     with Timer(CACHE_SECONDS, "publish"):

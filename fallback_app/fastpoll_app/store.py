@@ -175,6 +175,16 @@ LEFT JOIN (SELECT id, text FROM messages WHERE user_id = ? AND read = FALSE
 _FIND_CHANNEL = "SELECT id FROM channels WHERE name = ?"
 _ADD_CHANNEL = "INSERT INTO channels (name) VALUES (?) ON CONFLICT (name) DO NOTHING"
 _CHANNEL_NAME = "SELECT name FROM channels WHERE id = ?"
+# _SNAPSHOT of several users at once ({} the placeholders of their ids).
+_SNAPSHOTS = """
+SELECT u.user_id, u.version,
+       (SELECT COUNT(*) FROM messages WHERE user_id = u.user_id AND read = FALSE),
+       (SELECT id FROM messages WHERE user_id = u.user_id AND read = FALSE
+        ORDER BY id DESC LIMIT 1),
+       (SELECT text FROM messages WHERE user_id = u.user_id AND read = FALSE
+        ORDER BY id DESC LIMIT 1)
+FROM users u WHERE u.user_id IN ({})
+"""
 _GET_MESSAGE = "SELECT id, user_id, text, created, read FROM messages WHERE id = ?"
 _FIND_IDEM = (
     "SELECT id, user_id, text, created, read FROM messages WHERE user_id = ? AND idem_key = ?"
@@ -227,10 +237,6 @@ class Tx:
         self._sql = sql
         self._history = history
 
-    def for_owner(self, owner: int) -> Tx:
-        """The same transaction, for another owner (a batch writes many in one)."""
-        return Tx(self._conn, owner, self._sql, self._history)
-
     def _run(self, statement: str, params: tuple[Any, ...]) -> Any:
         return self._conn.execute(self._sql(statement), params)
 
@@ -260,6 +266,48 @@ class Tx:
         self._run(_RECORD_OUTBOX, (self._uid, version, time.time() + OUTBOX_GRACE))
         return read_snapshot(self._conn, self._sql, self._uid, self._history)
 
+    # A batch (Store.users): a few set-wise statements for any number of messages and owners.
+
+    def add_messages(self, items: list[tuple[int, str]]) -> list[Message]:
+        """Store [(owner, text)]; the messages in the same order. One statement: the ids are
+        assigned ascending in the rows' order (sorted, they match the rows)."""
+        now = time.time()
+        rows = ", ".join(["(?, ?, ?)"] * len(items))
+        params = tuple(v for owner, text in items for v in (owner, text, now))
+        cur = self._run(
+            f"INSERT INTO messages (user_id, text, created) VALUES {rows} RETURNING id", params
+        )
+        ids = sorted(int(r[0]) for r in cur.fetchall())
+        return [Message(i, o, t, now, False) for i, (o, t) in zip(ids, items, strict=True)]
+
+    def bump_many(self, owners: list[int]) -> dict[int, Snapshot]:
+        """bump() of every owner: the versions and outbox rows in two statements, the users'
+        answers in one, each channel's in one."""
+        rows = ", ".join(["(?, 1)"] * len(owners))
+        versions = dict(
+            self._run(
+                f"INSERT INTO users (user_id, version) VALUES {rows} ON CONFLICT (user_id) "
+                "DO UPDATE SET version = users.version + 1 RETURNING user_id, version",
+                tuple(owners),
+            ).fetchall()
+        )
+        due = time.time() + OUTBOX_GRACE
+        rows = ", ".join(["(?, ?, ?, 0)"] * len(owners))
+        self._run(
+            _RECORD_OUTBOX.replace("VALUES (?, ?, ?, 0)", f"VALUES {rows}"),
+            tuple(v for o in owners for v in (o, versions[o], due)),
+        )
+        users = [o for o in owners if o >= 0]
+        out: dict[int, Snapshot] = {}
+        if users:
+            marks = ", ".join(["?"] * len(users))
+            for row in self._run(_SNAPSHOTS.format(marks), tuple(users)).fetchall():
+                out[int(row[0])] = _snapshot(row[1:])
+        for o in owners:
+            if o < 0:
+                out[o] = read_snapshot(self._conn, self._sql, o, self._history)
+        return out
+
 
 class UserSession(Protocol):
     """What may be done while holding a user's order (Store.user)."""
@@ -277,7 +325,7 @@ class UserSession(Protocol):
 class BatchSession(Protocol):
     """What may be done while holding the orders of several owners (Store.users)."""
 
-    def write(self) -> Any:  # a context manager yielding a Tx (Tx.for_owner for each owner)
+    def write(self) -> Any:  # a context manager yielding a Tx (add_messages, bump_many)
         ...
 
     def settled(self, versions: dict[int, int]) -> None:
