@@ -79,3 +79,21 @@ done
 expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$seed_user")" "200 cache" "fp-poll1 reads the cache again"
 phase "gated release: release C (cannot reach the cache) stopped by fp-poll1's gate, fp-poll2 untouched; fp-poll1 rolled back to $RELEASE_B through the gate"
 }
+
+sc_budgets() {
+# ---- connection budgets: an inventory whose clients would overrun memcached is refused ----------
+# before any host changes (role budgets, the first play of site.yml).
+local out rc=0
+"$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" "${EXTRA[@]}" \
+    -e poll_server_instances=3000 > "$LOGS/ansible-budgets.log" 2>&1 || rc=$?
+[ "$rc" != 0 ] || die "an inventory with 6,000 poll server instances was deployed"
+out=$(grep -o 'The inventory does not fit[^"]*' "$LOGS/ansible-budgets.log" | head -1)
+case "$out" in
+    *"need 6"*"connections per memcached node (6000 x 1 +"*"memcached_max_connections 4096)"*) ;;
+    *) tail -30 "$LOGS/ansible-budgets.log"; die "the refusal does not name the numbers: $out" ;;
+esac
+grep -q 'changed=[1-9]' "$LOGS/ansible-budgets.log" && die "the refused run changed a host"
+grep -q '^TASK \[fastpoll_config' "$LOGS/ansible-budgets.log" && die "the refused run went past the budget check"
+say "$out"
+phase "budgets: 6,000 poll server instances refused before any change, with the numbers"
+}

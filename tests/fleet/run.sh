@@ -63,7 +63,7 @@ die() { echo "fleet: FAIL: $*" >&2; exit 1; }
 # ---- scenarios: which ones run, and the table of times -----------------------------------------
 # In the order a full run plays them, all on one boot and one first deploy. Any one runs alone
 # (`tests/fleet/run.sh NAME[,NAME...]`, `make test-deploy SCENARIO=NAME`), after what it needs.
-SCENARIOS=(lint converge data-host request-path metrics scaling upgrade gated-release edge app-hosts
+SCENARIOS=(lint converge budgets data-host request-path metrics scaling upgrade gated-release edge app-hosts
            membership interrupted signing-rotation rollback backup monitoring redis-backend redis-rotation)
 # What a scenario needs to have run before it on the same fleet.
 declare -A NEEDS=([rollback]=upgrade [gated-release]=upgrade [redis-rotation]=redis-backend)
