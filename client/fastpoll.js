@@ -11,6 +11,12 @@
 //   });
 //   ...
 //   await poller.stop();
+//
+// Channels (docs/channels.md): a URL the backend issued with channels (POST /api/poll-url
+// {"user_id": N, "channels": ["room.a"]}) carries ch=room.a and is polled the same way; its answer
+// is {"user": U, "channels": {"room.a": A}}, U as a plain poll's answer, each A
+// {"messages": [{id, text}, ...]} (the room's newest, ascending) or null. parts(answer) gives
+// {user, channels} for either kind of URL; channelMessages(answer, name) a room's messages.
 
 const DEFAULTS = {
   wait: 25, // seconds a poll may be held (the server clamps it to its [poll] max_wait)
@@ -59,6 +65,19 @@ function withWait(url, wait) {
 
 function parseAnswer(text) {
   return text === "" ? null : JSON.parse(text);
+}
+
+// {user, channels} of any answer: a plain poll's answer is its user part, with no channels.
+export function parts(answer) {
+  if (answer !== null && typeof answer === "object" && "channels" in answer && "user" in answer) {
+    return { user: answer.user, channels: answer.channels ?? {} };
+  }
+  return { user: answer, channels: {} };
+}
+
+// The messages of channel `name` in an answer, ascending by id; [] if it has none.
+export function channelMessages(answer, name) {
+  return parts(answer).channels[name]?.messages ?? [];
 }
 
 export function startPolling(options) {
