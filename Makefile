@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 # Debian 12 packages the build, the stack and the tests need.
 APT_PACKAGES := build-essential pkg-config libevent-dev libmemcached-dev libhiredis-dev libinih-dev libxxhash-dev \
 	uthash-dev libcjson-dev nettle-dev libcmocka-dev memcached redis-server redis-tools nginx curl \
-	apache2-utils wrk python3-venv python3-dev zlib1g-dev postgresql libpq5 redis-sentinel
+	apache2-utils wrk strace python3-venv python3-dev zlib1g-dev postgresql libpq5 redis-sentinel
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all deps venv build up down status test test-unit test-integration bench bench-quick bench-longpoll clean
@@ -77,14 +77,18 @@ BROWSER_PACKAGES := chromium chromium-driver
 deps-browser: venv
 	$(call apt_install,$(BROWSER_PACKAGES))
 
-# Everything CI runs (.ci/run), one stage after another, fast checks first and the fleet deploy
-# (about 31 minutes) last; tools/stage-times prints each stage's time at the end, also when one
-# fails (then the later ones do not run and the exit code is the failure's).
+# Everything CI runs (.ci/run): the stages one after another, fast checks first, and the fleet
+# test alongside them from the start (its time goes mostly to waiting on ssh round trips and
+# services in its containers, about half a core of two); tools/stage-times prints each stage's
+# time at the end, also when one fails (then the later ones do not run, the fleet test is stopped
+# and the exit code is the failure's). Every package and the venv are installed first, so that
+# the two never run apt or pip at the same time.
 # tests/test_monitoring.py is part of test-integration's run, so make test adds only the rule checks.
 TEST_STAGES := test-unit monitoring-rules test-integration bench-quick lint-c fuzz valgrind \
-	check-contract-gate test-deploy
-test:
-	@tools/stage-times $(MAKE) $(TEST_STAGES)
+	check-contract-gate
+TEST_ALONGSIDE := test-deploy
+test: venv build deps-monitoring deps-browser deps-security deps-fleet $(VENV)/.ansible
+	@tools/stage-times --alongside $(TEST_ALONGSIDE) $(MAKE) $(TEST_STAGES)
 
 # Monitoring (docs/operations.md, "Monitoring"): promtool checks the rules and runs their unit
 # tests; tests/test_monitoring.py checks the rendered prometheus.yml (promtool check config), the

@@ -31,8 +31,13 @@ struct fp_cache *fp_cache_create(struct event_base *base,
                                  const struct fp_settings *settings);
 
 /* Starts a non-blocking fetch. `key` is a valid key (keys.c checked it);
- * the backend copies it. Returns 0, or -1 if it could not even queue the
- * request (out of memory): then cb is never called. */
+ * the backend copies it. Gets started in one loop turn are batched: each
+ * cache node receives them in one write (memcached: pipelined "mg"s, Redis:
+ * pipelined GETs), so a request that needs several keys, or many requests
+ * read in one wake-up, cost one round trip per node, not one per key;
+ * each get keeps its own deadline and failover. Returns 0, or -1 if it
+ * could not even queue the request (out of memory): then cb is never
+ * called. */
 int fp_cache_get(struct fp_cache *cache, const char *key, size_t keylen,
                  fp_cache_cb *cb, void *arg);
 

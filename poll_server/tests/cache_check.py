@@ -710,13 +710,53 @@ def scenario_protocol(drv: list[str], tmp: str) -> None:
         check(d.quit() == 0, "protocol: driver exits clean (slow server)")
 
 
+def sends_carrying(trace: str, marker: str) -> int:
+    """System calls in an strace log that wrote bytes containing marker (within -s 64)."""
+    with open(trace) as f:
+        return sum(
+            1
+            for ln in f
+            if ln.split("(", 1)[0].split()[-1] in ("sendto", "write", "writev", "sendmsg")
+            and marker in ln
+        )
+
+
+def scenario_batch(drv: list[str], tmp: str) -> None:
+    """Gets issued in one loop turn reach each cache node in one write: 60 gets spread over 3
+    memcached nodes make at most 3 sends of pipelined commands, 60 Redis GETs one write (the
+    channels' several keys per request rely on it). Counted with strace on the driver."""
+    nodes = [memcached(tmp) for _ in range(3)]
+    rd = redis(tmp)
+    try:
+        for name, args, n_nodes in (
+            ("memcached", ["-s", " ".join(f"127.0.0.1:{n.port}" for n in nodes)], 3),
+            ("redis", ["-b", "redis", "-r", f"127.0.0.1:{rd.port}"], 1),
+        ):
+            trace = os.path.join(tmp, f"batch-{name}.strace")
+            strace = ["strace", "-f", "-qq", "-s", "64", "-e", "trace=write,writev,sendto,sendmsg"]
+            d = Driver(strace + ["-o", trace] + drv, ["-T", "500", *args])
+            d.gets([f"/Poll/warm{i}" for i in range(12)])  # every node connected and answering
+            summary, _ = d.mget(60, "/Poll/batch")
+            check(d.quit() == 0, f"batch {name}: driver exits clean")
+            sends = sends_carrying(trace, "/Poll/batch")
+            check(
+                summary.get("miss") == "60" and 1 <= sends <= n_nodes,
+                f"batch {name}: 60 gets of one turn in {sends} write(s) for {n_nodes} node(s)"
+                f" ({summary})",
+            )
+    finally:
+        for n in nodes:
+            n.stop()
+        rd.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--driver", default=os.path.join(here, "..", "build", "cache_driver"))
     ap.add_argument("--wrap", default="", help="e.g. valgrind command prefix")
     ap.add_argument("--pylibmc-python", default=None)
-    ap.add_argument("--only", default="memcached,ketama,redis,protocol,protocol_meta")
+    ap.add_argument("--only", default="memcached,ketama,redis,protocol,protocol_meta,batch")
     a = ap.parse_args()
     drv = shlex.split(a.wrap) + [a.driver, "-q"]
     only = a.only.split(",")
@@ -731,6 +771,8 @@ def main() -> int:
             scenario_protocol(drv, tmp)  # a server without meta commands: classic gets
         if "protocol_meta" in only:
             scenario_protocol_meta(drv, tmp)
+        if "batch" in only:
+            scenario_batch(drv, tmp)
     print(f"{failures} failure(s)")
     return min(failures, 100)
 
