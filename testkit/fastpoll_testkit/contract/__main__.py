@@ -9,12 +9,14 @@ checker"), or check a saved history again.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
 import traceback
 from pathlib import Path
 
+from fastpoll_testkit.contract import interrupt
 from fastpoll_testkit.contract.checker import RULES, Params, check, render
 from fastpoll_testkit.contract.history import History
 from fastpoll_testkit.contract.run import CONFIGS, Run, Settings
@@ -53,6 +55,8 @@ def main() -> int:
         print(render(rep))
         return 0 if rep.ok else 1
 
+    # Interrupted, a run stops its clients, its nemesis and its stack, then the command exits.
+    interrupt.install()
     seed = args.seed if args.seed is not None else int(time.time() * 1000) % 1_000_000
     configs = args.config or (SHORT_CONFIGS if args.short else sorted(CONFIGS))
     seconds = args.minutes * 60 if args.minutes else SHORT_SECONDS
@@ -66,6 +70,13 @@ def main() -> int:
         t = time.monotonic()
         try:
             rep = run.run()
+        except interrupt.Interrupted as e:
+            run.interrupt()
+            run.close()
+            print(f"contract: interrupted ({e}) in {name} (seed {seed}); its stack is stopped")
+            sys.stdout.flush()
+            # Without waiting for the clients' threads (an HTTP call may take its full timeout).
+            os._exit(128 + e.signum)
         except Exception:  # noqa: BLE001 -- a run that could not finish fails, with its seed
             traceback.print_exc()
             print(f"contract: {name} did not finish (seed {seed}); logs in {run_dir}")
@@ -74,6 +85,8 @@ def main() -> int:
         finally:
             run.close()
         print(render(rep))
+        for note in run.history.notes:
+            print(f"  note: {note}")
         print(f"  history: {run_dir / 'history.jsonl'} ({time.monotonic() - t:.0f} s in all)")
         print(
             f"  replay:  make check-contract SEED={seed} MINUTES={seconds / 60:.4g} "
@@ -96,4 +109,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except interrupt.Interrupted as e:  # between runs: no stack is up
+        sys.exit(128 + e.signum)

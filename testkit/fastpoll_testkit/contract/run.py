@@ -102,6 +102,7 @@ class Run:
         self.history = History(seed=settings.seed, config=config.name)
         self.stop = threading.Event()  # the clients' end
         self.nemesis_stop = threading.Event()
+        self.nemesis_thread: threading.Thread | None = None
         self.finishing = threading.Event()  # writers: one last publish and mark-read, then end
         self.ready = threading.Barrier(settings.users + 1, timeout=60)  # writers + finish()
         self.final_hold = threading.Event()
@@ -173,6 +174,14 @@ class Run:
                     self.history.notes.append(f"poller admin {port}: not subscribed at start")
                     break
                 time.sleep(0.1)
+
+    def interrupt(self) -> None:
+        """SIGINT or SIGTERM: the clients and the nemesis stop (a fault in progress ends first:
+        nothing is started again once close() stops the stack)."""
+        self.nemesis_stop.set()
+        self.stop.set()
+        if self.nemesis_thread is not None:
+            self.nemesis_thread.join(timeout=30)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -643,6 +652,22 @@ class Run:
                 fault.params = {"log": line[:300]}
                 self.history.add_fault(fault)
 
+    def cache_timeouts(self) -> None:
+        """Each poll server's cache gets that timed out, as a note: a lone late answer is not
+        logged (no observed fault), only counted."""
+        for i, port in enumerate(self.stack.admin_ports):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+            except OSError:
+                continue  # restarted and not back: its count is gone anyway
+            n = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("fastpoll_backend_gets_total{") and 'result="timeout"' in line
+            )
+            self.history.notes.append(f"poller-{i}: {n:.0f} cache gets timed out")
+
     def run(self) -> Report:
         self.start()
         threads = [
@@ -655,6 +680,7 @@ class Run:
         threads.append(threading.Thread(target=self.hostile, name="hostile"))
         t0 = time.monotonic()
         nemesis = threading.Thread(target=self.nemesis, args=(t0,), name="nemesis")
+        self.nemesis_thread = nemesis
         for t in [*threads, nemesis]:
             t.start()
         self.stop.wait(self.s.seconds)
@@ -669,5 +695,6 @@ class Run:
         self.final_reads()
         self.nginx_errors()
         self.poller_events()
+        self.cache_timeouts()
         self.history.write(self.run_dir / "history.jsonl")
         return check(self.history, self.s.params)
