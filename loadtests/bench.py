@@ -12,6 +12,9 @@ same client for every system:
 1. the seed's `ab -c 50 -n 5000` on a poll URL, without and with -k;
 2. wrk -c50 keep-alive: hits (one hot key / 100,000 keys), GET and POST, 95% and 50% hit mixes,
    all misses (the fallback), the poll server directly, the peers, and the app alone;
+   the hit path (many keys) at 1,000 and 5,000 connections: fastpoll (make up's pollers, every
+   one active, and the tuned 1 active + 1 standby), memcached_pass and the design's ceiling
+   (nginx -> nginx `return 200` on a unix socket), in interleaved rounds;
 3. the concurrency sweep 20 .. 15,000 over fastpoll and the peers (the app up to 1,000);
 4. the poll servers' CPU time per 100,000 hits, and one poll server's memory with 10,000
    connections open.
@@ -256,6 +259,29 @@ def main() -> int:
                 },
             ),
         }
+        # The design's ceiling: a front nginx with the stack's proxy settings, and behind it, on
+        # a unix socket, one nginx worker (as one poll server) answering from memory.
+        ceiling_sock = work / "ceiling.sock"
+        ctx.peers["ceiling_back"] = peers.Peer(
+            "ceiling_back",
+            work / "peer-ceiling_back",
+            peer_tuning,
+            {
+                "body": preload.answer(HOT_USER).decode(),
+                "socket": str(ceiling_sock),
+                "worker_processes": 1,
+                "worker_cpu_affinity": "",
+            },
+        )
+        ctx.peers["ceiling"] = peers.Peer(
+            "ceiling",
+            work / "peer-ceiling",
+            peer_tuning,
+            {
+                "socket": str(ceiling_sock),
+                "upstream_keepalive": TUNING["fastpoll_upstream_keepalive"],
+            },
+        )
         ctx.peers["app"] = peers.AppPeer(
             work / "peer-app", target.stack.ini_path, workers=target.stack.app_workers
         )

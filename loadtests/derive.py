@@ -13,6 +13,7 @@ PATH_GROUPS = {
     "direct": ("poll_servers", "memcached"),
     "memcached_pass": ("peer_memcached_pass", "memcached"),
     "return200": ("peer_return200",),
+    "ceiling": ("peer_ceiling", "peer_ceiling_back"),
     "app": ("peer_app",),
 }
 
@@ -73,7 +74,7 @@ def derive(results: list[Row], rss: Row) -> Row:
     }
     c50 = {
         f"{s}_{sc}": med(group="c50", system=s, scenario=sc, method="GET")
-        for s in ("fastpoll", "memcached_pass", "return200", "direct")
+        for s in ("fastpoll", "fastpoll_all", "memcached_pass", "return200", "ceiling", "direct")
         for sc in ("hit-hot", "hit-many")
     }
     for sc in ("nocache-msg", "nocache-empty"):
@@ -141,6 +142,7 @@ def derive(results: list[Row], rss: Row) -> Row:
         "peer_memcached_pass_15000_vs_50": flat("memcached_pass", 15000),
         "peer_return200_15000_vs_50": flat("return200", 15000),
     }
+    hit = _hit_table(results, c50)
     fp = sweep.get("fastpoll", {})
     sweep_errors = sum(int(v["failed"]) for c, v in fp.items() if c >= 10000)
 
@@ -226,9 +228,40 @@ def derive(results: list[Row], rss: Row) -> Row:
             costs["c50_vs_app_empty"],
         ),
     ]
+    for key, system in (("default", "fastpoll_all"), ("tuned", "fastpoll")):
+        h = hit.get(system, {})
+        targets += [
+            _target(
+                f"hit path, {key} pollers, c50 {sc}: fastpoll >= 0.9x the ceiling",
+                h.get(f"c50 {sc}", {}).get("vs_ceiling"),
+                0.9,
+            )
+            for sc in ("hit-many", "hit-hot")
+        ]
+        targets += [
+            _target(
+                f"hit path, {key} pollers, c1000 many keys: fastpoll >= 0.9x the ceiling",
+                h.get("c1000 hit-many", {}).get("vs_ceiling"),
+                0.9,
+            ),
+            _target(
+                f"hit path, {key} pollers, many keys: c1000 >= 0.85x c50",
+                ratio(h.get("c1000 hit-many", {}).get("rps"), h.get("c50 hit-many", {}).get("rps")),
+                0.85,
+            ),
+        ]
+        targets += [
+            _target(
+                f"hit path, {key} pollers, {c} many keys: fastpoll >= 1.0x memcached_pass",
+                h.get(f"{c} hit-many", {}).get("vs_memcached_pass"),
+                1.0,
+            )
+            for c in ("c50", "c1000")
+        ]
     return {
         "ab": ab,
         "c50": c50,
+        "hit": hit,
         "sweep": sweep,
         "ratios": ratios,
         "cost_ratios": costs,
@@ -247,3 +280,28 @@ def _target(what: str, value: float | None, need: float, by_cost: float | None =
         "by_cost": by_cost,
         "met_by_cost": None if by_cost is None else by_cost >= need,
     }
+
+
+def _hit_table(results: list[Row], c50: Row) -> Row:
+    """The hit path against the design's ceiling and memcached_pass: for each system and each
+    column (c50 hot key, c50 many keys, c1000 and c5000 many keys), the median req/s of its
+    interleaved rounds and its ratios to the ceiling's and memcached_pass's medians of the same
+    rounds."""
+    cols: dict[str, dict[str, float | None]] = {}
+    for system in ("ceiling", "memcached_pass", "fastpoll_all", "fastpoll"):
+        for sc in ("hit-hot", "hit-many"):
+            cols.setdefault(f"c50 {sc}", {})[system] = c50.get(f"{system}_{sc}")
+        for c in sorted({int(r["conns"]) for r in pick(results, group="hit")}):
+            cols.setdefault(f"c{c} hit-many", {})[system] = _median(
+                pick(results, group="hit", system=system, conns=c)
+            )
+    table: Row = {}
+    for col, by_system in cols.items():
+        ceiling, mc = by_system.get("ceiling"), by_system.get("memcached_pass")
+        for system, rps in by_system.items():
+            table.setdefault(system, {})[col] = {
+                "rps": rps,
+                "vs_ceiling": round(rps / ceiling, 3) if rps and ceiling else None,
+                "vs_memcached_pass": round(rps / mc, 3) if rps and mc else None,
+            }
+    return table

@@ -2,6 +2,8 @@
 
 - return200:      nginx answers /Poll/ itself (`return 200` with the hot user's bytes): the ceiling.
 - memcached_pass: nginx reads the same memcached with the same key through a keepalive upstream.
+- ceiling:        nginx proxying, with the stack's proxy settings and upstream keep-alive, to
+                  ceiling_back (nginx `return 200` on a unix socket): the design's ceiling.
 
 Each gets its own config rendered from loadtests/peers/*.conf.j2 into its own directory, a free
 loopback port, and is stopped by the pid we started (never by name).
@@ -25,7 +27,7 @@ TEMPLATES = HERE / "peers"
 
 @dataclass
 class Peer:
-    name: str  # "return200" or "memcached_pass"
+    name: str  # a template in loadtests/peers/: return200, memcached_pass, ceiling, ...
     run_dir: Path
     tuning: dict[str, object]  # worker_processes, worker_connections, ... (same as the stack's)
     params: dict[str, object] = field(default_factory=dict)  # body / memcached / keepalive
@@ -50,7 +52,7 @@ class Peer:
             keep_trailing_newline=True,
         )
         conf = env.get_template(f"{self.name}.conf.j2").render(
-            run_dir=str(self.run_dir), port=self.port, **self.tuning, **self.params
+            run_dir=str(self.run_dir), port=self.port, **{**self.tuning, **self.params}
         )
         path = self.run_dir / "nginx.conf"
         path.write_text(conf)

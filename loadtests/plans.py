@@ -13,6 +13,10 @@ ROOT = HERE.parent
 RESULTS = HERE / "results"
 POLL_SERVER = ROOT / "poll_server" / "build" / "poll_server"
 SWEEP = (20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 15000)
+# The hit path against the design's ceiling and memcached_pass, in interleaved rounds: c50 in the
+# c50 group, these in the "hit" group (many keys).
+HIT_LEVELS = (1000, 5000)
+HIT_SYSTEMS = ("fastpoll_all", "fastpoll", "memcached_pass", "ceiling")
 APP_SWEEP_MAX = 1000  # the app at 15,000 connections only measures wrk's timeouts
 USERS = 100_000
 HOT_USER = 1
@@ -48,7 +52,8 @@ SYSTEMS = {
     "fastpoll_all": "fastpoll with every poll server active (no standby)",
     "direct": "poll_server directly (one instance, no nginx)",
     "memcached_pass": "nginx memcached_pass (keepalive upstream)",
-    "return200": "nginx return 200 (ceiling)",
+    "return200": "nginx return 200 (no hop)",
+    "ceiling": "nginx -> nginx return 200 on a unix socket (the design's ceiling)",
     "app": "fallback app alone (no cache)",
 }
 
@@ -111,11 +116,18 @@ def full_plan(reps: int, sweep: tuple[int, ...] = SWEEP, ab_reps: int = 5) -> li
     plans.append(Plan("ab", "app", "nocache-msg", 50, tool="ab", n=2000, keepalive=False, users=1))
     # 2. wrk -c50 keep-alive. The ratio runs are interleaved and repeated.
     for rep in range(reps):
-        for system in ("fastpoll", "memcached_pass", "return200", "fastpoll_all"):
+        for system in ("fastpoll", "memcached_pass", "return200", "fastpoll_all", "ceiling"):
             plans.append(Plan("c50", system, "hit-hot", 50, users=1, rep=rep))
-        for system in ("fastpoll", "memcached_pass", "fastpoll_all"):
+        for system in ("fastpoll", "memcached_pass", "fastpoll_all", "ceiling"):
             plans.append(Plan("c50", system, "hit-many", 50, rep=rep))
         plans.append(Plan("c50", "app", "nocache-msg", 50, rep=rep))
+    # 2b. the hit path at 1,000 and 5,000 connections, the same systems in interleaved rounds
+    #     (order rotated each round).
+    for rep in range(min(reps, 2)):
+        for c in HIT_LEVELS:
+            systems = list(HIT_SYSTEMS[rep:] + HIT_SYSTEMS[:rep])
+            for system in systems:
+                plans.append(Plan("hit", system, "hit-many", c, seconds=5.0, rep=rep))
     plans += [
         Plan("c50", "fastpoll", "hit-hot", 50, users=1, method="POST"),
         Plan("c50", "fastpoll", "hit-many", 50, method="POST"),
@@ -154,6 +166,7 @@ def quick_plan() -> list[Plan]:
         Plan("c50", "direct", "hit-many", 50, seconds=s, check="hit"),
         Plan("c50", "memcached_pass", "hit-many", 50, seconds=s, check="hit"),
         Plan("c50", "return200", "hit-hot", 50, seconds=s, users=1, check="hit"),
+        Plan("c50", "ceiling", "hit-hot", 50, seconds=s, users=1, check="hit"),
         Plan("c50", "app", "nocache-msg", 20, seconds=s, check="any"),
         Plan("sweep", "fastpoll", "hit-many", 1000, seconds=2.0, check="hit"),
     ]

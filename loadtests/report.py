@@ -37,6 +37,7 @@ LABELS = {
     "direct": "poll_server directly",
     "memcached_pass": "nginx memcached_pass",
     "return200": "nginx return 200",
+    "ceiling": "ceiling (nginx → nginx return 200, unix socket)",
     "app": "fallback app alone",
 }
 COLORS = {
@@ -46,6 +47,7 @@ COLORS = {
     "app": "C3",
     "direct": "C4",
     "fastpoll_all": "C5",
+    "ceiling": "C6",
 }
 
 
@@ -176,7 +178,7 @@ def c50_rows(doc: dict) -> list[dict]:
     for r in doc["results"]:
         if r["group"] == "c50":
             groups.setdefault((r["system"], r["scenario"], r["method"]), []).append(r)
-    order = ["fastpoll", "fastpoll_all", "direct", "memcached_pass", "return200", "app"]
+    order = ["fastpoll", "fastpoll_all", "direct", "memcached_pass", "ceiling", "return200", "app"]
     out = []
     scen_order = list(SCENARIOS)
     for (system, scen, method), rs in sorted(
@@ -310,6 +312,8 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
                 c["cpu"]["nginx"]
                 + c["cpu"].get("peer_memcached_pass", 0)
                 + c["cpu"].get("peer_return200", 0)
+                + c["cpu"].get("peer_ceiling", 0)
+                + c["cpu"].get("peer_ceiling_back", 0)
             )
             / 100,
             "poll": c["cpu"]["poll_servers"] / 100,
