@@ -22,7 +22,12 @@
  * with an announcement during it) that fails or times out is tried again
  * soon, RETRY_MAX times at most, RETRY_BASE_MS doubling: a late answer must
  * not cost a held poll the re-check period. The retry goes to the front of
- * the re-check queue, due then; keys behind it may be read that much later. */
+ * the re-check queue, due then; keys behind it may be read that much later.
+ *
+ * A channel poll is held on each of its keys (struct fp_held_set): a read of
+ * one key compares the answer with that part's tag as the poll read it, and
+ * a change releases the whole poll to read all its parts again (chpoll.c).
+ * It counts as one held poll. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -212,12 +217,17 @@ static void on_read(enum fp_cache_status st, const char *value, size_t len,
         if (st == FP_CACHE_HIT)
             tag = fp_etag_of(value, len);
         /* Detach every poll whose answer changed, then release them: a
-         * release may answer and close its connection, never touch k. */
+         * release may answer and close its connection, never touch k. A
+         * set's other keys are elsewhere (one holder per key), never
+         * `next`. */
         for (hd = k->holders; hd != NULL; hd = next) {
             next = hd->next;
             if (st == FP_CACHE_HIT && fp_inm_match(hd->inm, tag))
                 continue;
-            fp_hold_remove(hd);
+            if (hd->set != NULL)
+                fp_hold_remove_set(hd->set);
+            else
+                fp_hold_remove(hd);
             hd->next = out;
             out = hd;
         }
@@ -225,6 +235,12 @@ static void on_read(enum fp_cache_status st, const char *value, size_t len,
     for (hd = out; hd != NULL; hd = next) {
         next = hd->next;
         hd->next = NULL;
+        if (hd->set != NULL) {
+            /* It reads all its parts again, and times its own answer. */
+            hd->set->changed(hd->set, k->cause,
+                             st == FP_CACHE_HIT ? k->read_pub_ms : 0);
+            continue;
+        }
         ho->release(hd, st, value, len, tag, k->cause, ho->arg);
         /* Timed once its answer is handed to the socket. */
         if (st == FP_CACHE_HIT && k->read_pub_ms != 0)
@@ -379,6 +395,33 @@ uint64_t fp_hold_seq(const struct fp_hold *ho)
     return ho->ann_seq;
 }
 
+/* Links hd into (d 1) or out of (d -1) its set's list of held keys.
+ * Returns 1 if the held polls' count moves: always for a poll on one key,
+ * at a set's first key in and its last key out. */
+static int hold_counts(struct fp_held *hd, int d)
+{
+    struct fp_held_set *set = hd->set;
+
+    if (set == NULL)
+        return 1;
+    if (d > 0) {
+        hd->sprev = NULL;
+        hd->snext = set->held;
+        if (set->held != NULL)
+            set->held->sprev = hd;
+        set->held = hd;
+        return set->nheld++ == 0;
+    }
+    if (hd->sprev != NULL)
+        hd->sprev->snext = hd->snext;
+    else
+        set->held = hd->snext;
+    if (hd->snext != NULL)
+        hd->snext->sprev = hd->sprev;
+    hd->snext = hd->sprev = NULL;
+    return --set->nheld == 0;
+}
+
 int fp_hold_add(struct fp_hold *ho, const char *key, size_t keylen,
                 struct fp_held *hd, uint64_t since)
 {
@@ -386,7 +429,10 @@ int fp_hold_add(struct fp_hold *ho, const char *key, size_t keylen,
     uint64_t h;
     const struct ann_slot *a;
 
-    if (ho->held >= ho->s->max_held || keylen > FP_MAX_KEY_LEN)
+    if ((hd->set == NULL || hd->set->nheld == 0) &&
+        ho->held >= ho->s->max_held)
+        return -1;
+    if (keylen > FP_MAX_KEY_LEN)
         return -1;
     HASH_FIND(hh, ho->table, key, keylen, k);
     if (k == NULL) {
@@ -419,8 +465,10 @@ int fp_hold_add(struct fp_hold *ho, const char *key, size_t keylen,
     k->holders = hd;
     k->nholders++;
     hd->key = k;
-    ho->held++;
-    fp_stat_held(1);
+    if (hold_counts(hd, 1)) {
+        ho->held++;
+        fp_stat_held(1);
+    }
     /* Announced since the poll's read started: the answer it is held on
      * may be from before the write. Read the key again now (one more read
      * if one is in flight already), as the announcement would have. */
@@ -439,6 +487,10 @@ void fp_hold_remove(struct fp_held *hd)
 {
     struct fp_hkey *k = hd->key;
 
+    if (hd->set != NULL && hd->set->handle == hd) {
+        hd->set->ended(hd->set);
+        return;
+    }
     if (k == NULL)
         return;
     if (hd->prev != NULL)
@@ -450,9 +502,17 @@ void fp_hold_remove(struct fp_held *hd)
     hd->next = hd->prev = NULL;
     hd->key = NULL;
     k->nholders--;
-    k->ho->held--;
-    fp_stat_held(-1);
+    if (hold_counts(hd, -1)) {
+        k->ho->held--;
+        fp_stat_held(-1);
+    }
     key_release(k);
+}
+
+void fp_hold_remove_set(struct fp_held_set *set)
+{
+    while (set->held != NULL)
+        fp_hold_remove(set->held);
 }
 
 size_t fp_hold_count(const struct fp_hold *ho)

@@ -26,11 +26,34 @@ struct fp_settings;
 struct fp_hkey;
 struct fp_hold;
 
+struct fp_held_set;
+
 /* Embedded in the caller's request; owned by the caller. */
 struct fp_held {
     struct fp_held *next, *prev;
     struct fp_hkey *key;        /* NULL when not held */
     const struct fp_inm *inm;   /* the poll's If-None-Match */
+    /* One key of a poll held on several (struct fp_held_set), or NULL. */
+    struct fp_held_set *set;
+    struct fp_held *snext, *sprev; /* the set's keys held now */
+};
+
+/* A poll held on several keys (a channel poll, chpoll.c): one fp_held per
+ * key, each with an inm that matches its key's answer as the poll read it,
+ * all with `set` pointing here; counted as one held poll. One watch per
+ * key, shared with every other poll on it. When a read of one of its keys
+ * finds another answer (or none), every key of the set is removed and
+ * changed() is called once: the poll reads all its parts again.
+ * `handle` is the poll's own fp_held (its connection's, never held on a
+ * key): fp_hold_remove(handle), as a connection that closes calls it, calls
+ * ended(), which lets go of the whole poll. */
+struct fp_held_set {
+    struct fp_held *handle;
+    struct fp_held *held;       /* its keys held now, through snext */
+    size_t nheld;
+    void (*changed)(struct fp_held_set *set, enum fp_stat_wake cause,
+                    uint64_t published_ms);
+    void (*ended)(struct fp_held_set *set);
 };
 
 /* A held poll's answer changed: it is already removed. st is FP_CACHE_HIT
@@ -50,16 +73,21 @@ struct fp_hold *fp_hold_new(struct event_base *base,
  * starts, and pass it to fp_hold_add. */
 uint64_t fp_hold_seq(const struct fp_hold *ho);
 
-/* Holds hd (hd->inm set by the caller) on key. `since` is fp_hold_seq()
+/* Holds hd (hd->inm and hd->set set by the caller) on key. `since` is fp_hold_seq()
  * from before the read that found the poll's answer unchanged: if key was
  * announced after it, that answer may be older than the write, and the key
  * is read again at once. Returns 0, or -1 if [server] max_held polls are
- * held already, or out of memory: then answer the poll at once. */
+ * held already, or out of memory: then answer the poll at once. Each key
+ * of a set is added with its own call (max_held is checked at its first). */
 int fp_hold_add(struct fp_hold *ho, const char *key, size_t keylen,
                 struct fp_held *hd, uint64_t since);
 
-/* Stops holding hd; a no-op if it is not held. */
+/* Stops holding hd; a no-op if it is not held. hd a set's handle: calls
+ * the set's ended(). */
 void fp_hold_remove(struct fp_held *hd);
+
+/* Stops holding every key of set (ended() is not called). */
+void fp_hold_remove_set(struct fp_held_set *set);
 
 /* Polls held now. */
 size_t fp_hold_count(const struct fp_hold *ho);

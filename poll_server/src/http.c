@@ -11,6 +11,7 @@
  * reliances on libevent 2.1.12 internals (docs/benchmarks.md, "Hit path").
  * What nginx sends is small and regular, so the poll port has its own
  * HTTP/1.1 (conn.h says how a connection is served). */
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@
 
 #include "accept.h"
 #include "cache.h"
+#include "chpoll.h"
 #include "coalesce.h"
 #include "conn.h"
 #include "hold.h"
@@ -44,6 +46,7 @@ struct fp_http {
     struct fp_unix_sock unix_sock;    /* ours to unlink at exit */
     struct fp_coalesce *co;
     struct fp_hold *hold;       /* held long polls */
+    struct fp_chpolls *chp;     /* polls with channels (chpoll.c) */
     struct fp_signer *signer;   /* NULL: poll URLs are not signed */
     struct fp_accept_guard *guard; /* pauses accepting on EMFILE */
 };
@@ -91,6 +94,8 @@ static int dispatch(struct conn *c)
     struct fp_http *h = http_of(c);
 
     conn_request_counted(c);
+    if (fp_chpoll_pending(h->chp, c))
+        return fp_chpoll_dispatch(h->chp, c);
     if (c->verdict != 0) {
         const char *body;
         size_t len;
@@ -118,6 +123,8 @@ static int start_request(struct conn *c, const char *buf, size_t len)
     struct fp_http *h = http_of(c);
     const struct fp_settings *s = h->cs.s;
     struct fp_http_head hd;
+    struct timeval now;
+    long long now_s = LLONG_MAX; /* no clock: every signature expired */
     ssize_t keylen;
     int st;
 
@@ -153,12 +160,22 @@ static int start_request(struct conn *c, const char *buf, size_t len)
     }
     keylen = key_derive(s->key_prefix, s->key_params, s->nkey_params,
                         hd.target, hd.target_len, c->key, sizeof(c->key));
+    if (event_base_gettimeofday_cached(h->cs.base, &now) == 0)
+        now_s = (long long)now.tv_sec;
+    /* A poll with channels (ch=): its signature, key and channels. */
+    if ((st = fp_chpoll_start(h->chp, c, &hd, keylen, h->signer, now_s,
+                              &c->outcome)) != 0) {
+        if (st == FP_CHPOLL_OK)
+            c->keylen = (size_t)keylen;
+        else
+            c->verdict = st;
+        return 0;
+    }
     if (h->signer != NULL) {
         /* Before the cache: a request without a key cannot be signed. */
-        struct timeval now;
-        if (keylen < 0 || event_base_gettimeofday_cached(h->cs.base, &now) != 0 ||
+        if (keylen < 0 ||
             fp_sign_check(h->signer, hd.target, hd.target_len, c->key,
-                          (size_t)keylen, (long long)now.tv_sec) != 0) {
+                          (size_t)keylen, now_s) != 0) {
             fp_log(FP_LOG_DEBUG, "http: no valid signature on %.*s",
                    (int)(hd.target_len > 200 ? 200 : hd.target_len), hd.target);
             c->verdict = 403;
@@ -181,7 +198,10 @@ static int start_request(struct conn *c, const char *buf, size_t len)
 /* fp_conn_ops.hold_expired */
 static void hold_expired(struct conn *c)
 {
-    fp_longpoll_end(c, FP_STAT_WAKE_TIMEOUT);
+    if (fp_chpoll_is(c))
+        fp_chpoll_end(c, FP_STAT_WAKE_TIMEOUT);
+    else
+        fp_longpoll_end(c, FP_STAT_WAKE_TIMEOUT);
 }
 
 static const struct fp_conn_ops http_ops = { start_request, dispatch,
@@ -234,6 +254,7 @@ struct fp_http *fp_http_start(struct event_base *base,
     }
     if ((h->co = fp_coalesce_new(cache, on_answer, h)) == NULL ||
         (h->hold = fp_hold_new(base, s, cache, fp_longpoll_release, h)) == NULL ||
+        (h->chp = fp_chpolls_new(cache, h->hold, s)) == NULL ||
         (s->nsign_secrets > 0 &&
          (h->signer = fp_signer_new(s->sign_secrets, s->nsign_secrets)) == NULL)) {
         fp_log(FP_LOG_ERROR, "http: out of memory");
@@ -275,6 +296,7 @@ fail:
     if (h->lev_unix != NULL)
         evconnlistener_free(h->lev_unix);
     fp_coalesce_free(h->co);
+    fp_chpolls_free(h->chp);
     fp_hold_free(h->hold);
     fp_signer_free(h->signer);
     fp_accept_guard_free(h->guard);
@@ -306,7 +328,9 @@ void fp_http_drain(struct fp_http *h, void (*done)(void *arg), void *arg)
      * wake them before the drain's limit. */
     for (c = h->cs.conns; c != NULL; c = next) {
         next = c->next;
-        if (c->state == CONN_HELD)
+        if (c->state == CONN_HELD && fp_chpoll_is(c))
+            fp_chpoll_end(c, FP_STAT_WAKE_SHUTDOWN);
+        else if (c->state == CONN_HELD)
             fp_longpoll_end(c, FP_STAT_WAKE_SHUTDOWN);
     }
     fp_conns_check_drained(&h->cs);
@@ -315,6 +339,7 @@ void fp_http_drain(struct fp_http *h, void (*done)(void *arg), void *arg)
 void fp_http_abort_waiting(struct fp_http *h)
 {
     fp_coalesce_fail_all(h->co, FP_CACHE_TIMEOUT);
+    fp_chpolls_fail_all(h->chp, FP_CACHE_TIMEOUT);
 }
 
 unsigned long fp_http_inflight(const struct fp_http *h)
@@ -336,6 +361,7 @@ void fp_http_free(struct fp_http *h)
     fp_conns_free(&h->cs);
     fp_accept_guard_free(h->guard);
     fp_coalesce_free(h->co);
+    fp_chpolls_free(h->chp);
     fp_hold_free(h->hold);
     fp_signer_free(h->signer);
     free(h);

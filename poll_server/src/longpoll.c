@@ -38,14 +38,29 @@ static unsigned held_pace(const struct fp_settings *s)
            s->poll_interval_ms;
 }
 
-/* The poll's If-None-Match matches the cached answer: hold it if it asked
- * to wait and a slot is free. Returns 1 if held, 0 to answer 304 now. */
+unsigned fp_longpoll_held_pace(const struct conn *c)
+{
+    return held_pace(c->h->s);
+}
+
+int fp_longpoll_tagged(struct conn *c, uint64_t tag)
+{
+    const struct fp_settings *s = c->h->s;
+
+    c->has_tag = 1;
+    c->tag = tag;
+    c->pace_ms = fp_pace_ms(s->poll_interval_ms, s->poll_jitter_pct);
+    if (!c->cond || !fp_inm_match(&c->inm, tag))
+        return 200;
+    return c->wait_s == 0 || c->h->draining ? 304 : 0;
+}
+
+/* The poll's If-None-Match matches the cached answer and it asked to wait:
+ * hold it if a slot is free. Returns 1 if held, 0 to answer 304 now. */
 static int hold_or_304(struct conn *c, struct fp_hold *ho)
 {
     struct timeval tv;
 
-    if (c->wait_s == 0 || c->h->draining)
-        return 0;
     c->held.inm = &c->inm;
     if (fp_hold_add(ho, c->key, c->keylen, &c->held, c->ann_seq) != 0) {
         fp_stat_over_cap();
@@ -67,19 +82,16 @@ static int hold_or_304(struct conn *c, struct fp_hold *ho)
 int fp_longpoll_hit(struct conn *c, struct fp_hold *ho, const char *value,
                     size_t len)
 {
-    const struct fp_settings *s = c->h->s;
+    int code = fp_longpoll_tagged(c, fp_etag_of(value, len));
 
-    c->has_tag = 1;
-    c->tag = fp_etag_of(value, len);
-    c->pace_ms = fp_pace_ms(s->poll_interval_ms, s->poll_jitter_pct);
-    if (c->cond && fp_inm_match(&c->inm, c->tag)) {
-        if (hold_or_304(c, ho))
-            return 0;
-        fp_stat_request(c->method, FP_STAT_NOT_MODIFIED);
-        return 304;
+    if (code == 0 && hold_or_304(c, ho))
+        return 0;
+    if (code == 200) {
+        fp_stat_request(c->method, FP_STAT_HIT);
+        return 200;
     }
-    fp_stat_request(c->method, FP_STAT_HIT);
-    return 200;
+    fp_stat_request(c->method, FP_STAT_NOT_MODIFIED);
+    return 304;
 }
 
 void fp_longpoll_end(struct conn *c, enum fp_stat_wake cause)

@@ -24,6 +24,14 @@ int fp_longpoll_wait(struct conn *c, const struct fp_http_head *hd,
  * is held (fp_hold_add's `since`). */
 void fp_longpoll_read_starts(struct conn *c, const struct fp_hold *ho);
 
+/* c's answer is tagged `tag`: sets its ETag and pace. Returns 200 (no
+ * If-None-Match matches), 304 (one matches, not to be held: no wait= or a
+ * drain) or 0 (one matches and the poll may be held). Counts nothing. */
+int fp_longpoll_tagged(struct conn *c, uint64_t tag);
+
+/* The Poll-Interval-Ms of a held poll that ends: 0 plus the jitter. */
+unsigned fp_longpoll_held_pace(const struct conn *c);
+
 /* The cache has value for c: its ETag and pace are set. Returns 200 (the
  * answer), 304 (unchanged, not held) or 0 (unchanged and held: answered
  * later by fp_longpoll_release or fp_longpoll_end). Counted in the stats

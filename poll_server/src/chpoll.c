@@ -1,0 +1,457 @@
+/* chpoll.c -- polls with channels (chpoll.h, docs/channels.md).
+ *
+ * A poll with channels is a struct fp_chpoll: one part per key (the user's
+ * first, then each channel's in the URL's order), each with the waiter of
+ * its read, its copy of the value read, and its watch (an fp_held of the
+ * poll's hold set) while the poll is held. Its life:
+ *
+ *   dispatch: parts read  --all in-->  200 / 304 / 404 / 503, or held
+ *   held: a key's watch sees another answer  -->  parts read again
+ *   held: the wait ends, or a drain  -->  304
+ *   the client goes away (any time)  -->  conn_close -> fp_hold_remove
+ *       (&c->held) -> ended(): the waiters detached, the watches removed
+ *
+ * The parts' values are copied as they come (a value is valid only during
+ * its callback) and freed once the answer is composed: a held poll keeps
+ * only its parts' tags. */
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+
+#include <event2/event.h>
+
+#include "channels.h"
+#include "chpoll.h"
+#include "coalesce.h"
+#include "etag.h"
+#include "log.h"
+#include "longpoll.h"
+#include "settings.h"
+#include "sign.h"
+
+/* A part's value over this is taken for a cache failure (as memcached's
+ * client skips a value over 1 MB), and a composed answer over CH_BODY_MAX
+ * too: the app answers such a poll. */
+#define CH_PART_MAX (1024UL * 1024UL)
+#define CH_BODY_MAX (8UL * 1024UL * 1024UL)
+
+struct fp_chpoll;
+
+struct part {
+    struct fp_waiter w;         /* first: the coalescer's handle */
+    struct fp_chpoll *p;
+    struct fp_held held;        /* its key's watch while the poll is held */
+    struct fp_inm inm;          /* ... matching the part as last read */
+    const char *key;            /* in the poll's key bytes */
+    size_t keylen;
+    const char *name;           /* a channel's name (in key), or NULL */
+    size_t nlen;
+    enum fp_cache_status st;    /* the last read's */
+    char *value;                /* its copy, until composed */
+    size_t len;
+};
+
+struct fp_chpoll {
+    struct fp_held_set set;
+    struct fp_chpolls *cp;
+    struct conn *c;
+    uint64_t since;             /* fp_hold_seq before the parts' reads */
+    uint64_t pub_ms;            /* the waking publish's time, 0: unknown */
+    size_t nparts, reading;     /* parts; reads still out */
+    int was_held;               /* held once: its answer ends a wait */
+    int expired;                /* the wait ended while the parts were read */
+    enum fp_stat_wake cause;    /* what woke it, or ended its wait */
+    struct part parts[];        /* then the keys' bytes */
+};
+
+struct fp_chpolls {
+    struct fp_coalesce *co;
+    struct fp_hold *ho;
+    const struct fp_settings *s;
+    const struct conn *pending; /* fp_chpoll_start's, until its dispatch */
+    struct fp_ch ch;            /* ... and its channels */
+};
+
+static void on_part(struct fp_waiter *w, enum fp_cache_status st,
+                    const char *value, size_t len, void *arg);
+
+struct fp_chpolls *fp_chpolls_new(struct fp_cache *cache, struct fp_hold *ho,
+                                  const struct fp_settings *s)
+{
+    struct fp_chpolls *cp = calloc(1, sizeof(*cp));
+
+    if (cp == NULL)
+        return NULL;
+    if ((cp->co = fp_coalesce_new(cache, on_part, cp)) == NULL) {
+        free(cp);
+        return NULL;
+    }
+    cp->ho = ho;
+    cp->s = s;
+    return cp;
+}
+
+void fp_chpolls_free(struct fp_chpolls *cp)
+{
+    if (cp == NULL)
+        return;
+    fp_coalesce_free(cp->co);
+    free(cp);
+}
+
+void fp_chpolls_fail_all(struct fp_chpolls *cp, enum fp_cache_status status)
+{
+    fp_coalesce_fail_all(cp->co, status);
+}
+
+static void log_target(const char *what, const struct fp_http_head *hd)
+{
+    fp_log(FP_LOG_DEBUG, "http: %s: %.*s", what,
+           (int)(hd->target_len > 200 ? 200 : hd->target_len), hd->target);
+}
+
+int fp_chpoll_start(struct fp_chpolls *cp, struct conn *c,
+                    const struct fp_http_head *hd, ssize_t keylen,
+                    const struct fp_signer *signer, long long now,
+                    enum fp_stat_outcome *outcome)
+{
+    int rc;
+
+    cp->pending = NULL;
+    rc = fp_ch_parse(hd->target, hd->target_len, cp->s->channels_max, &cp->ch);
+    if (rc == FP_CH_NONE)
+        return 0;
+    /* The signature covers the key and the decoded ch: a refused ch the
+     * app signed (a larger [channels] max there) goes to the app. */
+    if (signer != NULL &&
+        (keylen < 0 || cp->ch.len == 0 ||
+         fp_sign_check_ch(signer, hd->target, hd->target_len, c->key,
+                          (size_t)keylen, cp->ch.value, cp->ch.len, now) != 0)) {
+        log_target("no valid signature of key and ch", hd);
+        *outcome = FP_STAT_FORBIDDEN;
+        return 403;
+    }
+    /* Never sent to a cache: the app says what is wrong (400). nginx sends
+     * no body; one from elsewhere would outlive the parsed ch. */
+    if (keylen < 0 || rc != FP_CH_OK || c->chunked || c->body_left > 0) {
+        log_target(rc != FP_CH_OK ? fp_ch_strerror(rc) : "no key", hd);
+        *outcome = FP_STAT_INVALID_KEY;
+        return 404;
+    }
+    cp->pending = c;
+    return FP_CHPOLL_OK;
+}
+
+int fp_chpoll_pending(struct fp_chpolls *cp, const struct conn *c)
+{
+    int r = cp->pending == c;
+
+    cp->pending = NULL;
+    return r;
+}
+
+int fp_chpoll_is(const struct conn *c)
+{
+    return c->held.set != NULL;
+}
+
+static struct fp_chpoll *poll_of(struct fp_held_set *set)
+{
+    return (struct fp_chpoll *)(void *)((char *)set -
+                                        offsetof(struct fp_chpoll, set));
+}
+
+static void free_values(struct fp_chpoll *p)
+{
+    for (size_t i = 0; i < p->nparts; i++) {
+        free(p->parts[i].value);
+        p->parts[i].value = NULL;
+        p->parts[i].len = 0;
+    }
+}
+
+/* Lets go of everything p holds (reads, watches, values) and frees it. */
+static void release(struct fp_chpoll *p)
+{
+    for (size_t i = 0; i < p->nparts; i++)
+        fp_coalesce_detach(&p->parts[i].w);
+    fp_hold_remove_set(&p->set);
+    free_values(p);
+    p->c->held.set = NULL;
+    free(p);
+}
+
+/* Starts every part's read, in this turn. 0, or -1 (none is left out). */
+static int read_parts(struct fp_chpoll *p)
+{
+    struct fp_chpolls *cp = p->cp;
+
+    p->since = fp_hold_seq(cp->ho);
+    for (size_t i = 0; i < p->nparts; i++) {
+        struct part *pt = &p->parts[i];
+
+        if (fp_coalesce_get(cp->co, pt->key, pt->keylen, &pt->w) < 0) {
+            fp_log(FP_LOG_DEBUG, "http: cache get failed for %s", pt->key);
+            for (size_t j = 0; j < i; j++)
+                fp_coalesce_detach(&p->parts[j].w);
+            p->reading = 0;
+            return -1;
+        }
+    }
+    p->reading = p->nparts;
+    return 0;
+}
+
+/* Answers p's poll and frees p. body (malloc'd or NULL) is freed. */
+static void answer(struct fp_chpoll *p, int code, enum fp_stat_outcome outcome,
+                   char *body, size_t len)
+{
+    struct conn *c = p->c;
+    uint64_t pub_ms = p->pub_ms;
+
+    if (p->was_held) {
+        fp_stat_wake(p->cause);
+        c->pace_ms = fp_longpoll_held_pace(c);
+    }
+    fp_stat_request(c->method, outcome);
+    release(p);
+    conn_set_state(c, CONN_READING_HEAD);
+    if (conn_answer(c, code, body, len, code == 200 || code == 304) == 0)
+        conn_resume_later(c);
+    if (code == 200 && pub_ms != 0) {
+        struct timespec ts;
+
+        if (clock_gettime(CLOCK_REALTIME, &ts) == 0)
+            fp_stat_delivered(pub_ms, (uint64_t)ts.tv_sec * 1000u +
+                                      (uint64_t)ts.tv_nsec / 1000000u);
+    }
+    free(body);
+}
+
+/* Holds p on every part's key, each watch matching its part as read. 0,
+ * or -1 (max_held polls held, out of memory): none is held. */
+static int hold(struct fp_chpoll *p)
+{
+    for (size_t i = 0; i < p->nparts; i++) {
+        struct part *pt = &p->parts[i];
+
+        memset(&pt->inm, 0, sizeof(pt->inm));
+        pt->inm.ntags = 1;
+        pt->inm.tags[0] = fp_etag_of(pt->value != NULL ? pt->value : "", pt->len);
+        if (fp_hold_add(p->cp->ho, pt->key, pt->keylen, &pt->held, p->since) != 0) {
+            fp_hold_remove_set(&p->set);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Every part is in: the composed answer, or the fallback. */
+static void parts_in(struct fp_chpoll *p)
+{
+    struct fp_ch_part user, chans[FP_MAX_CHANNELS];
+    enum fp_cache_status failed = FP_CACHE_HIT;
+    size_t len, total = 0;
+    char *body;
+    int code;
+
+    for (size_t i = 0; i < p->nparts; i++) {
+        enum fp_cache_status st = p->parts[i].st;
+
+        /* A miss wins: the app answers and fills the parts it lacks. */
+        if (st == FP_CACHE_MISS || (st != FP_CACHE_HIT && failed == FP_CACHE_HIT))
+            failed = st;
+        total += p->parts[i].len;
+    }
+    if (failed == FP_CACHE_HIT && total > CH_BODY_MAX) {
+        fp_log(FP_LOG_WARN, "http: a poll's %zu parts are %zu bytes: the app "
+               "answers it", p->nparts, total);
+        failed = FP_CACHE_ERROR;
+    }
+    if (failed == FP_CACHE_MISS) {
+        answer(p, 404, FP_STAT_MISS, NULL, 0);
+        return;
+    }
+    if (failed != FP_CACHE_HIT) {
+        answer(p, 503, failed == FP_CACHE_TIMEOUT ? FP_STAT_TIMEOUT
+                                                  : FP_STAT_BACKEND_ERROR,
+               NULL, 0);
+        return;
+    }
+    user.name = NULL;
+    user.nlen = 0;
+    user.value = p->parts[0].value;
+    user.len = p->parts[0].len;
+    for (size_t i = 1; i < p->nparts; i++) {
+        chans[i - 1].name = p->parts[i].name;
+        chans[i - 1].nlen = p->parts[i].nlen;
+        chans[i - 1].value = p->parts[i].value;
+        chans[i - 1].len = p->parts[i].len;
+    }
+    len = fp_ch_compose(&user, chans, p->nparts - 1, NULL, 0);
+    if ((body = malloc(len)) == NULL) {
+        fp_log(FP_LOG_ERROR, "http: out of memory composing an answer");
+        answer(p, 503, FP_STAT_BACKEND_ERROR, NULL, 0);
+        return;
+    }
+    (void)fp_ch_compose(&user, chans, p->nparts - 1, body, len);
+    code = fp_longpoll_tagged(p->c, fp_etag_of(body, len));
+    if (code == 0 && !p->expired) {
+        if (hold(p) == 0) {
+            free_values(p);
+            free(body);
+            return; /* still HELD, its timer armed */
+        }
+        fp_stat_over_cap();
+        fp_log(FP_LOG_DEBUG, "http: %zu polls held: answering at once",
+               fp_hold_count(p->cp->ho));
+    }
+    if (code != 200) {
+        free(body);
+        answer(p, 304, FP_STAT_NOT_MODIFIED, NULL, 0);
+        return;
+    }
+    answer(p, 200, FP_STAT_HIT, body, len);
+}
+
+/* The coalescer's delivery of one part's read. */
+static void on_part(struct fp_waiter *w, enum fp_cache_status st,
+                    const char *value, size_t len, void *arg)
+{
+    struct part *pt = (struct part *)(void *)w;
+    struct fp_chpoll *p = pt->p;
+
+    (void)arg;
+    pt->st = st;
+    free(pt->value);
+    pt->value = NULL;
+    pt->len = 0;
+    if (st == FP_CACHE_HIT && len > CH_PART_MAX) {
+        fp_log(FP_LOG_WARN, "http: %s is %zu bytes, over %lu: the app answers",
+               pt->key, len, CH_PART_MAX);
+        pt->st = FP_CACHE_ERROR;
+    } else if (st == FP_CACHE_HIT && len > 0) {
+        if ((pt->value = malloc(len)) == NULL) {
+            fp_log(FP_LOG_ERROR, "http: out of memory for a part's value");
+            pt->st = FP_CACHE_ERROR;
+        } else {
+            memcpy(pt->value, value, len);
+            pt->len = len;
+        }
+    }
+    if (--p->reading == 0)
+        parts_in(p);
+}
+
+/* hold.c: one of p's keys changed while it was held (every watch is
+ * removed): all parts are read again. */
+static void on_changed(struct fp_held_set *set, enum fp_stat_wake cause,
+                       uint64_t published_ms)
+{
+    struct fp_chpoll *p = poll_of(set);
+
+    p->was_held = 1;
+    p->cause = cause;
+    if (published_ms != 0 && (p->pub_ms == 0 || published_ms < p->pub_ms))
+        p->pub_ms = published_ms;
+    if (read_parts(p) != 0)
+        answer(p, 503, FP_STAT_BACKEND_ERROR, NULL, 0);
+}
+
+/* hold.c: the connection let go of the poll (it closes). */
+static void on_ended(struct fp_held_set *set)
+{
+    release(poll_of(set));
+}
+
+void fp_chpoll_end(struct conn *c, enum fp_stat_wake cause)
+{
+    struct fp_chpoll *p = poll_of(c->held.set);
+
+    p->cause = cause;
+    if (p->reading > 0) {
+        p->expired = 1; /* answered when its parts are in, not held */
+        return;
+    }
+    p->was_held = 1;
+    answer(p, 304, FP_STAT_NOT_MODIFIED, NULL, 0);
+}
+
+/* Sizes and fills a poll for c's key and cp->ch's channels. NULL if out
+ * of memory. */
+static struct fp_chpoll *poll_new(struct fp_chpolls *cp, struct conn *c)
+{
+    const char *prefix = cp->s->key_prefix;
+    size_t plen = strlen(prefix), n = 1 + cp->ch.n, keybytes = c->keylen + 1;
+    struct fp_chpoll *p;
+    char *keys;
+
+    for (size_t i = 0; i < cp->ch.n; i++)
+        keybytes += plen + 1 + cp->ch.nlen[i] + 1;
+    p = calloc(1, sizeof(*p) + n * sizeof(struct part) + keybytes);
+    if (p == NULL)
+        return NULL;
+    p->cp = cp;
+    p->c = c;
+    p->nparts = n;
+    p->set.handle = &c->held;
+    p->set.changed = on_changed;
+    p->set.ended = on_ended;
+    keys = (char *)&p->parts[n];
+    for (size_t i = 0; i < n; i++) {
+        struct part *pt = &p->parts[i];
+        ssize_t kl;
+
+        pt->p = p;
+        pt->held.set = &p->set;
+        pt->held.inm = &pt->inm;
+        pt->key = keys;
+        if (i == 0) {
+            memcpy(keys, c->key, c->keylen + 1);
+            kl = (ssize_t)c->keylen;
+        } else {
+            /* Sized above: it fits. */
+            kl = fp_ch_key(prefix, cp->ch.value + cp->ch.off[i - 1],
+                           cp->ch.nlen[i - 1], keys, keybytes);
+            pt->name = keys + plen + 1;
+            pt->nlen = cp->ch.nlen[i - 1];
+        }
+        pt->keylen = (size_t)kl;
+        keys += (size_t)kl + 1;
+        keybytes -= (size_t)kl + 1;
+    }
+    return p;
+}
+
+int fp_chpoll_dispatch(struct fp_chpolls *cp, struct conn *c)
+{
+    struct fp_chpoll *p = poll_new(cp, c);
+    unsigned ms;
+    struct timeval tv;
+
+    if (p == NULL) {
+        fp_log(FP_LOG_ERROR, "http: out of memory for a poll with channels");
+        fp_stat_request(c->method, FP_STAT_BACKEND_ERROR);
+        return conn_answer(c, 503, NULL, 0, 0);
+    }
+    /* HELD from now (see chpoll.h): its timer is the wait, or a bound the
+     * cache's timeout keeps it from reaching. */
+    ms = c->wait_s > 0 ? c->wait_s * 1000u : cp->s->request_timeout_ms;
+    tv.tv_sec = (time_t)(ms / 1000);
+    tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
+    if (evtimer_add(c->timer, &tv) != 0 || read_parts(p) != 0) {
+        fp_log(FP_LOG_ERROR, "http: cannot start a poll with channels");
+        p->c->held.set = NULL;
+        free(p);
+        fp_stat_request(c->method, FP_STAT_BACKEND_ERROR);
+        return conn_answer(c, 503, NULL, 0, 0);
+    }
+    c->held.set = &p->set;
+    conn_set_state(c, CONN_WAITING_CACHE);
+    conn_set_state(c, CONN_HELD);
+    fp_log(FP_LOG_DEBUG, "http: %s and %zu channels: %zu reads", c->key,
+           p->nparts - 1, p->nparts);
+    return 1;
+}
