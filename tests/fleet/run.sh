@@ -1058,6 +1058,11 @@ for n in "${POLLERS[@]}"; do
         "https://${IP[$n]}$(signed "/Poll/getMessages?user_id=$seed_user")") || die "$n: TLS request failed"
     expect "$v" "200 2" "$n: a poll over TLS with the test certificate, HTTP/2"
     grep -q 'hello' "$RUN/body" || die "$n: TLS answer lacks the message"
+    v=$(curl -sS -m 10 --cacert "$RUN/tls.pem" -D- -o /dev/null "https://${IP[$n]}/healthz" \
+        | tr -d '\r' | grep -i '^strict-transport-security:') || v=""
+    expect "$v" "strict-transport-security: max-age=63072000" "$n: HSTS over TLS"
+    v=$(curl -sS -m 10 -D- -o /dev/null "http://${IP[$n]}/healthz" | tr -d '\r' | grep -ic '^strict-transport-security:') || v=0
+    expect "$v" 0 "$n: no HSTS over plain HTTP"
 done
 # /healthz follows this host's pollers: healthy with every app down, 503 with its pollers down.
 for a in "${APPS[@]}"; do on "$a" systemctl stop fastpoll-app; done
@@ -1076,7 +1081,7 @@ port_open fp-data1 "${IP[fp-db1]}" 5432 || die "fp-data1 (app) cannot reach Post
 if port_open fp-poll1 "${IP[fp-db1]}" 5432; then die "fp-poll1 (not an app host) reaches PostgreSQL through the firewall"; fi
 port_open fp-poll1 "${IP[fp-data1]}" 11211 || die "fp-poll1 cannot reach memcached on fp-data1"
 if port_open fp-db1 "${IP[fp-data1]}" 11211; then die "fp-db1 reaches memcached through the firewall"; fi
-phase "edge: TLS + HTTP/2 with the test certificate, /healthz follows the pollers, firewall closes 5432 and 11211 to outsiders"
+phase "edge: TLS + HTTP/2 with the test certificate, HSTS over TLS only, /healthz follows the pollers, firewall closes 5432 and 11211 to outsiders"
 }
 
 sc_app_hosts() {
