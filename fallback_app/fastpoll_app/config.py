@@ -464,22 +464,30 @@ def is_postgresql_url(database: str) -> bool:
 
 
 def _check_postgresql_url(url: str) -> str | None:
-    """Why a postgresql:// URL is unusable, or None."""
+    """Why a postgresql:// URL is unusable, or None. libpq's multi-host form is accepted
+    (postgresql://user@h1:5432,h2:5432/db?target_session_attrs=read-write): each host is
+    checked on its own; urlsplit alone reads "5432,h2:5432" as one port."""
     try:
         parts = urlsplit(url)
-        port = parts.port
     except ValueError as exc:
         return f"malformed URL: {exc}"
-    if parts.password is not None:
+    userinfo, at, hostlist = parts.netloc.rpartition("@")
+    if at and ":" in userinfo:
         return "no password in the URL (it would show in logs and ps): use database_password_file"
-    if not parts.hostname:
-        return "the URL needs a host: postgresql://user@host:port/dbname"
-    if not parts.username:
+    for host in hostlist.split(","):
+        try:
+            one = urlsplit(f"//{host}")
+            port = one.port
+        except ValueError as exc:
+            return f"malformed URL: {exc}"
+        if not one.hostname:
+            return "the URL needs a host: postgresql://user@host:port/dbname"
+        if port is not None and not 1 <= port <= 65535:
+            return "port out of range"
+    if not userinfo:
         return "the URL needs a user: postgresql://user@host:port/dbname"
     if parts.path.strip("/") == "" or "/" in parts.path.strip("/"):
         return "the URL needs a database name: postgresql://user@host:port/dbname"
-    if port is not None and not 1 <= port <= 65535:
-        return "port out of range"
     return None
 
 

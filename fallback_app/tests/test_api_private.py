@@ -222,6 +222,13 @@ def test_new_config_keys(tmp_path: Path) -> None:
     assert parse("").redis.username is None
 
 
+def test_multi_host_postgresql_url() -> None:
+    """libpq's multi-host form: the app finds the primary among the hosts (failover)."""
+    url = "postgresql://fp@10.0.0.5:5432,10.0.0.6:5432/fastpoll?target_session_attrs=read-write"
+    s = parse(f"[app]\ndatabase = {url}\n")
+    assert s.app.is_postgresql and s.app.database == url
+
+
 @pytest.mark.parametrize(
     ("url", "why"),
     [
@@ -229,6 +236,9 @@ def test_new_config_keys(tmp_path: Path) -> None:
         ("postgresql://h:5432/db", "needs a user"),
         ("postgresql://fp@h:5432/", "database name"),
         ("postgresql://fp@h:99999/db", "[Pp]ort"),
+        ("postgresql://fp@h1:5432,h2:99999/db", "[Pp]ort"),
+        ("postgresql://fp@h1:5432,:5432/db", "needs a host"),
+        ("postgresql://fp:secret@h1:5432,h2:5432/db", "no password in the URL"),
     ],
 )
 def test_bad_postgresql_url(url: str, why: str) -> None:
