@@ -19,7 +19,7 @@ SUITE=bookworm
 PACKAGES=(
     systemd systemd-sysv dbus openssh-server sudo python3 python3-apt python3-venv acl
     iproute2 netbase procps curl apache2-utils ca-certificates
-    nginx memcached redis-server
+    nginx logrotate memcached redis-server
     libevent-2.1-7 libmemcached11 libhiredis0.14 libinih1
     redis-sentinel nftables ssl-cert openssl libpq5
     postgresql python3-psycopg2

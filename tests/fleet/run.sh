@@ -1075,13 +1075,21 @@ on fp-poll1 systemctl start fastpoll-poller@8101 fastpoll-poller@8102
 for _ in $(seq 1 20); do [ "$(http GET fp-poll1 /healthz | cut -d' ' -f1)" = 200 ] && break; sleep 0.5; done
 expect "$(http GET fp-poll1 /healthz | cut -d' ' -f1)" 200 "fp-poll1: /healthz with its pollers back"
 app_up
+# Log rotation: logrotate runs hourly (the size limit); a forced rotation makes nginx reopen its
+# access log, and the next answer is logged in the new file (nginx flushes it within 5 s).
+on fp-poll1 systemctl show -p TimersCalendar logrotate.timer | grep -q '\*:00:00' || die "fp-poll1: logrotate is not hourly"
+on fp-poll1 logrotate -f /etc/logrotate.d/nginx || die "fp-poll1: logrotate failed"
+on fp-poll1 test -e /var/log/nginx/fastpoll.access.log.1 || die "fp-poll1: the access log was not rotated"
+expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$seed_user" | cut -d' ' -f1)" 200 "a poll after the rotation"
+for _ in $(seq 1 16); do on fp-poll1 test -s /var/log/nginx/fastpoll.access.log && break; sleep 0.5; done
+on fp-poll1 grep -q "user_id=$seed_user" /var/log/nginx/fastpoll.access.log || die "fp-poll1: nginx did not reopen its access log"
 # The firewall (from inside the test network only): PostgreSQL answers app hosts, not a poller;
 # memcached answers a poller, not the database host.
 port_open fp-data1 "${IP[fp-db1]}" 5432 || die "fp-data1 (app) cannot reach PostgreSQL"
 if port_open fp-poll1 "${IP[fp-db1]}" 5432; then die "fp-poll1 (not an app host) reaches PostgreSQL through the firewall"; fi
 port_open fp-poll1 "${IP[fp-data1]}" 11211 || die "fp-poll1 cannot reach memcached on fp-data1"
 if port_open fp-db1 "${IP[fp-data1]}" 11211; then die "fp-db1 reaches memcached through the firewall"; fi
-phase "edge: TLS + HTTP/2 with the test certificate, HSTS over TLS only, /healthz follows the pollers, firewall closes 5432 and 11211 to outsiders"
+phase "edge: TLS + HTTP/2 with the test certificate, HSTS over TLS only, access log rotated and reopened, /healthz follows the pollers, firewall closes 5432 and 11211 to outsiders"
 }
 
 sc_app_hosts() {
