@@ -1,7 +1,9 @@
 """The browser client (client/fastpoll.js) in a real browser: headless Chromium (Debian's
 chromium + chromium-driver) driven by Selenium, on the demo page the local stack serves at
 /fastpoll-client/demo.html. A message published through the API shows on the page within a
-second; stop() ends the loop (no request after it).
+second; stop() ends the loop (no request after it). A room (docs/channels.md): several users'
+pages, each polling its own key and the room on one URL, all show a room message within a second,
+and a user's own message only on that user's page.
 
 The page's polls carry wait=25 and the current tag: the poll server holds them, and the app's
 announcement on the stack's Redis ([announce] server: the cache is memcached) wakes them when a
@@ -59,8 +61,12 @@ def browser() -> Iterator[webdriver.Chrome]:
         pytest.fail("chromium and chromium-driver are needed: make deps-browser")
     opts = Options()
     opts.binary_location = shutil.which("chromium") or ""
+    # The room test's pages share one browser in separate windows: none may be throttled as
+    # a background page (its pause between polls would stretch to 1 s).
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--no-first-run", "--disable-extensions"):  # fmt: skip
+                "--no-first-run", "--disable-extensions", "--disable-background-timer-throttling",
+                "--disable-renderer-backgrounding",
+                "--disable-backgrounding-occluded-windows"):  # fmt: skip
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
     try:
@@ -79,12 +85,12 @@ def publish(stack: Stack, uid: int, text: str) -> float:
     return t0
 
 
-def wait_held(stack: Stack) -> None:
-    """Until the poller holds one poll (the page's), from its /metrics."""
+def wait_held(stack: Stack, n: int = 1) -> None:
+    """Until the poller holds n polls (the pages'), from its /metrics."""
     deadline = time.monotonic() + 15
     while True:
         text = httpx.get(f"http://127.0.0.1:{stack.admin_ports[0]}/metrics", timeout=5).text
-        if "\nfastpoll_held_requests 1\n" in text:
+        if f"\nfastpoll_held_requests {n}\n" in text:
             return
         assert time.monotonic() < deadline, "the page's poll was never held"
         time.sleep(0.05)
@@ -165,3 +171,74 @@ def test_retry_after_is_honoured_and_the_page_recovers(
         "const done = arguments[arguments.length - 1];"
         "window.fastpollDemo.poller.stop().then(() => done(true));"
     )
+
+
+def test_a_room_shared_by_users(demo_stack: Stack, browser: webdriver.Chrome) -> None:
+    """Three users' pages, each on its own signed URL for its key and room.demo: a message to
+    the room shows on every page within a second; a message to one user on that page only."""
+    uids = [616161, 626262, 636363]
+    windows: list[str] = []
+    with demo_stack.api() as api:
+        for uid in uids:
+            r = api.post("/api/poll-url", json={"user_id": uid, "channels": ["room.demo"]})
+            assert r.status_code == 200, r.text
+            url = r.json()["url"]
+            assert "&ch=room.demo&" in url
+            if windows:
+                browser.switch_to.new_window("window")
+            windows.append(browser.current_window_handle)
+            browser.get(
+                f"{demo_stack.base_url}/fastpoll-client/demo.html"
+                f"?url={quote(url, safe='')}&interval={INTERVAL_MS}&wait=25"
+            )
+
+    def room(d: webdriver.Chrome) -> list[str]:
+        return [li.text for li in d.find_elements(By.CSS_SELECTOR, 'ul[data-room="room.demo"] li')]
+
+    def everywhere(text: str) -> list[float]:
+        """When each page showed `text` in the room (its own clock, seconds)."""
+        at = []
+        for w in windows:
+            browser.switch_to.window(w)
+            WebDriverWait(browser, 5, 0.02).until(lambda d: text in room(d))
+            li = browser.find_element(By.CSS_SELECTOR, 'ul[data-room="room.demo"] li')
+            at.append(int(li.get_attribute("data-shown-at") or 0) / 1000)
+        return at
+
+    try:
+        latencies = []
+        for i in range(3):
+            wait_held(demo_stack, len(uids))  # every page's poll, with its current tag
+            text = f"room message {i} <i>not html</i>"
+            with demo_stack.api() as api:
+                t0 = time.time()
+                r = api.post("/api/channels/room.demo/messages", json={"text": text})
+                assert r.status_code == 201, r.text
+                assert r.json()["channel"] == "room.demo"
+            latencies += [at - t0 for at in everywhere(text)]
+            time.sleep(0.1)
+        for w in windows:
+            browser.switch_to.window(w)
+            assert room(browser) == [f"room message {i} <i>not html</i>" for i in (2, 1, 0)]
+        print(f"room publish-to-page latencies (s): {[round(x, 3) for x in latencies]}")
+        assert max(latencies) < 1.0, latencies
+
+        wait_held(demo_stack, len(uids))
+        publish(demo_stack, uids[1], "for the second user only")
+        browser.switch_to.window(windows[1])
+        WebDriverWait(browser, 5, 0.02).until(lambda d: "for the second user only" in shown(d))
+        time.sleep(0.3)
+        for w in (windows[0], windows[2]):
+            browser.switch_to.window(w)
+            assert shown(browser) == []
+    finally:
+        for w in windows:
+            browser.switch_to.window(w)
+            browser.execute_async_script(
+                "const done = arguments[arguments.length - 1];"
+                "window.fastpollDemo?.poller.stop().then(() => done(true)) ?? done(false);"
+            )
+        for w in windows[1:]:
+            browser.switch_to.window(w)
+            browser.close()
+        browser.switch_to.window(windows[0])
