@@ -5,6 +5,8 @@ checked". Pure functions of the history (no processes), so it is unit-tested on 
 
 The model: one writer per user, so its writes are sequential and state i (the poll answer after
 its i-th write) is known exactly; state 0 is the empty answer of a user with nothing stored.
+User 0 is the room (run.ROOM): its writes are the room's publishes, its polls' bodies the room's
+part of composed answers (docs/channels.md), so every rule judges it as a user.
 """
 
 from __future__ import annotations

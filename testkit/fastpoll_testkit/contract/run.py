@@ -71,7 +71,22 @@ HOSTILE: list[tuple[str, str | None, list[int], float]] = [
     ("", '"\x01abc"', [200], 4.0),  # a control byte: If-None-Match ignored, full answer
     ("", '"ab\x7fc"', [200], 4.0),
     ("", 'W/ "x"', [200], 4.0),  # malformed: ignored
+    # Channels (docs/channels.md): a plain URL's signature covers no room; a bad ch is refused
+    # (400 from the app; the poll server may refuse it as unsigned first: 403).
+    ("&ch=room.c", None, [403], 4.0),
+    ("&ch=room.d,room.c", None, [400, 403], 4.0),
+    ("&ch=room.c&CH=room.d", "*", [400, 403], 4.0),
+    ("&ch=", None, [400, 403], 4.0),
 ]
+
+# The room (docs/channels.md): one writer publishes to it; some users' pollers poll their own key
+# and the room on one URL. In the history and the model it is "user" ROOM_USER: its writes are
+# the room's publishes, its polls' bodies the room's part of each composed answer.
+ROOM = "room.c"
+ROOM_USER = 0
+ROOM_HISTORY = 5  # [channels] history of the run's stack: the room's answer keeps 5 messages
+ROOM_POLLERS = (1, 2)  # users whose room pollers run (held, and plain/conditional)
+_ROOM_MARK = f',"channels":{{"{ROOM}":'
 
 
 @dataclass
@@ -94,6 +109,23 @@ def _body_of(uid: int, msg_id: int, text: str) -> str:
     )
 
 
+def _room_body(msgs: list[tuple[int, str]]) -> str:
+    """The room's cached value after its writes: its newest ROOM_HISTORY messages."""
+    if not msgs:
+        return ""
+    doc = {"messages": [{"id": i, "text": t} for i, t in msgs[-ROOM_HISTORY:]]}
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+
+
+def room_part(body: str) -> str:
+    """The room's part of a composed answer ("" for null); the whole body if it is not one."""
+    at = body.rfind(_ROOM_MARK)
+    if at < 0 or not body.endswith("}}"):
+        return body
+    part = body[at + len(_ROOM_MARK) : -2]
+    return "" if part == "null" else part
+
+
 class Run:
     def __init__(self, config: Config, settings: Settings, run_dir: Path) -> None:
         self.config = config
@@ -104,7 +136,9 @@ class Run:
         self.nemesis_stop = threading.Event()
         self.nemesis_thread: threading.Thread | None = None
         self.finishing = threading.Event()  # writers: one last publish and mark-read, then end
-        self.ready = threading.Barrier(settings.users + 1, timeout=60)  # writers + finish()
+        # The writers (the room's too) and finish().
+        self.ready = threading.Barrier(settings.users + 2, timeout=60)
+        self.room_urls: dict[int, str] = {}
         self.final_hold = threading.Event()
         self.held_at: dict[int, float] = {}  # when each user's latest held poll was sent
         self.held_sent = threading.Condition()
@@ -148,9 +182,15 @@ class Run:
         }
         self.proxy_names = list(spec)
         self.proxy = ProxyControl(spec, str(st.run_dir / "proxy.log"))
+        ini["channels"] = {"history": str(ROOM_HISTORY)}
         for section, values in ini.items():
             st.extra_ini.setdefault(section, {}).update(values)
         st.start()
+        with st.api() as api:  # the room pollers' URLs, as the site's backend gets them
+            for uid in ROOM_POLLERS:
+                r = api.post("/api/poll-url", json={"user_id": uid, "channels": [ROOM]})
+                r.raise_for_status()
+                self.room_urls[uid] = str(r.json()["url"])
         self.history.wall_offset = time.time() - time.monotonic()
         self._wait_subscribed(20.0)
 
@@ -252,6 +292,46 @@ class Run:
             for c in clients:
                 c.close()
 
+    def room_writer(self) -> None:
+        """Publishes to the room, one message at a time, with pauses; at the end one last
+        publish while the cache writes are held (finish())."""
+        rng = self._rng("room-writer")
+        clients = [self.stack.api(i, timeout=10) for i in range(self.config.apps)]
+        msgs: list[tuple[int, str]] = []
+        index = 0
+        try:
+            while not self.stop.is_set():
+                last = self.finishing.is_set()
+                if last:
+                    with contextlib.suppress(threading.BrokenBarrierError):
+                        self.ready.wait()
+                    self.final_hold.wait(60)
+                index += 1
+                app = index % self.config.apps
+                text = f"room n{index} {rng.getrandbits(32):08x}" + rng.choice(["", " ☃"])
+                op = Op("publish", ROOM_USER, time.monotonic(), target=str(app), note=text)
+                ok, got = self._write(
+                    clients,
+                    app,
+                    op,
+                    f"/api/channels/{ROOM}/messages",
+                    {"text": text},
+                    {"Idempotency-Key": f"room-{index}"},
+                )
+                if ok:
+                    msgs.append((int(got["id"]), text))
+                op.body = _room_body(msgs) if ok else ""
+                op.end = time.monotonic()
+                op.index = index if ok else -1
+                self.history.add(op)
+                if not ok or last:
+                    return
+                if not self.finishing.is_set():
+                    self.stop.wait(rng.uniform(0.2, 1.0))
+        finally:
+            for c in clients:
+                c.close()
+
     def _after_next_held(self, uid: int, since: float) -> None:
         """Returns once a held poll of the user was sent after `since` (at most 1 s)."""
         with self.held_sent:
@@ -314,8 +394,12 @@ class Run:
         etag: str | None,
         body: str | None,
         wait: int,
+        part: bool = False,
     ) -> Op:
-        op = Op(kind, uid, time.monotonic(), wait=wait, target="nginx")
+        """part: a room poll, recorded as ROOM_USER's with the room's part of the answer."""
+        op = Op(kind, ROOM_USER if part else uid, time.monotonic(), wait=wait, target="nginx")
+        if part:
+            op.note = f"room poll of user {uid}"
         headers = {}
         if etag is not None:
             headers["If-None-Match"] = etag
@@ -332,29 +416,38 @@ class Run:
             elif r.status_code == 304:
                 op.body = body
         except httpx.HTTPError as e:
-            op.note = type(e).__name__
+            op.note += " " + type(e).__name__
         op.end = time.monotonic()
+        if part:  # the whole answer stays the poller's tag body; the room's part is recorded
+            whole = op.body
+            op.body = None if whole is None else room_part(whole)
+            op.inm_body = None if op.inm_body is None else room_part(op.inm_body)
+            self.history.add(op)
+            op = Op(**{**op.__dict__, "body": whole})
+            return op
         self.history.add(op)
         return op
 
-    def poller(self, uid: int, held: bool) -> None:
+    def poller(self, uid: int, held: bool, room: bool = False) -> None:
         """held: one held poll after another, each with the ETag of the last answer; else plain
-        and conditional polls with short pauses."""
-        rng = self._rng("poller", uid, held)
-        url = self.stack.base_url + self.stack.poll_url(uid)
+        and conditional polls with short pauses. room: on the user's URL with the room."""
+        rng = self._rng("poller", uid, held, *(["room"] if room else []))
+        url = self.stack.base_url + (self.room_urls[uid] if room else self.stack.poll_url(uid))
         etag: str | None = None
         body: str | None = None
         with httpx.Client() as client:
             while not self.stop.is_set():
                 if held and etag is not None:
-                    with self.held_sent:
-                        self.held_at[uid] = time.monotonic()
-                        self.held_sent.notify_all()
-                    op = self._poll(client, "held", uid, url, etag, body, rng.choice([2, 3, 5]))
+                    if not room:
+                        with self.held_sent:
+                            self.held_at[uid] = time.monotonic()
+                            self.held_sent.notify_all()
+                    wait = rng.choice([2, 3, 5])
+                    op = self._poll(client, "held", uid, url, etag, body, wait, room)
                 elif etag is not None and rng.random() < 0.5:
-                    op = self._poll(client, "cond", uid, url, etag, body, 0)
+                    op = self._poll(client, "cond", uid, url, etag, body, 0, room)
                 else:
-                    op = self._poll(client, "poll", uid, url, None, None, 0)
+                    op = self._poll(client, "poll", uid, url, None, None, 0, room)
                 if op.status in (200, 304) and "etag" in op.headers:
                     etag, body = op.headers["etag"], op.body
                 else:
@@ -586,8 +679,9 @@ class Run:
         # The poll servers read replicas while a node recovers (recovery_ms) and the repairs land.
         time.sleep(self.s.params.cache_settle_s)
         with httpx.Client(timeout=10) as client:
-            for uid in range(1, self.s.users + 1):
-                target = self.stack.poll_url(uid)
+            targets = [(uid, self.stack.poll_url(uid)) for uid in range(1, self.s.users + 1)]
+            targets.append((ROOM_USER, self.room_urls[ROOM_POLLERS[0]]))
+            for uid, target in targets:
                 for kind, base in (
                     ("final-nginx", self.stack.base_url),
                     ("final-app", self.stack.app_url(0)),
@@ -597,6 +691,8 @@ class Run:
                         r = client.get(base + target)
                         op.status = r.status_code
                         op.body = r.content.decode("utf-8", "replace")
+                        if uid == ROOM_USER:
+                            op.body = room_part(op.body)
                         op.source = r.headers.get("x-poll-source", "")
                         op.headers = {"x-poll-source": op.source}
                     except httpx.HTTPError as e:
@@ -677,6 +773,13 @@ class Run:
         for u in range(1, self.s.users + 1):
             threads.append(threading.Thread(target=self.poller, args=(u, True), name=f"held-{u}"))
             threads.append(threading.Thread(target=self.poller, args=(u, False), name=f"poll-{u}"))
+        threads.insert(self.s.users, threading.Thread(target=self.room_writer, name="room-writer"))
+        for u in ROOM_POLLERS:
+            for held in (True, False):
+                name = f"room-{'held' if held else 'poll'}-{u}"
+                threads.append(
+                    threading.Thread(target=self.poller, args=(u, held, True), name=name)
+                )
         threads.append(threading.Thread(target=self.hostile, name="hostile"))
         t0 = time.monotonic()
         nemesis = threading.Thread(target=self.nemesis, args=(t0,), name="nemesis")
@@ -686,7 +789,7 @@ class Run:
         self.stop.wait(self.s.seconds)
         self.nemesis_stop.set()
         nemesis.join()
-        self.finish(threads[: self.s.users])
+        self.finish(threads[: self.s.users + 1])  # the writers, the room's included
         self.stop.set()
         self.heal()
         for t in threads:
