@@ -75,6 +75,8 @@ def test_an_interrupted_defects_run_leaves_no_process(sig: signal.Signals, tmp_p
         stop(tree)  # so that a failure leaves nothing running either
     assert not left, f"still running after {sig.name}: {left}"
     assert code == 128 + sig, (tmp_path / "defects.log").read_text()[-3000:]
-    assert "interrupted" in (tmp_path / "defects.log").read_text()
+    out = (tmp_path / "defects.log").read_text()
+    assert "its stack is stopped" in out, out[-3000:]  # the run stopped its own first
+    assert "every process started is stopped" in out, out[-3000:]
     # The patched copy is removed too (the run directory, named after it, stays).
     assert not (Path(tempfile.gettempdir()) / state.parent.parent.name).exists()
