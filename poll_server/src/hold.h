@@ -5,12 +5,12 @@
  * on it, and one cache read at a time per key. A key is read again when an
  * announcement names it (announce.c), and at the latest every
  * [server] recheck_ms, or recheck_subscribed_ms while subscribed (a lost
- * announcement), in batches of at most
- * HOLD_BATCH keys per timer turn; all of them at once after every
- * (re)subscription. A read whose answer differs from a poll's If-None-Match
- * releases that poll with it; the others keep waiting. The caller ends a
- * poll's wait itself (its timer, its client gone, a drain) with
- * fp_hold_remove. */
+ * announcement), in batches of at most HOLD_BATCH keys per timer turn; all
+ * of them at once after every (re)subscription. A read for an announced
+ * change that fails or times out is tried again soon, a few times (hold.c).
+ * A read whose answer differs from a poll's If-None-Match releases that poll
+ * with it; the others keep waiting. The caller ends a poll's wait itself
+ * (its timer, its client gone, a drain) with fp_hold_remove. */
 #ifndef FP_HOLD_H
 #define FP_HOLD_H
 
