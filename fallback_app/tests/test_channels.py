@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +229,47 @@ def test_signed_channel_urls_cover_the_exact_set(memcached: Server, tmp_path: Pa
         ]:
             r = c.post("/api/poll-url", json={"user_id": 42, "channels": bad})
             assert r.status_code == 400 and why in r.json()["error"], (bad, r.text)
+
+
+def test_memcached_put_many_pipelined_on_replicas(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every key on each of its nodes (primary and replica), absent keys added, present ones
+    replaced by their `cas`; a key whose pipelined write lost a race is written again alone."""
+    from fastpoll_app import mcpipe
+    from fastpoll_app.cache import MemcachedCache
+
+    from .conftest import start_memcached
+
+    nodes = [start_memcached() for _ in range(3)]
+    try:
+        cache = MemcachedCache(tuple(n.addr for n in nodes), 300, 1000, replicas=1)
+        keys = [b"/Poll/getMessages?user_id=%d" % i for i in range(150)]
+        cache.put(keys[0], b"old", 1)
+
+        def on_every_node(value_of: Callable[[bytes], bytes]) -> None:
+            for k in keys:
+                for addr in cache.nodes(k):
+                    with cache._client(addr) as mc:
+                        assert mc.get(k) == value_of(k), (k, addr)
+
+        cache.put_many([(k, b"v" + k, 2) for k in keys])
+        on_every_node(lambda k: b"v" + k)
+        real = mcpipe.put_node
+
+        def racing(
+            addr: str, items: Sequence[tuple[bytes, bytes]], ttl: int, timeout: float
+        ) -> list[bytes]:
+            real(addr, items, ttl, timeout)
+            with cache._client(addr) as mc:  # another write lands after the pipeline's
+                for k, _ in items:
+                    mc.set(k, b"late")
+            return [k for k, _ in items]  # as if every `cas` had lost
+
+        monkeypatch.setattr(mcpipe, "put_node", racing)
+        cache.put_many([(k, b"w" + k, 3) for k in keys])
+        on_every_node(lambda k: b"w" + k)
+        cache.close()
+    finally:
+        for n in nodes:
+            n.stop()
