@@ -228,6 +228,7 @@ def main() -> int:
         miss_pool=8_000 if quick else 40_000,
     )
     failures: list[str] = []
+    not_run = 0  # planned runs skipped or failed to run: then the run does not replace the report
     rss: dict[str, object] = {}
     hop: list[Row] = []
     doc: Row = {}
@@ -314,6 +315,7 @@ def main() -> int:
             if elapsed > max_s:
                 print(f"  time limit reached: skipping the last {len(plans) - i + 1} runs")
                 failures.append(f"{len(plans) - i + 1} runs skipped (time limit)")
+                not_run += len(plans) - i + 1
                 break
             try:
                 if not args.attach:
@@ -321,6 +323,7 @@ def main() -> int:
                 row = run_plan(ctx, p, users)
             except loadgen.ToolError as e:
                 failures.append(f"{p.name}: {e}")
+                not_run += 1
                 print(f"  [{i:3}/{len(plans)}] {p.name}: FAILED TO RUN: {e}", flush=True)
                 continue
             ctx.results.append(row)
@@ -418,6 +421,12 @@ def main() -> int:
             out_json.write_text(json.dumps(doc, indent=1, default=str) + "\n")
             print(f"  wrote {out_json.relative_to(ROOT)}")
 
+    if not_run and not suffix:  # kept out of git and out of the report, as a partial run
+        if raw_log.exists():
+            raw_log.rename(raw_log.with_name(raw_log.name + ".tmp"))
+        if out_json.exists():
+            out_json = out_json.rename(out_json.with_name(out_json.name + ".tmp"))
+        partial = True
     if not quick and doc:
         from loadtests import report
 
@@ -425,6 +434,8 @@ def main() -> int:
         pngs = report.plots(doc, RESULTS) if not partial else []
         if pngs:
             print("  plots: " + ", ".join(str(p.relative_to(ROOT)) for p in pngs))
+        if not_run:
+            print(f"  docs/benchmarks.md left as it is: {not_run} planned runs did not run")
         if not args.no_docs and not partial:
             md = report.write_markdown(doc, out_json, pngs)
             print(f"  wrote {md.relative_to(ROOT)}")

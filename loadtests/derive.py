@@ -142,7 +142,7 @@ def derive(results: list[Row], rss: Row) -> Row:
         "peer_memcached_pass_15000_vs_50": flat("memcached_pass", 15000),
         "peer_return200_15000_vs_50": flat("return200", 15000),
     }
-    hit = _hit_table(results, c50)
+    hit = _hit_table(results)
     fp = sweep.get("fastpoll", {})
     sweep_errors = sum(int(v["failed"]) for c, v in fp.items() if c >= 10000)
 
@@ -230,34 +230,27 @@ def derive(results: list[Row], rss: Row) -> Row:
     ]
     for key, system in (("default", "fastpoll_all"), ("tuned", "fastpoll")):
         h = hit.get(system, {})
-        targets += [
-            _target(
-                f"hit path, {key} pollers, c50 {sc}: fastpoll >= 0.9x the ceiling",
-                h.get(f"c50 {sc}", {}).get("vs_ceiling"),
-                0.9,
-            )
-            for sc in ("hit-many", "hit-hot")
+
+        def of(col: str, field: str, h: Row = h) -> float | None:
+            v = h.get(col, {}).get(field)
+            return None if v is None else float(v)
+
+        checks = [
+            (f"{col}: fastpoll >= 0.9x the ceiling", of(col, "vs_ceiling"), 0.9)
+            for col in ("c50 hit-many", "c50 hit-hot", "c1000 hit-many")
         ]
-        targets += [
-            _target(
-                f"hit path, {key} pollers, c1000 many keys: fastpoll >= 0.9x the ceiling",
-                h.get("c1000 hit-many", {}).get("vs_ceiling"),
-                0.9,
-            ),
-            _target(
-                f"hit path, {key} pollers, many keys: c1000 >= 0.85x c50",
-                ratio(h.get("c1000 hit-many", {}).get("rps"), h.get("c50 hit-many", {}).get("rps")),
+        checks += [
+            (f"{col}: fastpoll >= 1.0x memcached_pass", of(col, "vs_memcached_pass"), 1.0)
+            for col in ("c50 hit-many", "c1000 hit-many")
+        ]
+        checks.append(
+            (
+                "many keys: c1000 >= 0.85x c50",
+                ratio(of("c1000 hit-many", "rps"), of("c50 hit-many", "rps")),
                 0.85,
-            ),
-        ]
-        targets += [
-            _target(
-                f"hit path, {key} pollers, {c} many keys: fastpoll >= 1.0x memcached_pass",
-                h.get(f"{c} hit-many", {}).get("vs_memcached_pass"),
-                1.0,
             )
-            for c in ("c50", "c1000")
-        ]
+        )
+        targets += [_target(f"hit path, {key} pollers, {w}", v, n) for w, v, n in checks]
     return {
         "ab": ab,
         "c50": c50,
@@ -282,26 +275,33 @@ def _target(what: str, value: float | None, need: float, by_cost: float | None =
     }
 
 
-def _hit_table(results: list[Row], c50: Row) -> Row:
+def _hit_table(results: list[Row]) -> Row:
     """The hit path against the design's ceiling and memcached_pass: for each system and each
     column (c50 hot key, c50 many keys, c1000 and c5000 many keys), the median req/s of its
-    interleaved rounds and its ratios to the ceiling's and memcached_pass's medians of the same
-    rounds."""
-    cols: dict[str, dict[str, float | None]] = {}
-    for system in ("ceiling", "memcached_pass", "fastpoll_all", "fastpoll"):
-        for sc in ("hit-hot", "hit-many"):
-            cols.setdefault(f"c50 {sc}", {})[system] = c50.get(f"{system}_{sc}")
-        for c in sorted({int(r["conns"]) for r in pick(results, group="hit")}):
-            cols.setdefault(f"c{c} hit-many", {})[system] = _median(
-                pick(results, group="hit", system=system, conns=c)
-            )
+    interleaved rounds, and the median over the rounds of its ratio to the ceiling's and to
+    memcached_pass's req/s in the same round (a round's systems run back to back, so the load
+    other work puts on the machine drifts less within a round than across the run)."""
+    cols: dict[str, list[Row]] = {}
+    for sc in ("hit-hot", "hit-many"):
+        cols[f"c50 {sc}"] = pick(results, group="c50", scenario=sc, method="GET")
+    for c in sorted({int(r["conns"]) for r in pick(results, group="hit")}):
+        cols[f"c{c} hit-many"] = pick(results, group="hit", conns=c)
+
+    def per_round(rows: list[Row], system: str, peer: str) -> float | None:
+        by_rep = {(str(r["system"]), int(r["rep"])): float(r["rps"]) for r in rows}
+        vals = [
+            v / by_rep[(peer, rep)]
+            for (s, rep), v in by_rep.items()
+            if s == system and by_rep.get((peer, rep))
+        ]
+        return round(statistics.median(vals), 3) if vals else None
+
     table: Row = {}
-    for col, by_system in cols.items():
-        ceiling, mc = by_system.get("ceiling"), by_system.get("memcached_pass")
-        for system, rps in by_system.items():
+    for col, rows in cols.items():
+        for system in ("ceiling", "memcached_pass", "fastpoll_all", "fastpoll"):
             table.setdefault(system, {})[col] = {
-                "rps": rps,
-                "vs_ceiling": round(rps / ceiling, 3) if rps and ceiling else None,
-                "vs_memcached_pass": round(rps / mc, 3) if rps and mc else None,
+                "rps": _median(pick(rows, system=system)),
+                "vs_ceiling": per_round(rows, system, "ceiling"),
+                "vs_memcached_pass": per_round(rows, system, "memcached_pass"),
             }
     return table
