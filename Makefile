@@ -149,7 +149,7 @@ lint-c: deps-security
 
 test-security: lint-c fuzz valgrind
 
-# Full benchmark (<= 10 min): loadtests/results/ and docs/benchmarks.md, on its own free ports.
+# Full benchmark (10-15 min, capped at 18; a run cut short leaves the report as it is): loadtests/results/ and docs/benchmarks.md, on its own free ports.
 bench: venv build
 	$(PY) -m loadtests.bench
 

@@ -1,4 +1,4 @@
-"""fastpoll's benchmark: `make bench` (full, <= 10 min) and `make bench-quick` (CI smoke, < 1 min).
+"""fastpoll's benchmark: `make bench` (full, 10-15 min, capped at 18), `make bench-quick` (smoke).
 
     .venv/bin/python -m loadtests.bench            # full: results, plots, docs/benchmarks.md
     .venv/bin/python -m loadtests.bench --quick    # smoke: asserts 0 failed requests, right bodies
@@ -93,7 +93,7 @@ def main() -> int:
         "--max-minutes",
         type=float,
         default=None,
-        help="skip what is left after this long (default 12, quick 1.5)",
+        help="skip what is left after this long (default 18, quick 1.5)",
     )
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
     ap.add_argument(
@@ -151,7 +151,7 @@ def main() -> int:
     args = ap.parse_args()
     quick = args.quick
     users = args.users or (2000 if quick else USERS)
-    max_s = 60 * (args.max_minutes or (1.5 if quick else 12.0))
+    max_s = 60 * (args.max_minutes or (1.5 if quick else 18.0))
     rss_n = args.rss_conns or (1000 if quick else 10000)
     only = {g for g in args.only.split(",") if g}
     if args.upstream_keepalive:
