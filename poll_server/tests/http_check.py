@@ -9,7 +9,8 @@ a held client that leaves with input pipelined behind it, and the SIGTERM drain 
 answers carry "Connection: close"). With a Redis of its own and more poll servers: the
 subscriber's liveness (Redis stopped, a connection cut silently through a proxy), an
 announcement during a poll's first (slow) read, and a node's recovery window after a hang
-without replicas. Stops exactly the pids it started.
+without replicas. Polls with channels: composed answers, refusals, timeouts, held ones.
+Stops exactly the pids it started.
 Not part of `make test` (it sends signals to memcached and takes a few seconds).
 
     python3 tests/http_check.py [--binary build/poll_server-asan]
@@ -550,6 +551,85 @@ def held_close_with_pipelined(c: Check) -> None:
     )
 
 
+def wait_held(c: Check, n: int, limit: float = 3) -> float:
+    deadline = time.monotonic() + limit
+    held = c.metric("fastpoll_held_requests")
+    while held != n and time.monotonic() < deadline:
+        time.sleep(0.01)
+        held = c.metric("fastpoll_held_requests")
+    return held
+
+
+def channel_checks(c: Check) -> None:
+    """Polls with channels (docs/channels.md): the composed answer (an empty part is null),
+    304, a refused ch never read, a part that times out (503) or misses (404), clients that
+    leave while the parts are read or while held, a held poll's wait ending (304) and a change
+    found by the re-check (no announcements here) waking it with all its parts read again."""
+    c.mc(b"set /Poll/getMessages?user_id=20 0 0 2\r\nU1\r\n")
+    c.mc(b"set /Poll#ra 0 0 2\r\nA1\r\n")
+    c.mc(b"set /Poll#rb 0 0 0\r\n\r\n")
+    target = b"/getMessages?user_id=20&ch=ra,rb"
+    r = c.req(target)
+    c.ok(
+        "channels: 200, the composed body, its ETag",
+        r.startswith(b"HTTP/1.1 200")
+        and r.endswith(b'\r\n\r\n{"user":U1,"channels":{"ra":A1,"rb":null}}')
+        and b"X-Poll-Source: cache\r\n" in r
+        and b"ETag: " in r,
+        r,
+    )
+    tag = etag_of(c, target)
+    r = c.req(target, extra=b"If-None-Match: %s\r\n" % tag)
+    c.ok("channels: 304 on its ETag", r.startswith(b"HTTP/1.1 304"), r)
+    before = c.cmd_get()
+    bad = [b"ch=rb,ra", b"ch=ra&CH=rb", b"ch=", b"ch=r%20a", b"ch=" + b",".join(
+        b"c%02d" % i for i in range(17)), b"ch=ra,,rb", b"ch=r%2"]
+    answers = [c.req(b"/getMessages?user_id=20&" + q) for q in bad]
+    c.ok(
+        "channels: a refused ch is 404 and never read from the cache",
+        all(a.startswith(b"HTTP/1.1 404") for a in answers) and c.cmd_get() == before,
+        (answers, c.cmd_get() - before),
+    )
+    r = c.req(b"/getMessages?user_id=20&ch=ra,rc")
+    c.ok("channels: a part that misses is a 404", r.startswith(b"HTTP/1.1 404"), r)
+    # The client leaves while the parts are read (memcached frozen), then one times out.
+    freeze(c.mc_pid)
+    try:
+        with socket.create_connection(("127.0.0.1", c.port)) as s:
+            s.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % target)
+            time.sleep(0.05)
+        r = c.req(target)
+    finally:
+        os.kill(c.mc_pid, signal.SIGCONT)
+    c.ok("channels: a part's read that times out is a 503", r.startswith(b"HTTP/1.1 503"), r)
+    back = until(lambda: c.req(target).startswith(b"HTTP/1.1 200"), 5)
+    c.ok("channels: answered again once the cache is back", back is not None)
+    # Held: the client leaves; the wait ends; a change is found by the re-check.
+    with socket.create_connection(("127.0.0.1", c.port)) as s:
+        s.sendall(b"GET %s&wait=30 HTTP/1.1\r\nHost: x\r\nIf-None-Match: %s\r\n\r\n"
+                  % (target, tag))
+        c.ok("channels: a held poll counts once", wait_held(c, 1) == 1)
+    c.ok("channels: held client gone: slot freed at once", wait_held(c, 0, 1) == 0)
+    t0 = time.monotonic()
+    r = c.req(target + b"&wait=1", extra=b"If-None-Match: %s\r\n" % tag)
+    took = time.monotonic() - t0
+    c.ok("channels: the wait ends with 304", r.startswith(b"HTTP/1.1 304") and took > 0.9, r)
+    with socket.create_connection(("127.0.0.1", c.port), timeout=10) as s:
+        s.sendall(b"GET %s&wait=30 HTTP/1.1\r\nHost: x\r\nIf-None-Match: %s\r\n\r\n"
+                  % (target, tag))
+        wait_held(c, 1)
+        c.mc(b"set /Poll#rb 0 0 2\r\nB2\r\n")
+        t0 = time.monotonic()
+        answer, _ = read_answer(s, b"")
+    c.ok(
+        "channels: a part's change (the re-check's read) answers with every part read again",
+        answer.startswith(b"HTTP/1.1 200")
+        and answer.endswith(b'{"user":U1,"channels":{"ra":A1,"rb":B2}}')
+        and time.monotonic() - t0 < 5,
+        answer,
+    )
+
+
 class Proxy:
     """A TCP proxy on a free loopback port to `port`: server-to-client bytes are delayed by
     `delay` seconds (order kept), and `cut()` silences every connection open then (nothing
@@ -817,6 +897,13 @@ def drain(c: Check, server: subprocess.Popen) -> None:
     """SIGTERM with requests waiting for the cache and long polls held: they are answered
     (Connection: close; the held ones 304 at once), exit 0."""
     held = hold_polls(c, 3)
+    target = b"/getMessages?user_id=20&ch=ra,rb"
+    tag = etag_of(c, target)
+    s = socket.create_connection(("127.0.0.1", c.port))
+    s.sendall(b"GET %s&wait=30 HTTP/1.1\r\nHost: x\r\nIf-None-Match: %s\r\n\r\n"
+              % (target, tag))
+    held.append(s)
+    c.ok("a poll with channels held too", wait_held(c, 4) == 4)
     freeze(c.mc_pid)
     socks = []
     try:
@@ -913,6 +1000,7 @@ def main() -> int:
         run_checks(c)
         wait_and_route(c)
         held_close_with_pipelined(c)
+        channel_checks(c)
         announce_checks(c, args.binary, tmp)
         recovery_check(c, args.binary, tmp)
         drain(c, server)
