@@ -166,6 +166,13 @@ bench-longpoll: venv build
 	$(PY) -m loadtests.longpoll
 	$(PY) -m loadtests.report $$(ls loadtests/results/bench-*.json | tail -1)
 
+# A room of 1,000 held members (own key + the room) and one message a second for 30 s, fastpoll
+# and Nchan side by side (loadtests/rooms.py): loadtests/results/rooms-*.json, figures printed.
+.PHONY: bench-rooms
+bench-rooms: venv build
+	$(call apt_install,libnginx-mod-nchan)
+	$(PY) -m loadtests.rooms
+
 clean:
 	$(MAKE) -C poll_server clean
 	rm -rf $(VENV)
