@@ -79,7 +79,8 @@ deps-browser: venv
 
 # Everything CI runs (.ci/run): the stages one after another, fast checks first, and the fleet
 # test alongside them from the start (its time goes mostly to waiting on ssh round trips and
-# services in its containers, about half a core of two); tools/stage-times prints each stage's
+# services in its containers: at load average 5-20 it took 1.4 times its time on the idle
+# machine, 1,787 s against 1,263 s, docs/deploy.md); tools/stage-times prints each stage's
 # time at the end, also when one fails (then the later ones do not run, the fleet test is stopped
 # and the exit code is the failure's). Every package and the venv are installed first, so that
 # the two never run apt or pip at the same time.
