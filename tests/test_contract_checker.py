@@ -114,6 +114,22 @@ def test_a_held_poll_bound_grows_with_an_injected_read_delay() -> None:
     assert violations(history(held, faults=[delay]), "3-held-bound") == 0
 
 
+def test_a_held_poll_bound_grows_with_the_machine_s_own_stall() -> None:
+    # Answered 600 ms after "two" returned (3.1): late, unless the box itself was stalled then,
+    # which a plain cache hit overlapping that time shows (500 ms for a request waiting on nothing).
+    held = Op("held", 1, 2.5, 3.7, 200, TWO, inm_body="", wait=5)
+    assert violations(history(held), "3-held-bound") == 1
+    slow_hit = Op("poll", 2, 3.15, 3.65, 200, "", source="cache")
+    assert violations(history(held, slow_hit), "3-held-bound") == 0
+    # A slow answer from the app, or a hit outside [3.1, 3.7], says nothing about the box then.
+    from_app = Op("poll", 2, 3.15, 3.65, 200, "", source="app")
+    earlier = Op("poll", 2, 2.0, 2.9, 200, "", source="cache")
+    assert violations(history(held, from_app, earlier), "3-held-bound") == 1
+    # A stall shorter than the lateness does not excuse it.
+    short = Op("poll", 2, 3.2, 3.3, 200, "", source="cache")
+    assert violations(history(held, short), "3-held-bound") == 1
+
+
 def test_a_read_delay_counts_until_its_answers_have_arrived() -> None:
     # Answered 320 ms after "two" returned (3.1): over the 250 ms bound, within 250 + 2 x 50.
     held = Op("held", 1, 2.5, 3.42, 200, TWO, inm_body="", wait=5)
