@@ -106,6 +106,18 @@ void fp_chpolls_fail_all(struct fp_chpolls *cp, enum fp_cache_status status)
     fp_coalesce_fail_all(cp->co, status);
 }
 
+void fp_chpolls_coalesce_stats(const struct fp_chpolls *cp,
+                               struct fp_coalesce_stats *out)
+{
+    struct fp_coalesce_stats st;
+
+    fp_coalesce_stats(cp->co, &st);
+    out->gets += st.gets;
+    out->requests += st.requests;
+    out->keys += st.keys;
+    out->waiting += st.waiting;
+}
+
 static void log_target(const char *what, const struct fp_http_head *hd)
 {
     fp_log(FP_LOG_DEBUG, "http: %s: %.*s", what,

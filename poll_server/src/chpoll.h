@@ -23,6 +23,7 @@
 #include "httpparse.h"
 #include "stats.h"
 
+struct fp_coalesce_stats;
 struct fp_settings;
 struct fp_signer;
 struct fp_chpolls;
@@ -61,6 +62,10 @@ int fp_chpoll_is(const struct conn *c);
  * answered 304 now; one whose parts are being read is answered when they
  * are, and is not held then. */
 void fp_chpoll_end(struct conn *c, enum fp_stat_wake cause);
+
+/* Adds the counters of the parts' coalescer to *out (admin.c's /metrics). */
+void fp_chpolls_coalesce_stats(const struct fp_chpolls *cp,
+                               struct fp_coalesce_stats *out);
 
 /* Answers every poll whose parts are being read with status (a shutdown
  * that stops waiting for the cache). */

@@ -351,6 +351,7 @@ void fp_http_coalesce_stats(const struct fp_http *h,
                             struct fp_coalesce_stats *out)
 {
     fp_coalesce_stats(h->co, out);
+    fp_chpolls_coalesce_stats(h->chp, out);
 }
 
 void fp_http_free(struct fp_http *h)

@@ -31,7 +31,8 @@ void fp_http_abort_waiting(struct fp_http *h);
 /* Requests in flight now. */
 unsigned long fp_http_inflight(const struct fp_http *h);
 
-/* The coalescer's counters (admin.c's /metrics). */
+/* The coalescers' counters, plain polls' and channel polls' parts' summed
+ * (admin.c's /metrics). */
 void fp_http_coalesce_stats(const struct fp_http *h,
                             struct fp_coalesce_stats *out);
 
