@@ -130,6 +130,17 @@ def test_a_held_poll_bound_grows_with_the_machine_s_own_stall() -> None:
     assert violations(history(held, short), "3-held-bound") == 1
 
 
+def test_a_held_poll_waits_for_the_outbox_after_a_pending_write() -> None:
+    # "two" (3.0-3.1) returned pending: the outbox writes and announces it within 3 s.
+    pending = Op("publish", 1, 3.0, 3.1, 201, TWO, index=3, headers={"x-cache-publish": "pending"})
+    h = history(Op("held", 1, 2.5, 5.0, 200, TWO, inm_body="", wait=5))
+    h.ops = [pending if o.kind == "publish" and o.index == 3 else o for o in h.ops]
+    assert violations(h, "3-held-bound") == 0
+    h.ops = [o if o.kind != "held" else Op("held", 1, 2.5, 6.6, 200, TWO, inm_body="", wait=8)
+             for o in h.ops]
+    assert violations(h, "3-held-bound") == 1
+
+
 def test_a_read_delay_counts_until_its_answers_have_arrived() -> None:
     # Answered 320 ms after "two" returned (3.1): over the 250 ms bound, within 250 + 2 x 50.
     held = Op("held", 1, 2.5, 3.42, 200, TWO, inm_body="", wait=5)

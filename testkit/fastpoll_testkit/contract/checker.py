@@ -286,7 +286,8 @@ def _rule3(h: History, model: _Model, p: Params, r: RuleResult) -> None:
     the poll was sent) whose answer differs from the tag's, returned at t_k (or the poll's send
     time, if state k was already known then), with no later write invoked before the deadline
     t_k + bound (+ twice an injected cache read delay, `_read_delay`), so that state k alone was
-    current throughout. The poll must be answered by the deadline, plus the longest cache hit
+    current throughout (outbox_s later if W_k returned X-Cache-Publish: pending: the outbox
+    writes and announces it). The poll must be answered by the deadline, plus the longest cache hit
     then (`_hit_latency`: the machine's own stall), unless a fault touched the announcement path,
     the cache (held, hung, killed) or a poll server (`blocking`)."""
     hits = sorted(
@@ -313,6 +314,10 @@ def _rule3(h: History, model: _Model, p: Params, r: RuleResult) -> None:
             hi = t_k + p.held_bound_s + 0.2
             window = _overlapping(h.faults, op.start, hi, p.pad_s, p.pad_s)
             deadline = t_k + p.held_bound_s + 2 * _read_delay(h.faults, op.start, hi, p)
+            if k and ws[k - 1].headers.get("x-cache-publish") == "pending":
+                # Not in the cache, not announced: the outbox's rewrite announces it (api.md:
+                # within about 1 s, 3 s at most).
+                deadline += p.outbox_s
             if k < len(ws) and ws[k].start <= deadline:
                 continue  # the next write may have made the tag current again
             found = (k, t_k, deadline, window)
