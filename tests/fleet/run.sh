@@ -471,13 +471,18 @@ playbook() {
 }
 # Sum of changed= over the PLAY RECAP of a log (default: the last run).
 recap_changed() { awk '/PLAY RECAP/{r=1; next} r && /changed=/{ for(i=1;i<=NF;i++) if ($i ~ /^changed=/) { split($i,a,"="); s+=a[2] } } END{print s+0}' "${1:-$LAST_LOG}"; }
-# solo LABEL [args...]: the same for the one-host inventory, in the background (SOLO_PID, SOLO_LOG).
+# solo LABEL [--check-first] [args...]: the same for the one-host inventory, in the background
+# (SOLO_PID, SOLO_LOG); --check-first runs it with --check before.
 solo() {
     local label=$1; shift
     SOLO_LOG=$LOGS/ansible-solo-$label.log
     assert_all_routes
     ( INVENTORY=$RUN/solo.yml; run_no=0; LOGS=$LOGS/solo-$label; mkdir -p "$LOGS"
-      playbook "$label" "$@" > "$SOLO_LOG" 2>&1; cp "$LAST_LOG" "$SOLO_LOG.ansible" ) &
+      if [ "${1:-}" = --check-first ]; then
+          shift
+          playbook fresh-check --check > "$SOLO_LOG" 2>&1
+      fi
+      playbook "$label" "$@" >> "$SOLO_LOG" 2>&1; cp "$LAST_LOG" "$SOLO_LOG.ansible" ) &
     SOLO_PID=$!
 }
 solo_wait() {
@@ -678,7 +683,9 @@ mc_playbook() {
 # later scenarios poll it (scaling, the upgrade's ab rounds, TLS, the rollback).
 seed_user=$((RANDOM % 9000 + 1000))
 first_deploy() {
-solo deploy
+# fp-solo is a fresh host: `--check` on it first (nothing installed yet, so every task must cope
+# with what is not there), then its deploy, both beside the fleet's.
+solo deploy --check-first
 playbook deploy
 solo_wait "first deploy"
 phase "first deploy ($(recap_changed) changes; fp-solo $(recap_changed "$SOLO_LOG.ansible"))"
