@@ -195,13 +195,19 @@ static int start_request(struct conn *c, const char *buf, size_t len)
     return 0;
 }
 
+/* Ends a held poll, with or without channels. */
+static void end_held(struct conn *c, enum fp_stat_wake cause)
+{
+    if (fp_chpoll_is(c))
+        fp_chpoll_end(c, cause);
+    else
+        fp_longpoll_end(c, cause);
+}
+
 /* fp_conn_ops.hold_expired */
 static void hold_expired(struct conn *c)
 {
-    if (fp_chpoll_is(c))
-        fp_chpoll_end(c, FP_STAT_WAKE_TIMEOUT);
-    else
-        fp_longpoll_end(c, FP_STAT_WAKE_TIMEOUT);
+    end_held(c, FP_STAT_WAKE_TIMEOUT);
 }
 
 static const struct fp_conn_ops http_ops = { start_request, dispatch,
@@ -328,10 +334,8 @@ void fp_http_drain(struct fp_http *h, void (*done)(void *arg), void *arg)
      * wake them before the drain's limit. */
     for (c = h->cs.conns; c != NULL; c = next) {
         next = c->next;
-        if (c->state == CONN_HELD && fp_chpoll_is(c))
-            fp_chpoll_end(c, FP_STAT_WAKE_SHUTDOWN);
-        else if (c->state == CONN_HELD)
-            fp_longpoll_end(c, FP_STAT_WAKE_SHUTDOWN);
+        if (c->state == CONN_HELD)
+            end_held(c, FP_STAT_WAKE_SHUTDOWN);
     }
     fp_conns_check_drained(&h->cs);
 }
