@@ -220,7 +220,8 @@ class Run:
         nothing is started again once close() stops the stack)."""
         self.nemesis_stop.set()
         self.stop.set()
-        if self.nemesis_thread is not None:
+        # The signal may come between the thread's creation and its start.
+        if self.nemesis_thread is not None and self.nemesis_thread.ident is not None:
             self.nemesis_thread.join(timeout=30)
 
     def close(self) -> None:
