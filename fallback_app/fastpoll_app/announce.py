@@ -19,9 +19,8 @@ import time
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from redis.sentinel import Sentinel
 
-from .cache import RateLimitedLog
+from .cache import RateLimitedLog, sentinels
 from .config import AnnounceSettings, RedisSettings, Settings, read_password
 from .metrics import ANNOUNCEMENTS
 
@@ -87,7 +86,7 @@ def _client(
         "retry": Retry(NoBackoff(), 1),  # a pooled connection to a restarted server: once more
     }
     if sentinel is not None and sentinel.master_name:
-        s = Sentinel(sentinel.sentinel_addrs, socket_timeout=ANNOUNCE_TIMEOUT)
+        s = sentinels(sentinel, ANNOUNCE_TIMEOUT)
         return s.master_for(sentinel.master_name, **common)  # type: ignore[arg-type,no-any-return]
     if server.startswith("unix:"):
         return redis.Redis(unix_socket_path=server[5:], **common)  # type: ignore[arg-type]
@@ -96,12 +95,14 @@ def _client(
 
 
 def make_announcer(settings: Settings) -> Announcer | None:
-    """[announce] server if set; else the cache's Redis with the Redis backend (the master, with
-    Sentinel: pub/sub reaches the subscribers of the server it is published on); else None."""
+    """[announce] server if set; else the master [redis] sentinels name (with either backend:
+    pub/sub reaches the subscribers of the server it is published on, and the poll servers
+    subscribe on the master the same sentinels name); else the cache's Redis with the Redis
+    backend; else None."""
     a: AnnounceSettings = settings.announce
     if a.server is not None:
         r = _client(a.server, read_password(a), a.username, None)
-    elif settings.cache.backend == "redis":
+    elif settings.cache.backend == "redis" or settings.redis.sentinels:
         rs = settings.redis
         sentinel = rs if rs.sentinels else None
         r = _client(rs.server, read_password(rs), rs.username, sentinel)

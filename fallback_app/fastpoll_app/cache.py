@@ -34,7 +34,14 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from . import mcpipe
-from .config import CacheSettings, MemcachedSettings, RedisSettings, Settings, read_password
+from .config import (
+    CacheSettings,
+    MemcachedSettings,
+    RedisSettings,
+    Settings,
+    read_password,
+    read_sentinel_password,
+)
 
 log = logging.getLogger(__name__)
 
@@ -386,6 +393,21 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 )
 
 
+def sentinels(settings: RedisSettings, timeout: float) -> Sentinel:
+    """[redis] sentinels, asked with AUTH when they have a password (sentinel_password_file)."""
+    password = read_sentinel_password(settings)
+    return Sentinel(
+        settings.sentinel_addrs,
+        sentinel_kwargs={
+            "password": password,
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+        },
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+    )
+
+
 class RedisCache:
     """Redis through redis-py (its connection pool is thread-safe). The answer's version is kept
     under `key#v`, beside the value, and compared by a server-side script (one atomic step)."""
@@ -406,11 +428,7 @@ class RedisCache:
         if settings.sentinels and settings.master_name:
             # The sentinels name the master; the client asks again after a failover (redis-py's
             # SentinelConnectionPool re-resolves on a failed connection).
-            sentinel = Sentinel(
-                settings.sentinel_addrs,
-                socket_timeout=timeout,
-                socket_connect_timeout=timeout,
-            )
+            sentinel = sentinels(settings, timeout)
             self._r = sentinel.master_for(settings.master_name, **common)  # type: ignore[arg-type]
         elif (path := settings.unix_path) is not None:
             self._r = redis.Redis(unix_socket_path=path, **common)  # type: ignore[arg-type]

@@ -104,6 +104,8 @@ class RedisSettings:
     # With sentinels, `server` is not used: redis-py asks them for master_name's address.
     sentinels: tuple[str, ...] = ()
     master_name: str | None = None
+    # The sentinels' own password (their requirepass), sent as AUTH to each sentinel.
+    sentinel_password_file: str | None = None
 
     @property
     def unix_path(self) -> str | None:
@@ -223,6 +225,7 @@ _KNOWN: dict[str, dict[str, bool]] = {
         "username": False,
         "sentinels": False,
         "master_name": False,
+        "sentinel_password_file": False,
     },
     "app": {
         "database": False,
@@ -404,19 +407,19 @@ def _redis_address(e: _Entry, rd: _Reader, section: str) -> str:
     return e.value
 
 
-def _readable(e: _Entry, rd: _Reader, section: str) -> str:
+def _readable(e: _Entry, rd: _Reader, section: str, key: str = "password_file") -> str:
     """A `password_file` whose first line is a password, as the poll server reads it (the error
     names the file, never its content)."""
     try:
         data = Path(e.value).read_bytes()
     except OSError as exc:
-        msg = f"[{section}] password_file: cannot read {e.value!r}: {exc}"
+        msg = f"[{section}] {key}: cannot read {e.value!r}: {exc}"
         raise rd.error(e.line, msg) from None
     first = data.split(b"\n", 1)[0].removesuffix(b"\r")
     if not first:
-        raise rd.error(e.line, f"[{section}] password_file {e.value!r}: the first line is empty")
+        raise rd.error(e.line, f"[{section}] {key} {e.value!r}: the first line is empty")
     if len(first) > MAX_PASSWORD:
-        msg = f"[{section}] password_file {e.value!r}: first line longer than {MAX_PASSWORD} bytes"
+        msg = f"[{section}] {key} {e.value!r}: first line longer than {MAX_PASSWORD} bytes"
         raise rd.error(e.line, msg)
     return e.value
 
@@ -456,7 +459,14 @@ def _redis(sec: dict[str, list[_Entry]], rd: _Reader) -> RedisSettings:
         raise rd.error(line, "[redis] sentinels needs [redis] master_name")
     if master_name is not None and not sentinels:
         raise rd.error(sec["master_name"][0].line, "[redis] master_name needs [redis] sentinels")
-    return RedisSettings(server, password_file, db, username, tuple(sentinels), master_name)
+    sentinel_password_file = None
+    if (e := _one(sec, "sentinel_password_file")) and e.value:
+        sentinel_password_file = _readable(e, rd, "redis", "sentinel_password_file")
+        if not sentinels:
+            raise rd.error(e.line, "[redis] sentinel_password_file needs [redis] sentinels")
+    return RedisSettings(
+        server, password_file, db, username, tuple(sentinels), master_name, sentinel_password_file
+    )
 
 
 def is_postgresql_url(database: str) -> bool:
@@ -657,9 +667,18 @@ def load(path: str | os.PathLike[str] | None = None) -> Settings:
 
 def read_password(settings: RedisSettings | AnnounceSettings) -> str | None:
     """First line of [redis] (or [announce]) password_file, or None."""
-    if not settings.password_file:
+    return _first_line(settings.password_file)
+
+
+def read_sentinel_password(settings: RedisSettings) -> str | None:
+    """First line of [redis] sentinel_password_file, or None."""
+    return _first_line(settings.sentinel_password_file)
+
+
+def _first_line(path: str | None) -> str | None:
+    if not path:
         return None
-    lines = Path(settings.password_file).read_text(encoding="utf-8").splitlines()
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
     return lines[0] if lines else ""
 
 

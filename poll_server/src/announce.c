@@ -21,10 +21,24 @@
  * callback, while hiredis 0.14 (Debian 12) passes the ["pong", ""] answer
  * of a PING to no callback and keeps the PING's callback queued until the
  * connection ends, one per ping. TCP keepalive is on as well (the kernel's
- * own check, should the loop be blocked). */
+ * own check, should the loop be blocked).
+ *
+ * Sentinel ([redis] sentinels and master_name, no [announce] server): the
+ * app publishes on the master the sentinels name, so before each
+ * connection the sentinels are asked in turn (SENTINEL
+ * get-master-addr-by-name, AUTH first with [redis]
+ * sentinel_password_file, SENTINEL_TIMEOUT_MS each) and the subscriber
+ * connects to the address the first answer gives. A failover kills the old
+ * master (or Sentinel kills its pub/sub clients as it demotes it): the
+ * connection is lost, the sentinels are asked again, and the subscription
+ * on the new master is a gap like any other (hold.c reads every held key
+ * again). The backoff stops at SENTINEL_RETRY_MAX_MS: the sentinels name
+ * the new master only once they have promoted it, and the sooner we ask
+ * after that, the shorter the gap. */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* getaddrinfo under -std=c11 */
 #endif
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -49,6 +63,8 @@
 #define RETRY_MAX_MS 5000
 #define KEEPALIVE_S  5      /* TCP keepalive: idle, then probes 1 s apart */
 #define KEEPALIVE_N  3
+#define SENTINEL_TIMEOUT_MS   1000
+#define SENTINEL_RETRY_MAX_MS 1000
 
 struct fp_announce {
     struct event_base *base;
@@ -59,7 +75,7 @@ struct fp_announce {
     redisAsyncContext *ac;      /* NULL while down */
     int subscribed;
     int logged_down;            /* a failure was logged since the last up */
-    unsigned backoff_ms;
+    unsigned backoff_ms, retry_max_ms;
     struct event *retry;        /* reconnect */
     struct event *setup;        /* not subscribed in time */
     struct event *drop;         /* drop the context, outside hiredis */
@@ -69,6 +85,13 @@ struct fp_announce {
     fp_announce_msg *msg;
     fp_announce_state *state;
     void *arg;
+
+    /* Sentinel; nsentinels == 0: a fixed server. */
+    struct { char ip[NI_MAXHOST]; unsigned port; } sentinels[FP_MAX_SENTINELS];
+    size_t nsentinels, sq_index, sq_tried;
+    const char *master_name, *sentinel_password;
+    redisAsyncContext *sq;      /* the sentinel being asked, or NULL */
+    struct event *sq_timer;     /* its answer's deadline; the next one */
 };
 
 static void ms_tv(unsigned ms, struct timeval *tv)
@@ -96,8 +119,8 @@ static void went_down(struct fp_announce *a, const char *why)
     ms_tv(a->backoff_ms, &tv);
     if (evtimer_add(a->retry, &tv) != 0)
         fp_log(FP_LOG_ERROR, "announce: cannot arm the reconnect timer");
-    a->backoff_ms = a->backoff_ms * 2 > RETRY_MAX_MS ? RETRY_MAX_MS
-                                                      : a->backoff_ms * 2;
+    a->backoff_ms = a->backoff_ms * 2 > a->retry_max_ms ? a->retry_max_ms
+                                                         : a->backoff_ms * 2;
 }
 
 static void sub_cb(redisAsyncContext *ac, void *reply, void *priv);
@@ -278,15 +301,14 @@ static void keepalive(const struct fp_announce *a, int fd)
                a->name);
 }
 
-static void do_connect(evutil_socket_t fd, short what, void *arg)
+/* Connects to the server (a fixed one, or the master a sentinel named) and
+ * queues AUTH and SUBSCRIBE. */
+static void connect_server(struct fp_announce *a)
 {
-    struct fp_announce *a = arg;
     redisAsyncContext *ac;
     struct timeval tv;
     int rc;
 
-    (void)fd;
-    (void)what;
     ac = a->unix_path != NULL ? redisAsyncConnectUnix(a->unix_path)
                               : redisAsyncConnect(a->ip, (int)a->port);
     if (ac == NULL || ac->err) {
@@ -323,17 +345,204 @@ static void do_connect(evutil_socket_t fd, short what, void *arg)
         fp_log(FP_LOG_ERROR, "announce: cannot arm the setup timer");
 }
 
-/* host -> a->ip, numeric (getaddrinfo blocks: the loop is not running). */
-static int resolve(struct fp_announce *a)
+/* ---- Sentinel ---------------------------------------------------------- */
+
+static void ask_next_sentinel(struct fp_announce *a);
+
+/* The master's address from a sentinel: 0, or -1 if it is not a numeric
+ * address and port (a host name, from sentinels with announce-hostnames,
+ * would make hiredis call getaddrinfo() on the loop). */
+static int set_master(struct fp_announce *a, const char *ip, const char *port)
 {
-    int rc = fp_resolve_numeric(a->host, a->port, a->ip, sizeof(a->ip));
+    unsigned char addr[sizeof(struct in6_addr)];
+    char *end;
+    long p = strtol(port, &end, 10);
+
+    if (*end != '\0' || p <= 0 || p > 65535 || strlen(ip) >= sizeof(a->ip) ||
+        (inet_pton(AF_INET, ip, addr) != 1 &&
+         inet_pton(AF_INET6, ip, addr) != 1))
+        return -1;
+    if (strcmp(a->ip, ip) != 0 || a->port != (unsigned)p)
+        fp_log(FP_LOG_INFO, "announce: sentinel says master %s is %s:%ld",
+               a->master_name, ip, p);
+    memcpy(a->ip, ip, strlen(ip) + 1);
+    a->port = (unsigned)p;
+    (void)snprintf(a->name, sizeof(a->name), "%s (master %s:%ld)",
+                   a->master_name, ip, p);
+    return 0;
+}
+
+/* Ends the current question; a context is never freed from inside one of
+ * its own callbacks (from_callback: hiredis closes it once done). */
+static void sentinel_done(struct fp_announce *a, int from_callback)
+{
+    redisAsyncContext *sq = a->sq;
+
+    a->sq = NULL;
+    (void)event_del(a->sq_timer);
+    if (sq == NULL)
+        return;
+    if (from_callback)
+        redisAsyncDisconnect(sq);
+    else
+        redisAsyncFree(sq);
+}
+
+/* The sentinel's connection failed or was lost: hiredis frees it after
+ * this returns; the next sentinel is asked from the loop. */
+static void sentinel_gone(struct fp_announce *a, const redisAsyncContext *ac)
+{
+    if (ac != a->sq)
+        return;
+    a->sq = NULL;
+    a->sq_index = (a->sq_index + 1) % a->nsentinels;
+    event_active(a->sq_timer, EV_TIMEOUT, 1);
+}
+
+static void sentinel_connect_cb(const redisAsyncContext *ac, int status)
+{
+    if (status != REDIS_OK)
+        sentinel_gone(ac->data, ac);
+}
+
+static void sentinel_lost_cb(const redisAsyncContext *ac, int status)
+{
+    (void)status;
+    sentinel_gone(ac->data, ac);
+}
+
+/* cppcheck-suppress constParameter ; hiredis's redisCallbackFn type */
+static void sentinel_reply_cb(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct fp_announce *a = priv;
+    const redisReply *r = reply;
+    size_t i = a->sq_index;
+
+    if (ac != a->sq || r == NULL)
+        return;                 /* freed: the timer moved on */
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[0]->type == REDIS_REPLY_STRING &&
+        r->element[1]->type == REDIS_REPLY_STRING &&
+        set_master(a, r->element[0]->str, r->element[1]->str) == 0) {
+        sentinel_done(a, 1);
+        connect_server(a);
+        return;
+    }
+    fp_log(FP_LOG_WARN, "announce: sentinel %s:%u does not name master %s: "
+           "%s", a->sentinels[i].ip, a->sentinels[i].port, a->master_name,
+           r->type == REDIS_REPLY_ERROR ? r->str : "no usable address");
+    sentinel_done(a, 1);
+    a->sq_index = (i + 1) % a->nsentinels;
+    event_active(a->sq_timer, EV_TIMEOUT, 1);
+}
+
+static void sentinel_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct fp_announce *a = arg;
+
+    (void)fd;
+    (void)what;
+    if (a->sq != NULL) {        /* no answer in time */
+        fp_log(FP_LOG_WARN, "announce: sentinel %s:%u: no answer within "
+               "%d ms", a->sentinels[a->sq_index].ip,
+               a->sentinels[a->sq_index].port, SENTINEL_TIMEOUT_MS);
+        sentinel_done(a, 0);
+        a->sq_index = (a->sq_index + 1) % a->nsentinels;
+    }
+    ask_next_sentinel(a);
+}
+
+/* Asks the next sentinel of this round (AUTH first if a password is set);
+ * when each has failed, the backoff. */
+static void ask_next_sentinel(struct fp_announce *a)
+{
+    struct timeval tv;
+    redisAsyncContext *ac;
+
+    while (a->sq_tried < a->nsentinels) {
+        size_t i = a->sq_index;
+
+        a->sq_tried++;
+        ac = redisAsyncConnect(a->sentinels[i].ip, (int)a->sentinels[i].port);
+        if (ac != NULL && !ac->err) {
+            ac->data = a;
+            if (redisLibeventAttach(ac, a->base) == REDIS_OK &&
+                redisAsyncSetConnectCallback(ac, sentinel_connect_cb) == REDIS_OK &&
+                redisAsyncSetDisconnectCallback(ac, sentinel_lost_cb) == REDIS_OK &&
+                (a->sentinel_password == NULL ||
+                 redisAsyncCommand(ac, NULL, NULL, "AUTH %s",
+                                   a->sentinel_password) == REDIS_OK) &&
+                redisAsyncCommand(ac, sentinel_reply_cb, a,
+                                  "SENTINEL get-master-addr-by-name %s",
+                                  a->master_name) == REDIS_OK) {
+                a->sq = ac;
+                ms_tv(SENTINEL_TIMEOUT_MS, &tv);
+                if (evtimer_add(a->sq_timer, &tv) != 0)
+                    fp_log(FP_LOG_ERROR, "announce: cannot arm the sentinel "
+                           "timer");
+                return;
+            }
+        }
+        if (ac != NULL)
+            redisAsyncFree(ac);
+        a->sq_index = (i + 1) % a->nsentinels;
+    }
+    went_down(a, "no sentinel named the master");
+}
+
+/* The retry timer: a fixed server is connected to, the sentinels are
+ * asked first (a new round, from where the last one ended). */
+static void do_connect(evutil_socket_t fd, short what, void *arg)
+{
+    struct fp_announce *a = arg;
+
+    (void)fd;
+    (void)what;
+    if (a->ac != NULL || a->sq != NULL)
+        return;
+    if (a->nsentinels == 0) {
+        connect_server(a);
+        return;
+    }
+    a->sq_tried = 0;
+    ask_next_sentinel(a);
+}
+
+/* host -> ip, numeric (getaddrinfo blocks: the loop is not running). */
+static int resolve(const char *name, const char *host, unsigned port,
+                   char *ip, size_t iplen)
+{
+    int rc = fp_resolve_numeric(host, port, ip, iplen);
 
     if (rc != 0) {
-        fp_log(FP_LOG_ERROR, "announce %s: cannot resolve: %s", a->name,
+        fp_log(FP_LOG_ERROR, "announce %s: cannot resolve: %s", name,
                gai_strerror(rc));
         return -1;
     }
     return 0;
+}
+
+/* [redis] sentinels, resolved once at start-up. */
+static int setup_sentinels(struct fp_announce *a, const struct fp_settings *s)
+{
+    for (size_t i = 0; i < s->nredis_sentinels; i++) {
+        const struct fp_server_addr *sa = &s->redis_sentinels[i];
+
+        (void)snprintf(a->name, sizeof(a->name), "sentinel %s:%u", sa->host,
+                       sa->port);
+        if (resolve(a->name, sa->host, sa->port, a->sentinels[i].ip,
+                    sizeof(a->sentinels[i].ip)) != 0)
+            return -1;
+        a->sentinels[i].port = sa->port;
+    }
+    a->nsentinels = s->nredis_sentinels;
+    a->master_name = s->redis_master_name;
+    a->sentinel_password = s->redis_sentinel_password;
+    a->retry_max_ms = SENTINEL_RETRY_MAX_MS;
+    (void)snprintf(a->name, sizeof(a->name), "%s (via sentinels)",
+                   a->master_name);
+    a->sq_timer = evtimer_new(a->base, sentinel_timer_cb, a);
+    return a->sq_timer != NULL ? 0 : -1;
 }
 
 int fp_announce_new(struct event_base *base, const struct fp_settings *s,
@@ -346,13 +555,11 @@ int fp_announce_new(struct event_base *base, const struct fp_settings *s,
     *out = NULL;
     if (s->announce.host != NULL || s->announce.unix_path != NULL) {
         addr = &s->announce;
-    } else if (s->backend == FP_BACKEND_REDIS && s->nredis_sentinels == 0) {
-        addr = &s->redis;
+    } else if (s->nredis_sentinels > 0 || s->backend == FP_BACKEND_REDIS) {
+        addr = &s->redis;       /* with sentinels: only its credentials */
     } else {
-        fp_log(FP_LOG_INFO, "announce: no [announce] server%s: held polls "
-               "learn of changes by the re-check alone",
-               s->backend == FP_BACKEND_REDIS ? " (Redis behind Sentinel: set "
-               "it to the master's address)" : "");
+        fp_log(FP_LOG_INFO, "announce: no [announce] server nor [redis] "
+               "sentinels: held polls learn of changes by the re-check alone");
         return 0;
     }
     if ((a = calloc(1, sizeof(*a))) == NULL)
@@ -379,9 +586,18 @@ int fp_announce_new(struct event_base *base, const struct fp_settings *s,
     a->state = state;
     a->arg = arg;
     a->backoff_ms = RETRY_MIN_MS;
+    a->retry_max_ms = RETRY_MAX_MS;
     a->ping_ms = s->announce_ping_ms;
     a->timeout_ms = s->announce_timeout_ms;
-    if (a->unix_path == NULL && (a->host == NULL || resolve(a) != 0)) {
+    if (addr == &s->redis && s->nredis_sentinels > 0) {
+        a->unix_path = NULL;
+        if (setup_sentinels(a, s) != 0) {
+            fp_announce_free(a);
+            return -1;
+        }
+    } else if (a->unix_path == NULL &&
+               (a->host == NULL ||
+                resolve(a->name, a->host, a->port, a->ip, sizeof(a->ip)) != 0)) {
         fp_announce_free(a);
         return -1;
     }
@@ -414,6 +630,10 @@ void fp_announce_free(struct fp_announce *a)
     a->ac = NULL;               /* callbacks from the free are not ours */
     if (ac != NULL)
         redisAsyncFree(ac);
+    if (a->sq_timer != NULL) {
+        sentinel_done(a, 0);
+        event_free(a->sq_timer);
+    }
     if (a->retry != NULL)
         event_free(a->retry);
     if (a->setup != NULL)

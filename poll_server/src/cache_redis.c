@@ -31,7 +31,8 @@
  * master, or one whose ROLE is not master, is asked for again; a round
  * where no sentinel answers waits the backoff. The sentinel that answered
  * is kept subscribed to +switch-master: a failover for our master name
- * drops the connection and connects to the new address at once. */
+ * drops the connection and connects to the new address at once. Sentinels
+ * with requirepass get AUTH first ([redis] sentinel_password_file). */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* getaddrinfo under -std=c11 */
 #endif
@@ -108,6 +109,7 @@ struct fp_redis {
     struct rd_sentinel sentinels[FP_MAX_SENTINELS];
     size_t nsentinels;
     char *master_name;
+    char *sentinel_password;    /* AUTH to each sentinel, or NULL */
     redisAsyncContext *sq;      /* the sentinel being asked, or NULL */
     size_t sq_index;            /* which one */
     size_t sq_tried;            /* in this round */
@@ -424,7 +426,10 @@ static redisAsyncContext *sentinel_connect(struct fp_redis *r, size_t i)
     }
     ac->data = r;
     if (redisLibeventAttach(ac, r->base) != REDIS_OK ||
-        redisAsyncSetConnectCallback(ac, sentinel_ctx_cb) != REDIS_OK) {
+        redisAsyncSetConnectCallback(ac, sentinel_ctx_cb) != REDIS_OK ||
+        (r->sentinel_password != NULL &&
+         redisAsyncCommand(ac, NULL, NULL, "AUTH %s",
+                           r->sentinel_password) != REDIS_OK)) {
         redisAsyncFree(ac);
         return NULL;
     }
@@ -520,9 +525,10 @@ static void sentinel_reply_cb(redisAsyncContext *ac, void *reply, void *priv)
         do_connect(r);
         return;
     }
-    fp_log(FP_LOG_WARN, "redis: sentinel %s:%d does not know master %s",
+    fp_log(FP_LOG_WARN, "redis: sentinel %s:%d does not know master %s%s%s",
            r->sentinels[r->sq_index].host, r->sentinels[r->sq_index].port,
-           r->master_name);
+           r->master_name, rep->type == REDIS_REPLY_ERROR ? ": " : "",
+           rep->type == REDIS_REPLY_ERROR ? rep->str : "");
     sentinel_done(r, 1);
     r->sq_index = (r->sq_index + 1) % r->nsentinels;
     /* Not from inside this callback: the next one is asked from the loop. */
@@ -718,6 +724,8 @@ static int setup_sentinels(struct fp_redis *r, const struct fp_settings *st)
     (void)snprintf(r->name, sizeof(r->name), "%s (via sentinels)",
                    st->redis_master_name);
     if ((r->master_name = strdup(st->redis_master_name)) == NULL ||
+        (st->redis_sentinel_password != NULL &&
+         (r->sentinel_password = strdup(st->redis_sentinel_password)) == NULL) ||
         (r->sq_timer = evtimer_new(r->base, sentinel_timer_cb, r)) == NULL)
         return -1;
     return 0;
@@ -807,6 +815,10 @@ void fp_redis_free(struct fp_redis *r)
         event_free(r->drop);
     if (r->sq_timer != NULL)
         event_free(r->sq_timer);
+    if (r->sentinel_password != NULL) {
+        explicit_bzero(r->sentinel_password, strlen(r->sentinel_password));
+        free(r->sentinel_password);
+    }
     if (r->password != NULL) {
         explicit_bzero(r->password, strlen(r->password));
         free(r->password);

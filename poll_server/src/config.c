@@ -778,6 +778,14 @@ static int set_password_file(struct fp_settings *s, const struct option_def *o,
     return read_password_file(&s->redis_password, v, why, whylen);
 }
 
+static int set_sentinel_password_file(struct fp_settings *s,
+                                      const struct option_def *o,
+                                      const char *v, char *why, size_t whylen)
+{
+    (void)o;
+    return read_password_file(&s->redis_sentinel_password, v, why, whylen);
+}
+
 static int set_announce_password_file(struct fp_settings *s,
                                       const struct option_def *o,
                                       const char *v, char *why, size_t whylen)
@@ -1064,6 +1072,7 @@ static const struct option_def options[] = {
     { "redis", "username", set_username, 0, 0, 0, false },
     { "redis", "sentinels", set_sentinels, 0, 0, 0, false },
     { "redis", "master_name", set_master_name, 0, 0, 0, false },
+    { "redis", "sentinel_password_file", set_sentinel_password_file, 0, 0, 0, false },
     { "signing", "secret_file", set_sign_secret_file, 0, 0, 0, false },
     { "signing", "ttl", set_uint, NO_FIELD, 1, 31536000, false },
     { "poll", "interval_ms", set_uint, F(poll_interval_ms), 0, 3600000, false },
@@ -1130,6 +1139,11 @@ void fp_config_free(struct fp_settings *s)
         free(s->announce_password);
     }
     clear_secrets(s);
+    if (s->redis_sentinel_password != NULL) {
+        explicit_bzero(s->redis_sentinel_password,
+                       strlen(s->redis_sentinel_password));
+        free(s->redis_sentinel_password);
+    }
     if (s->redis_password != NULL) {
         explicit_bzero(s->redis_password, strlen(s->redis_password));
         free(s->redis_password);
@@ -1411,6 +1425,12 @@ static int check_together(const struct ini_ctx *c)
             c->name, ls != 0 ? ls : lm,
             s->nredis_sentinels > 0 ? "sentinels" : "master_name",
             s->nredis_sentinels > 0 ? "master_name" : "sentinels");
+        return -1;
+    }
+    if (s->redis_sentinel_password != NULL && s->nredis_sentinels == 0) {
+        fmt(c->err, c->errlen, "%s:%d: [redis] sentinel_password_file needs "
+            "[redis] sentinels", c->name,
+            line_of(c, "redis", "sentinel_password_file"));
         return -1;
     }
     if (s->redis_username != NULL && s->redis_password == NULL) {

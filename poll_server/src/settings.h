@@ -75,6 +75,8 @@ struct fp_settings {
     struct fp_server_addr redis_sentinels[FP_MAX_SENTINELS]; /* none: no Sentinel */
     size_t nredis_sentinels;
     char *redis_master_name;     /* Sentinel's name of the master, or NULL */
+    char *redis_sentinel_password; /* AUTH to the sentinels (requirepass), or
+                                    * NULL */
 
     /* [signing] */
     char *sign_secrets[FP_MAX_SIGN_SECRETS]; /* secret_file lines; none: not signed */
@@ -87,7 +89,8 @@ struct fp_settings {
 
     /* [announce] (shared with the app): Redis pub/sub of written keys */
     struct fp_server_addr announce; /* unset (no host, no path): [redis] with
-                                     * the Redis backend, else none */
+                                     * the Redis backend or with sentinels,
+                                     * else none */
     char *announce_password;     /* from password_file, or NULL */
     char *announce_username;     /* or NULL */
     char *announce_channel;      /* default "fastpoll:announce" */
