@@ -6,14 +6,21 @@
  * poll's hold set) while the poll is held. Its life:
  *
  *   dispatch: parts read  --all in-->  200 / 304 / 404 / 503, or held
- *   held: a key's watch sees another answer  -->  parts read again
+ *   held: a key's watch reads another answer  -->  composed with it, or
+ *         (the key gone) parts read again
  *   held: the wait ends, or a drain  -->  304
  *   the client goes away (any time)  -->  conn_close -> fp_hold_remove
  *       (&c->held) -> ended(): the waiters detached, the watches removed
  *
  * The parts' values are copied as they come (a value is valid only during
- * its callback) and freed once the answer is composed: a held poll keeps
- * only its parts' tags. */
+ * its callback) and kept while the poll is held: when a watch's read finds
+ * a key changed, the answer is composed from that read's value and the
+ * other parts as the poll read them, without reading them again. That
+ * answer is no older than any write that returned before the poll was sent
+ * (every part was read after that, api.md's rule 1), and a part's own
+ * change still wakes the poll, or the next poll, through its key's watch.
+ * A room's message is thus one read of the room's key for all its held
+ * members, not one read per member of their own key. */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,7 +56,7 @@ struct part {
     const char *name;           /* a channel's name (in key), or NULL */
     size_t nlen;
     enum fp_cache_status st;    /* the last read's */
-    char *value;                /* its copy, until composed */
+    char *value;                /* its copy (NULL: empty), until answered */
     size_t len;
 };
 
@@ -173,6 +180,11 @@ static struct fp_chpoll *poll_of(struct fp_held_set *set)
 {
     return (struct fp_chpoll *)(void *)((char *)set -
                                         offsetof(struct fp_chpoll, set));
+}
+
+static struct part *part_of(struct fp_held *hd)
+{
+    return (struct part *)(void *)((char *)hd - offsetof(struct part, held));
 }
 
 static void free_values(struct fp_chpoll *p)
@@ -312,9 +324,8 @@ static void parts_in(struct fp_chpoll *p)
     code = fp_longpoll_tagged(p->c, fp_etag_of(body, len));
     if (code == 0 && !p->expired) {
         if (hold(p) == 0) {
-            free_values(p);
             free(body);
-            return; /* still HELD, its timer armed */
+            return; /* still HELD, its timer armed, its values kept */
         }
         fp_stat_over_cap();
         fp_log(FP_LOG_DEBUG, "http: %zu polls held: answering at once",
@@ -357,10 +368,13 @@ static void on_part(struct fp_waiter *w, enum fp_cache_status st,
         parts_in(p);
 }
 
-/* hold.c: one of p's keys changed while it was held (every watch is
- * removed): all parts are read again. */
-static void on_changed(struct fp_held_set *set, enum fp_stat_wake cause,
-                       uint64_t published_ms)
+/* hold.c: hd's key changed while p was held (every watch is removed). Its
+ * read's value replaces that part and the answer is composed (the top of
+ * the file says why the other parts need no read); a key gone: all parts
+ * are read again, and the miss sends the poll to the app. */
+static void on_changed(struct fp_held_set *set, struct fp_held *hd,
+                       enum fp_cache_status st, const char *value, size_t len,
+                       enum fp_stat_wake cause, uint64_t published_ms)
 {
     struct fp_chpoll *p = poll_of(set);
 
@@ -368,6 +382,11 @@ static void on_changed(struct fp_held_set *set, enum fp_stat_wake cause,
     p->cause = cause;
     if (published_ms != 0 && (p->pub_ms == 0 || published_ms < p->pub_ms))
         p->pub_ms = published_ms;
+    if (st == FP_CACHE_HIT && hd != NULL && hd->set == set) {
+        p->reading = 1;
+        on_part(&part_of(hd)->w, st, value, len, NULL); /* -> parts_in() */
+        return;
+    }
     if (read_parts(p) != 0)
         answer(p, 503, FP_STAT_BACKEND_ERROR, NULL, 0);
 }

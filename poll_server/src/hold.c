@@ -26,8 +26,8 @@
  *
  * A channel poll is held on each of its keys (struct fp_held_set): a read of
  * one key compares the answer with that part's tag as the poll read it, and
- * a change releases the whole poll to read all its parts again (chpoll.c).
- * It counts as one held poll. */
+ * a change releases the whole poll with that read's value (chpoll.c). It
+ * counts as one held poll. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -236,8 +236,9 @@ static void on_read(enum fp_cache_status st, const char *value, size_t len,
         next = hd->next;
         hd->next = NULL;
         if (hd->set != NULL) {
-            /* It reads all its parts again, and times its own answer. */
-            hd->set->changed(hd->set, k->cause,
+            /* It composes its answer with this read's value, and times
+             * it itself. */
+            hd->set->changed(hd->set, hd, st, value, len, k->cause,
                              st == FP_CACHE_HIT ? k->read_pub_ms : 0);
             continue;
         }

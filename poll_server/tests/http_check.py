@@ -564,7 +564,8 @@ def channel_checks(c: Check) -> None:
     """Polls with channels (docs/channels.md): the composed answer (an empty part is null),
     304, a refused ch never read, a part that times out (503) or misses (404), clients that
     leave while the parts are read or while held, a held poll's wait ending (304) and a change
-    found by the re-check (no announcements here) waking it with all its parts read again."""
+    found by the re-check (no announcements here) waking it, composed with the re-check's
+    read."""
     c.mc(b"set /Poll/getMessages?user_id=20 0 0 2\r\nU1\r\n")
     c.mc(b"set /Poll#ra 0 0 2\r\nA1\r\n")
     c.mc(b"set /Poll#rb 0 0 0\r\n\r\n")
@@ -622,7 +623,7 @@ def channel_checks(c: Check) -> None:
         t0 = time.monotonic()
         answer, _ = read_answer(s, b"")
     c.ok(
-        "channels: a part's change (the re-check's read) answers with every part read again",
+        "channels: a part's change (the re-check's read) answers, composed with that read",
         answer.startswith(b"HTTP/1.1 200")
         and answer.endswith(b'{"user":U1,"channels":{"ra":A1,"rb":B2}}')
         and time.monotonic() - t0 < 5,
@@ -749,6 +750,82 @@ def publish(redis_port: int, msg: bytes) -> None:
         s.recv(100)
 
 
+def room_wake_checks(c: Check, redis_port: int) -> None:
+    """Held polls with channels woken by an announcement (docs/channels.md): the read of the
+    announced key is the only cache read; each answer is composed from it and the other parts
+    as the poll read them. A room's message to 3 held members is one get, not one per member."""
+    members = (31, 32, 33)
+    c.mc(b"set /Poll#rr 0 0 2\r\nR1\r\n")
+    targets, tags = {}, {}
+    for u in members:
+        c.mc(b"set /Poll/getMessages?user_id=%d 0 0 2\r\nU%d\r\n" % (u, u % 10))
+        targets[u] = b"/getMessages?user_id=%d&ch=rr" % u
+        tags[u] = etag_of(c, targets[u])
+
+    def hold_all(users: tuple[int, ...]) -> list[socket.socket]:
+        socks = []
+        for u in users:
+            s = socket.create_connection(("127.0.0.1", c.port), timeout=5)
+            s.sendall(b"GET %s&wait=20 HTTP/1.1\r\nHost: x\r\nIf-None-Match: %s\r\n\r\n"
+                      % (targets[u], tags[u]))
+            socks.append(s)
+        return socks
+
+    socks = hold_all(members)
+    try:
+        held_n = wait_held(c, len(members))
+        before = c.cmd_get()
+        c.mc(b"set /Poll#rr 0 0 2\r\nR2\r\n")
+        publish(redis_port, b"/Poll#rr")
+        answers = [read_answer(s, b"")[0] for s in socks]
+        gets = c.cmd_get() - before
+    finally:
+        for s in socks:
+            s.close()
+    c.ok(
+        "rooms: an announced room answers its 3 held members with one read of its key",
+        held_n == len(members)
+        and all(a.startswith(b"HTTP/1.1 200")
+                and a.endswith(b'{"user":U%d,"channels":{"rr":R2}}' % (u % 10))
+                for u, a in zip(members, answers, strict=True))
+        and gets == 1,
+        (held_n, gets, answers),
+    )
+    # The member's own key announced: its new value, the room's part as the poll read it.
+    u = members[0]
+    tags[u] = etag_of(c, targets[u])
+    (s,) = hold_all((u,))
+    try:
+        held_n = wait_held(c, 1)
+        before = c.cmd_get()
+        c.mc(b"set /Poll/getMessages?user_id=%d 0 0 2\r\nV1\r\n" % u)
+        publish(redis_port, b"/Poll/getMessages?user_id=%d" % u)
+        answer, _ = read_answer(s, b"")
+        gets = c.cmd_get() - before
+    finally:
+        s.close()
+    c.ok(
+        "rooms: an announced user key answers with its new value and one read",
+        held_n == 1
+        and answer.startswith(b"HTTP/1.1 200")
+        and answer.endswith(b'{"user":V1,"channels":{"rr":R2}}')
+        and gets == 1,
+        (held_n, gets, answer),
+    )
+    # The room's key gone: every part is read again, the miss is the app's (404).
+    tags[u] = etag_of(c, targets[u])
+    (s,) = hold_all((u,))
+    try:
+        wait_held(c, 1)
+        c.mc(b"delete /Poll#rr\r\n")
+        publish(redis_port, b"/Poll#rr")
+        answer, _ = read_answer(s, b"")
+    finally:
+        s.close()
+    c.ok("rooms: an announced room gone: 404 (the app answers)",
+         answer.startswith(b"HTTP/1.1 404"), answer)
+
+
 def announce_checks(main: Check, binary: str, tmp: Path) -> None:
     """The subscriber's liveness and the announcement that arrives during a poll's first
     read, with a real Redis, each on a poll server of its own."""
@@ -833,6 +910,15 @@ def announce_checks(main: Check, binary: str, tmp: Path) -> None:
             out.startswith(b"HTTP/1.1 200") and out.endswith(b"two") and took < 2.5,
             out[:80],
         )
+        p, c = start_server(binary, tmp, "rooms", (
+            "[server]\nrecheck_subscribed_ms = 10000\n"
+            f"[memcached]\nservers = 127.0.0.1:{main.mc_port}\n"
+            f"[announce]\nserver = 127.0.0.1:{redis_port}\n"))
+        procs.append(p)
+        c.mc_port, c.failed = main.mc_port, 0
+        main.ok("rooms: subscribed", until(subscribed(c, 1), 5) is not None)
+        room_wake_checks(c, redis_port)
+        main.failed += c.failed
     finally:
         for pr in proxies:
             pr.close()
@@ -841,7 +927,7 @@ def announce_checks(main: Check, binary: str, tmp: Path) -> None:
                 os.kill(p.pid, signal.SIGCONT)
                 p.terminate()
                 p.wait(timeout=10)
-        for name in ("live-stopped", "live-silently", "race"):
+        for name in ("live-stopped", "live-silently", "race", "rooms"):
             log = tmp / f"{name}.log"
             if log.exists():
                 text = log.read_text(errors="replace")
