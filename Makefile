@@ -167,12 +167,35 @@ bench-longpoll: venv build
 	$(PY) -m loadtests.longpoll
 	$(PY) -m loadtests.report $$(ls loadtests/results/bench-*.json | tail -1)
 
-# A room of 1,000 held members (own key + the room) and one message a second for 30 s, fastpoll
-# and Nchan side by side (loadtests/rooms.py): loadtests/results/rooms-*.json, figures printed.
+# Rooms of 1,000 and 10,000 held members (own key + the room), one message a second for 30 s,
+# fastpoll and Nchan in 2 interleaved rounds each (loadtests/rooms.py, about 15 min on 2 cores):
+# loadtests/results/rooms-*.json, then docs/benchmarks.md's page again (its plots as they are)
+# from the latest full make bench run and these. Debian's Nchan module is installed (its nginx only).
 .PHONY: bench-rooms
 bench-rooms: venv build
 	$(call apt_install,libnginx-mod-nchan)
-	$(PY) -m loadtests.rooms
+	$(PY) -m loadtests.rooms --members 1000 --rounds 2
+	$(PY) -m loadtests.rooms --members 10000 --rounds 2
+	$(PY) -m loadtests.report --doc-only $$(ls loadtests/results/bench-*.json | tail -1)
+
+# The write side (loadtests/writes.py: publishes/s and CPU per message, single and batches of 100,
+# SQLite and PostgreSQL) and plain polls before and after channels (loadtests/plain_ab.py: the
+# seed's ab -c 50 -n 5000 and wrk -c50 on a hit, this build against the poll server of
+# PLAIN_AB_BASE built in a temporary directory, and nginx memcached_pass, in interleaved rounds),
+# about 6 min; then docs/benchmarks.md's page again, as bench-rooms does.
+PLAIN_AB_BASE ?= cc9fbe0
+PLAIN_AB_DIR := /tmp/fastpoll-base-$(PLAIN_AB_BASE)
+.PHONY: bench-writes
+bench-writes: venv build
+	$(PY) -m loadtests.writes --rounds 2
+	rm -rf $(PLAIN_AB_DIR) && mkdir -p $(PLAIN_AB_DIR)
+	git archive $(PLAIN_AB_BASE) poll_server | tar -x -C $(PLAIN_AB_DIR)
+	$(MAKE) -C $(PLAIN_AB_DIR)/poll_server
+	$(PY) -m loadtests.plain_ab --old $(PLAIN_AB_DIR)/poll_server/build/poll_server \
+	  --old-label $(PLAIN_AB_BASE) --new poll_server/build/poll_server \
+	  --new-label $$(git rev-parse --short HEAD) --rounds 3
+	rm -rf $(PLAIN_AB_DIR)
+	$(PY) -m loadtests.report --doc-only $$(ls loadtests/results/bench-*.json | tail -1)
 
 clean:
 	$(MAKE) -C poll_server clean

@@ -1,12 +1,15 @@
 """Plots (matplotlib) and docs/benchmarks.md from one run's JSON.
 
-    .venv/bin/python loadtests/report.py [--rederive] loadtests/results/bench-YYYYmmdd-HHMMSS.json
+    .venv/bin/python loadtests/report.py [--rederive] [--doc-only] RUN
+    (RUN: loadtests/results/bench-YYYYmmdd-HHMMSS.json)
 
 bench.py calls it at the end of a full run; run it alone to redo the plots and the page from a
 stored run. The prose lives in loadtests/benchmarks.md.j2 and loadtests/analysis.md.j2. The page
-also reports the newest `make bench-longpoll` run found beside the JSON (longpoll-*.json), if any.
---rederive recomputes the JSON's derived figures from its raw results first (after a change to
-derive.py).
+also reports the newest runs found beside the JSON of `make bench-longpoll` (longpoll-*.json),
+`make bench-rooms` (rooms-*.json, the newest of each room size) and `make bench-writes`
+(writes-*.json and plain-ab-*.json), if any. --rederive recomputes the JSON's derived figures
+from its raw results first (after a change to derive.py). --doc-only rewrites the page alone,
+with the run's plots as they are (what `make bench-rooms` and `make bench-writes` do).
 """
 
 from __future__ import annotations
@@ -269,16 +272,46 @@ def latest_longpoll(results: Path) -> Path | None:
     return runs[-1] if runs else None
 
 
+ROOM_SIZES = (1000, 10000)  # the rooms the page reports (make bench-rooms)
+
+
+def latest(results: Path, prefix: str) -> Path | None:
+    """The newest stamped run `<prefix>-<stamp>.json` in results/."""
+    runs = sorted(results.glob(f"{prefix}-[0-9]*-[0-9]*.json"))
+    return runs[-1] if runs else None
+
+
+def latest_rooms(results: Path) -> list[Path]:
+    """The newest rooms run (interleaved rounds, with a summary) of each size in ROOM_SIZES."""
+    found: dict[int, Path] = {}
+    for p in sorted(results.glob("rooms-[0-9]*-[0-9]*.json")):
+        doc = json.loads(p.read_text())
+        if "summary" in doc and doc.get("members") in ROOM_SIZES:
+            found[doc["members"]] = p
+    return [found[n] for n in ROOM_SIZES if n in found]
+
+
+def cited_side_runs(results: Path) -> list[Path]:
+    """The rooms, write-side and plain-poll runs the page cites."""
+    found = [latest(results, "writes"), latest(results, "plain-ab"), *latest_rooms(results)]
+    return [p for p in found if p is not None]
+
+
 def prune(results: Path, run_id: str) -> list[Path]:
-    """Remove the bench and long-poll runs the page no longer cites: the page reports one run of
-    each, and results/ keeps only what it cites (partial runs are *.tmp, ignored by git)."""
-    lp = latest_longpoll(results)
+    """Remove the runs the page no longer cites: the page reports one run of each kind (one
+    rooms run per size), and results/ keeps only what it cites (partial runs are *.tmp, ignored
+    by git)."""
+    keep = {latest_longpoll(results), *cited_side_runs(results)}
     gone = [
         p
-        for p in sorted(results.glob("bench-*")) + sorted(results.glob("longpoll-*.json"))
+        for p in sorted(results.glob("bench-*"))
+        + sorted(results.glob("longpoll-*.json"))
+        + sorted(results.glob("rooms-*.json"))
+        + sorted(results.glob("writes-*.json"))
+        + sorted(results.glob("plain-ab-*.json"))
         if not p.name.startswith(f"{run_id}-")
         and not p.name.startswith(f"{run_id}.")
-        and p != lp
+        and p not in keep
         and not p.name.endswith(".tmp")
     ]
     for p in gone:
@@ -324,6 +357,13 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
     row = {(c["system"], c["scenario"], c["method"]): c for c in c50}
     abrow = {(a["system"], a["keepalive"]): a for a in ab}
     lp_path = latest_longpoll(json_path.parent)
+    rooms = [
+        (json.loads(p.read_text()), rel(p, out.parent)) for p in latest_rooms(json_path.parent)
+    ]
+    side = {}
+    for prefix in ("writes", "plain-ab"):
+        sp = latest(json_path.parent, prefix)
+        side[prefix] = (json.loads(sp.read_text()), rel(sp, out.parent)) if sp else None
     text = env.get_template("benchmarks.md.j2").render(
         d=doc,
         m=doc["machine"],
@@ -350,6 +390,9 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
         png={p.stem.rsplit("-", 1)[1]: rel(p, out.parent) for p in pngs},
         lp=json.loads(lp_path.read_text()) if lp_path else None,
         lp_rel=rel(lp_path, out.parent) if lp_path else "",
+        rooms=rooms,
+        writes=side["writes"],
+        plain_ab=side["plain-ab"],
     )
     out.write_text(text)
     return out
@@ -368,7 +411,7 @@ def rederive(doc: dict) -> dict:
 
 
 def main() -> int:
-    args = [a for a in sys.argv[1:] if a != "--rederive"]
+    args = [a for a in sys.argv[1:] if a not in ("--rederive", "--doc-only")]
     if len(args) != 1:
         print(__doc__, file=sys.stderr)
         return 2
@@ -377,7 +420,10 @@ def main() -> int:
     if "--rederive" in sys.argv:
         doc = rederive(doc)
         path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    pngs = plots(doc, path.parent)
+    if "--doc-only" in sys.argv:
+        pngs = sorted(path.parent.glob(f"{path.stem}-*.png"))
+    else:
+        pngs = plots(doc, path.parent)
     print(write_markdown(doc, path, pngs))
     return 0
 

@@ -1,8 +1,10 @@
 """A room's delivery, fastpoll and Nchan side by side (issue 24, "Benchmarks").
 
     .venv/bin/python -m loadtests.rooms [--members 1000] [--seconds 30] [--rate 1]
+                                        [--rounds 2] [--clients N] [--perf DIR]
 
-One run, both systems on this machine, one after the other:
+Both systems on this machine, in interleaved rounds (fastpoll, Nchan, fastpoll, Nchan, ...: other
+work's load on a shared machine falls on both alike), each round on a fresh stack:
 
 - fastpoll: a fresh stack from the harness (memcached, announcements on the stack's Redis,
   `[server] max_held` 20,000, `make up`'s 2 poll servers and nginx). Each member polls its own key
@@ -14,13 +16,23 @@ One run, both systems on this machine, one after the other:
   $arg_user`, Nchan's multiplexed channels): the room's and the member's own. A message is a POST
   /pub/<room>.
 
-Once 99% of the members are held, `--rate` messages a second go to the room for `--seconds`
-(loadtests/longpoll_client.py's clients and delivery accounting, every member expecting every
-message). Reported, not asserted: publish-to-delivery p50/p99 over every member and message (from
-the publish request's send to the member's read of an answer holding the message's marker), CPU
-per delivered message (utime+stime from /proc over the publish window and the last deliveries, of
-every server process: fastpoll's nginx, poll servers, app, Redis and memcached; Nchan's nginx),
-memory per 1,000 held members (Pss with them held minus before they connected) and errors.
+The members are held by `--clients` client processes (default one per 2,500 members: one Python
+process cannot read 10,000 answers a second, and would measure itself; each process also stays far
+below the 20,000 open files a process may have here), each running loadtests/longpoll_client.py's
+clients on its share of the members. Once 99% of the members are held, `--rate` messages a second
+go to the room for `--seconds` from this process, every member expecting every message. A member's
+message is delivered when its client reads a 200 holding the message's marker or a later one
+(fastpoll's room answer shows the newest messages: a late client gets several in one answer,
+counted as `superseded`). Reported, not asserted: publish-to-delivery p50/p99 over every member and
+message (from the publish request's send to the member's read of an answer holding the message's
+marker), CPU per delivered message (utime+stime from /proc over the publish window and the last
+deliveries, of every server process: fastpoll's nginx, poll servers, app, Redis and memcached;
+Nchan's nginx), memory per 1,000 held members (Pss with them held minus before they connected) and
+errors. The clients' CPU is not counted. Every round records the load average at its start and end;
+the summary is the median of the rounds per system.
+
+`--perf DIR`: fastpoll's server processes are also sampled with `perf record -g` over the publish
+window (DIR/fastpoll-r<round>.data; `perf report -i ... --sort comm,dso,sym`).
 
 JSON: loadtests/results/rooms-<stamp>.json.
 """
@@ -30,10 +42,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing as mp
 import os
+import re
+import signal
+import statistics
+import subprocess
 import time
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +61,14 @@ import httpx
 from fastpoll_testkit.stack import Stack, free_port
 from loadtests import preload, sysinfo
 from loadtests.longpoll import metric_sum, nchan_subscribers, pss_kb, tree
-from loadtests.longpoll_client import HoldRun, marker_of, quantile_ms
+from loadtests.longpoll_client import Deliveries, HoldRun, quantile_ms
 from loadtests.longpoll_nchan import NchanPeer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOM = "benchroom"  # a channel name for both: [A-Za-z0-9_-]
 WAIT_S = 25
+MEMBERS_PER_CLIENT = 2500
+SEQ = re.compile(rb'"lp(\d+)"')
 
 # Nchan's subscribers of a room and their own channel: one long-poll on both.
 NCHAN_ROOM_LOCATION = """
@@ -89,19 +110,165 @@ def start_fastpoll(run_dir: Path) -> Stack:
     return stack
 
 
+# ---- the client processes ---------------------------------------------------------------------
+
+
+class SeqDeliveries(Deliveries):
+    """Every member expects every room message lp1, lp2, ...: an answer whose newest marker is
+    lpM delivers every message after the member's last one up to M, at its read."""
+
+    def __init__(self, progress: Any) -> None:
+        super().__init__()
+        self.last: dict[int, int] = {}
+        self.times: defaultdict[int, list[float]] = defaultdict(list)
+        self.progress = progress
+
+    def answer(self, user: int, body: bytes, t: float) -> int:
+        seqs = [int(m) for m in SEQ.findall(body)]
+        last = self.last.get(user, 0)
+        newest = max(seqs, default=0)
+        if newest <= last:
+            return 0
+        for seq in range(last + 1, newest + 1):
+            self.times[seq].append(t)
+        self.superseded += newest - last - 1
+        self.last[user] = newest
+        self.progress.value += newest - last
+        return newest - last
+
+    def undelivered(self) -> int:
+        return 0
+
+
+async def _client_main(
+    port: int, targets: dict[int, str], mode: str, progress: Any, stop: Any
+) -> dict[str, Any]:
+    async def no_publish(user: int, text: str) -> int:
+        return 0
+
+    deliveries = SeqDeliveries(progress)
+    run = HoldRun(
+        port=port,
+        users=sorted(targets),
+        target=targets.__getitem__,
+        mode=mode,
+        publish=no_publish,
+        wait_s=WAIT_S,
+        deliveries=deliveries,
+    )
+    tasks = await run.hold()
+    while not stop.is_set():
+        await asyncio.sleep(0.1)
+    run.stopping = True
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return {
+        "times": dict(deliveries.times),
+        "superseded": deliveries.superseded,
+        "statuses": dict(run.statuses),
+        "errors": dict(run.errors),
+    }
+
+
+def client_process(
+    port: int, targets: dict[int, str], mode: str, progress: Any, stop: Any, out: Connection
+) -> None:
+    """One client process: its members' polls until `stop`, then its deliveries to `out`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it
+    out.send(asyncio.run(_client_main(port, targets, mode, progress, stop)))
+    out.close()
+
+
+class Clients:
+    """The members spread over client processes (spawned: no asyncio state inherited)."""
+
+    def __init__(self, port: int, targets: dict[int, str], mode: str, nproc: int) -> None:
+        self.n = len(targets)
+        ctx = mp.get_context("spawn")
+        self.stop_ev = ctx.Event()
+        users = sorted(targets)
+        self.procs: list[tuple[Any, Any, Connection]] = []
+        for i in range(nproc):
+            share = {u: targets[u] for u in users[i::nproc]}
+            progress = ctx.Value("q", 0, lock=False)  # one writer: its process
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=client_process,
+                args=(port, share, mode, progress, self.stop_ev, send),
+                daemon=True,
+            )
+            self.procs.append((proc, progress, recv))
+
+    def start(self) -> None:
+        for proc, _, _ in self.procs:
+            proc.start()
+
+    def delivered(self) -> int:
+        return sum(int(v.value) for _, v, _ in self.procs)
+
+    def stop(self) -> dict[str, Any]:
+        self.stop_ev.set()
+        times: defaultdict[int, list[float]] = defaultdict(list)
+        statuses: Counter[str] = Counter()
+        errors: Counter[str] = Counter()
+        superseded = 0
+        for proc, _, recv in self.procs:
+            if recv.poll(60):
+                r = recv.recv()
+                for seq, ts in r["times"].items():
+                    times[seq].extend(ts)
+                statuses.update(r["statuses"])
+                errors.update(r["errors"])
+                superseded += r["superseded"]
+            else:
+                errors["client_process_no_result"] += 1
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+        return {"times": times, "statuses": statuses, "errors": errors, "superseded": superseded}
+
+
+# ---- one system's round -----------------------------------------------------------------------
+
+
+def perf_start(pids: list[int], data: Path) -> subprocess.Popen[bytes] | None:
+    try:
+        return subprocess.Popen(
+            ["perf", "record", "-g", "-F", "999", "-o", str(data), "-p", ",".join(map(str, pids))],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    except OSError:
+        return None
+
+
+def perf_stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 async def measure(
-    run: HoldRun,
+    clients: Clients,
     groups: dict[str, list[int]],
     held: Callable[[], int],
     send: Callable[[str], Awaitable[int]],
     seconds: float,
     rate: float,
+    perf_data: Path | None = None,
 ) -> dict[str, Any]:
     """Hold every member, publish to the room, measure (see the top of the file)."""
-    n = len(run.users)
+    n = clients.n
+    load0 = os.getloadavg()
     pss_before = {g: pss_kb(p) for g, p in groups.items()}
-    tasks = await run.hold()
-    deadline = time.monotonic() + 120
+    clients.start()
+    deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         if await asyncio.to_thread(held) >= 0.99 * n:
             break
@@ -109,61 +276,79 @@ async def measure(
     await asyncio.sleep(1.0)
     pss_held = {g: pss_kb(p) for g, p in groups.items()}
     n_held = await asyncio.to_thread(held)
+    perf = perf_start([p for ps in groups.values() for p in ps], perf_data) if perf_data else None
     meter = sysinfo.CpuMeter(groups)
     meter.start()
     t0 = time.monotonic()
     statuses: list[int] = []
+    sent: dict[int, float] = {}
+    errors: Counter[str] = Counter()
     pubs: list[asyncio.Task[None]] = []
 
     async def one(seq: int) -> None:
-        sent = time.monotonic()
-        for u in run.users:
-            run.deliveries.published(u, marker_of(seq), sent)
+        sent[seq] = time.monotonic()
         try:
             statuses.append(await send(f"lp{seq}"))
         except httpx.HTTPError as e:
-            run.errors[f"publish_{type(e).__name__}"] += 1
+            errors[f"publish_{type(e).__name__}"] += 1
 
     for seq in range(1, int(seconds * rate) + 1):
         await asyncio.sleep(max(0.0, t0 + (seq - 1) / rate - time.monotonic()))
         pubs.append(asyncio.create_task(one(seq)))
     await asyncio.gather(*pubs)
-    await run.drain(10.0)
+    expected = n * len(pubs)
+    end = time.monotonic() + 10.0
+    while clients.delivered() < expected and time.monotonic() < end:
+        await asyncio.sleep(0.05)
     window = time.monotonic() - t0
     cpu = meter.stop()
-    run.stopping = True
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    lat = run.deliveries.latencies_s
+    perf_stop(perf)
+    res = await asyncio.to_thread(clients.stop)
+    lat = [t - sent[seq] for seq, ts in res["times"].items() if seq in sent for t in ts]
     delivered, cpu_total = len(lat), sum(cpu.values())
-    errors = dict(run.errors)
-    if run.deliveries.undelivered():
-        errors["undelivered_after_10s"] = run.deliveries.undelivered()
+    answers = res["statuses"].get("200", 0)
+    errors.update(res["errors"])
+    if delivered < expected:
+        errors["undelivered_after_10s"] = expected - delivered
     return {
         "members": n,
+        "client_processes": len(clients.procs),
         "held_by_server": n_held,
         "messages": len(pubs),
         "publish_status": {str(s): statuses.count(s) for s in set(statuses)},
         "delivered": delivered,
+        "superseded": res["superseded"],
         "p50_ms": quantile_ms(lat, 0.5),
         "p99_ms": quantile_ms(lat, 0.99),
         "max_ms": round(max(lat) * 1000, 1) if lat else None,
         "cpu_window_s": round(window, 2),
         "cpu_s": cpu,
         "cpu_us_per_delivered": round(cpu_total / delivered * 1e6, 1) if delivered else None,
+        "cpu_us_per_delivered_by_group": {
+            g: round(v / delivered * 1e6, 1) if delivered else None for g, v in cpu.items()
+        },
+        "cpu_us_per_answer": round(cpu_total / answers * 1e6, 1) if answers else None,
         "pss_kb_per_1000_held": {
             g: round((pss_held[g] - pss_before[g]) / n * 1000) for g in groups
         },
         "pss_kb_per_1000_held_total": round(
             sum(pss_held[g] - pss_before[g] for g in groups) / n * 1000
         ),
-        "poll_answers": dict(run.statuses),
-        "errors": errors,
+        "poll_answers": dict(res["statuses"]),
+        "errors": dict(errors),
+        "loadavg_start": load0,
+        "loadavg_end": os.getloadavg(),
     }
 
 
-async def fastpoll_run(run_dir: Path, members: int, seconds: float, rate: float) -> dict[str, Any]:
+async def fastpoll_run(
+    run_dir: Path,
+    members: int,
+    seconds: float,
+    rate: float,
+    nproc: int,
+    perf_data: Path | None = None,
+) -> dict[str, Any]:
     stack = start_fastpoll(run_dir)
     try:
         preload.preload([f"127.0.0.1:{p}" for p in stack.memcached_ports], members)
@@ -172,23 +357,20 @@ async def fastpoll_run(run_dir: Path, members: int, seconds: float, rate: float)
             r = await api.post(f"/api/channels/{ROOM}/messages", json={"text": "open"})
             r.raise_for_status()
             urls: dict[int, str] = {}
-            for u in range(1, members + 1):
-                r = await api.post("/api/poll-url", json={"user_id": u, "channels": [ROOM]})
+            gate = asyncio.Semaphore(16)
+
+            async def url_of(u: int) -> None:
+                async with gate:
+                    r = await api.post("/api/poll-url", json={"user_id": u, "channels": [ROOM]})
                 r.raise_for_status()
-                urls[u] = r.json()["url"]
+                urls[u] = f"{r.json()['url']}&wait={WAIT_S}"
+
+            await asyncio.gather(*(url_of(u) for u in range(1, members + 1)))
 
             async def send(text: str) -> int:
                 r = await api.post(f"/api/channels/{ROOM}/messages", json={"text": text})
                 return r.status_code
 
-            run = HoldRun(
-                port=stack.http_port,
-                users=list(range(1, members + 1)),
-                target=lambda u: f"{urls[u]}&wait={WAIT_S}",
-                mode="etag",
-                publish=lambda u, t: send(t),
-                wait_s=WAIT_S,
-            )
             p = stack.procs
             groups = {
                 "nginx": tree(p["nginx"].pid),
@@ -199,8 +381,13 @@ async def fastpoll_run(run_dir: Path, members: int, seconds: float, rate: float)
             }
             ports = stack.admin_ports
             out = await measure(
-                run, groups, lambda: int(metric_sum(ports, "fastpoll_held_requests")),
-                send, seconds, rate,
+                Clients(stack.http_port, urls, "etag", nproc),
+                groups,
+                lambda: int(metric_sum(ports, "fastpoll_held_requests")),
+                send,
+                seconds,
+                rate,
+                perf_data,
             )
             out["system"] = "fastpoll"
             return out
@@ -208,7 +395,9 @@ async def fastpoll_run(run_dir: Path, members: int, seconds: float, rate: float)
         stack.stop()
 
 
-async def nchan_run(run_dir: Path, members: int, seconds: float, rate: float) -> dict[str, Any]:
+async def nchan_run(
+    run_dir: Path, members: int, seconds: float, rate: float, nproc: int
+) -> dict[str, Any]:
     peer = NchanRooms.at(run_dir)
     peer.start()
     try:
@@ -219,18 +408,14 @@ async def nchan_run(run_dir: Path, members: int, seconds: float, rate: float) ->
                 r = await pub.post(f"/pub/{ROOM}", content=body)
                 return r.status_code
 
-            run = HoldRun(
-                port=peer.port,
-                users=list(range(1, members + 1)),
-                target=lambda u: f"/lpm?room={ROOM}&user=u{u}",
-                mode="nchan",
-                publish=lambda u, t: send(t),
-                publish_ok=(201, 202),
-                wait_s=WAIT_S,
-            )
+            targets = {u: f"/lpm?room={ROOM}&user=u{u}" for u in range(1, members + 1)}
             out = await measure(
-                run, {"nginx": tree(peer.pid)}, lambda: nchan_subscribers(peer.base_url),
-                send, seconds, rate,
+                Clients(peer.port, targets, "nchan", nproc),
+                {"nginx": tree(peer.pid)},
+                lambda: nchan_subscribers(peer.base_url),
+                send,
+                seconds,
+                rate,
             )
             out["system"] = "nchan"
             return out
@@ -238,38 +423,126 @@ async def nchan_run(run_dir: Path, members: int, seconds: float, rate: float) ->
         peer.stop()
 
 
+# ---- the summary --------------------------------------------------------------------------
+
+
+def _median(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return round(statistics.median(vals), 1) if vals else None
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per system: the median over its rounds of each figure, errors summed."""
+    out: dict[str, Any] = {}
+    for system in sorted({r["system"] for r in runs}):
+        rs = [r for r in runs if r["system"] == system]
+        groups = rs[0]["cpu_s"].keys()
+        errors: Counter[str] = Counter()
+        for r in rs:
+            errors.update(r["errors"])
+        out[system] = {
+            "rounds": len(rs),
+            "delivered": sum(r["delivered"] for r in rs),
+            "expected": sum(r["members"] * r["messages"] for r in rs),
+            "p50_ms": _median([r["p50_ms"] for r in rs]),
+            "p99_ms": _median([r["p99_ms"] for r in rs]),
+            "cpu_us_per_delivered": _median([r["cpu_us_per_delivered"] for r in rs]),
+            "cpu_us_per_delivered_by_group": {
+                g: _median([r["cpu_us_per_delivered_by_group"][g] for r in rs]) for g in groups
+            },
+            "pss_kb_per_1000_held_total": _median([r["pss_kb_per_1000_held_total"] for r in rs]),
+            "superseded": sum(r["superseded"] for r in rs),
+            "errors": dict(errors),
+        }
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--members", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--rate", type=float, default=1.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--clients", type=int, default=0, help="client processes (default: one per 2,500 members)"
+    )
+    ap.add_argument(
+        "--systems", nargs="+", default=["fastpoll", "nchan"], choices=["fastpoll", "nchan"]
+    )
+    ap.add_argument(
+        "--perf",
+        type=Path,
+        default=None,
+        help="directory for perf record data of fastpoll's servers",
+    )
     args = ap.parse_args()
+    nproc = args.clients or max(1, -(-args.members // MEMBERS_PER_CLIENT))
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run_dir = Path(os.environ.get("FP_RUN_DIR", f"/tmp/fastpoll-rooms-{stamp}"))
+    if args.perf:
+        args.perf.mkdir(parents=True, exist_ok=True)
     load0 = os.getloadavg()
-    runs = [
-        asyncio.run(fastpoll_run(run_dir / "fastpoll", args.members, args.seconds, args.rate)),
-        asyncio.run(nchan_run(run_dir / "nchan", args.members, args.seconds, args.rate)),
-    ]
+    runs: list[dict[str, Any]] = []
+    for rnd in range(1, args.rounds + 1):
+        for system in args.systems:
+            d = run_dir / f"{system}-r{rnd}"
+            if system == "fastpoll":
+                perf = args.perf / f"fastpoll-r{rnd}.data" if args.perf else None
+                r = asyncio.run(fastpoll_run(d, args.members, args.seconds, args.rate, nproc, perf))
+            else:
+                r = asyncio.run(nchan_run(d, args.members, args.seconds, args.rate, nproc))
+            r["round"] = rnd
+            runs.append(r)
+            print(
+                json.dumps(
+                    {
+                        k: r[k]
+                        for k in (
+                            "system",
+                            "round",
+                            "delivered",
+                            "p50_ms",
+                            "p99_ms",
+                            "cpu_us_per_delivered",
+                            "errors",
+                        )
+                    }
+                ),
+                flush=True,
+            )
     doc = {
         "stamp": stamp,
+        "command": "python -m loadtests.rooms "
+        + " ".join(
+            f"--members {args.members} --seconds {args.seconds:g} --rate {args.rate:g} "
+            f"--rounds {args.rounds} --clients {nproc}".split()
+        ),
         "members": args.members,
         "seconds": args.seconds,
         "rate": args.rate,
+        "rounds": args.rounds,
+        "client_processes": nproc,
+        "machine": {"cpus": os.cpu_count(), "cpu_model": sysinfo.cpu_model()},
         "cpus": os.cpu_count(),
         "loadavg_start": load0,
         "loadavg_end": os.getloadavg(),
         "runs": runs,
+        "summary": summarize(runs),
     }
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"rooms-{stamp}.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"{'system':9} {'held':>6} {'msgs':>5} {'delivered':>9} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'CPU us/msg':>10} {'KB/1000':>8} errors")
+    print(
+        f"{'system':9} {'round':>5} {'held':>6} {'msgs':>5} {'delivered':>9} {'p50 ms':>8} "
+        f"{'p99 ms':>8} {'CPU us/msg':>10} {'KB/1000':>8} errors"
+    )
     for r in runs:
-        print(f"{r['system']:9} {r['held_by_server']:>6} {r['messages']:>5} {r['delivered']:>9} "
-              f"{r['p50_ms']!s:>8} {r['p99_ms']!s:>8} {r['cpu_us_per_delivered']!s:>10} "
-              f"{r['pss_kb_per_1000_held_total']:>8} {r['errors']}")
+        print(
+            f"{r['system']:9} {r['round']:>5} {r['held_by_server']:>6} {r['messages']:>5} "
+            f"{r['delivered']:>9} {r['p50_ms']!s:>8} {r['p99_ms']!s:>8} "
+            f"{r['cpu_us_per_delivered']!s:>10} {r['pss_kb_per_1000_held_total']:>8} "
+            f"{r['errors']}"
+        )
     print(out)
     return 0
 

@@ -215,7 +215,27 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
     # The newest long-poll run beside the bench's is reported with it.
     assert LONGPOLL_RUN is not None
     (tmp_path / LONGPOLL_RUN.name).write_text(LONGPOLL_RUN.read_text())
+    for name, side in (
+        ("rooms-20260101-000000.json", rooms_doc(1000, 150.0)),  # older: not the one cited
+        ("rooms-20260102-000000.json", rooms_doc(1000, 90.0)),
+        ("rooms-20260102-010000.json", rooms_doc(10000, 30.0)),
+        ("writes-20260102-000000.json", writes_doc()),
+        ("plain-ab-20260102-000000.json", plain_ab_doc()),
+    ):
+        (tmp_path / name).write_text(json.dumps(side))
     md = report.write_markdown(doc, json_path, pngs, out=tmp_path / "benchmarks.md").read_text()
+    assert "## Channels: a room's delivery, the write side, plain polls" in md
+    assert "| 1,000 | fastpoll | 60,000 / 60,000 | 80.0 / 300 ms | **90.0 µs** | 40.0 |" in md
+    assert "| 1,000 | Nchan | 60,000 / 60,000 | 90.0 / 400 ms | **45.0 µs** | 45.0 | – |" in md
+    assert "| 10,000 | fastpoll | 600,000 / 600,000 |" in md
+    assert "150.0 µs" not in md
+    assert "1,000 members: CPU 90.0 µs against 45.0 µs, **not met** (2.00× Nchan's);" in md
+    assert "10,000 members: CPU 30.0 µs against 45.0 µs, **met** (0.67× Nchan's);" in md
+    assert "| PostgreSQL | batch of 100 | 800 | 0.200 ms | 0.050 ms | **0.250 ms** |" in md
+    assert "| SQLite | single | 200 | 1.400 ms | (in the app) | **1.400 ms** |" in md
+    assert "**met** in this run" in md
+    assert "| fastpoll cc9fbe0 | 10,000 |" in md
+    assert "63564ab over cc9fbe0: **0.990×** with ab" in md
     assert "## Conditional and long polls, against Nchan" in md
     assert f"[{LONGPOLL_RUN.stem}]({LONGPOLL_RUN.name})" in md
     assert "× less CPU per\ndelivered message at each size" in md
@@ -226,6 +246,117 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
     assert "saves about **5.0 µs per" in md  # (20 + 10) - (18 + 7)
     assert "### The sweep: flat to 15,000 connections?" in md
     assert "### Against the app alone" in md
+
+
+def rooms_doc(members: int, fp_cpu: float) -> dict[str, Any]:
+    """A loadtests/rooms.py run, 2 rounds, fastpoll at fp_cpu µs per delivery, Nchan at 45."""
+    groups = {"nginx": 40.0, "poll_servers": 25.0, "app": 5.0, "redis": 1.0, "memcached": 19.0}
+    runs, summary = [], {}
+    for system, cpu, g, lat in (
+        ("fastpoll", fp_cpu, groups, (80.0, 300.0)),
+        ("nchan", 45.0, {"nginx": 45.0}, (90.0, 400.0)),
+    ):
+        for rnd in (1, 2):
+            runs.append(
+                {
+                    "system": system,
+                    "round": rnd,
+                    "p50_ms": lat[0],
+                    "p99_ms": lat[1],
+                    "cpu_us_per_delivered": cpu,
+                    "poll_answers": {"200": members * 30},
+                    "superseded": 0,
+                    "loadavg_start": [3.0, 3.0, 3.0],
+                }
+            )
+        summary[system] = {
+            "rounds": 2,
+            "delivered": members * 60,
+            "expected": members * 60,
+            "p50_ms": lat[0],
+            "p99_ms": lat[1],
+            "cpu_us_per_delivered": cpu,
+            "cpu_us_per_delivered_by_group": g,
+            "pss_kb_per_1000_held_total": 12000,
+            "superseded": 0,
+            "errors": {},
+        }
+    return {
+        "stamp": "x",
+        "command": f"python -m loadtests.rooms --members {members}",
+        "members": members,
+        "seconds": 30,
+        "rate": 1,
+        "rounds": 2,
+        "client_processes": 1,
+        "machine": {"cpus": 2, "cpu_model": "AMD EPYC"},
+        "loadavg_start": [3.0, 3.0, 3.0],
+        "loadavg_end": [4.0, 4.0, 4.0],
+        "runs": runs,
+        "summary": summary,
+    }
+
+
+def writes_doc() -> dict[str, Any]:
+    summary = [
+        {
+            "db": db,
+            "batch": b,
+            "rounds": 2,
+            "messages_per_s": mps,
+            "app_ms_per_message": app,
+            "database_ms_per_message": dbms,
+            "app_and_database_ms_per_message": app + dbms,
+            "all_rounds_app_and_database_ms": [app + dbms, app + dbms],
+        }
+        for db, b, mps, app, dbms in (
+            ("sqlite", 1, 200.0, 1.4, 0.0),
+            ("sqlite", 100, 2000.0, 0.08, 0.0),
+            ("postgresql", 1, 40.0, 3.0, 1.0),
+            ("postgresql", 100, 800.0, 0.2, 0.05),
+        )
+    ]
+    return {
+        "command": "python -m loadtests.writes",
+        "machine": {"cpus": 2, "cpu_model": "AMD EPYC"},
+        "loadavg_start": [3.0, 3.0, 3.0],
+        "loadavg_end": [4.0, 4.0, 4.0],
+        "target_ms_per_batched_message": 0.3,
+        "target_met": True,
+        "summary": summary,
+    }
+
+
+def plain_ab_doc() -> dict[str, Any]:
+    fig = {
+        "ab_rps": 10000.0,
+        "ab_p50_ms": 4.0,
+        "ab_p99_ms": 9.0,
+        "wrk_rps": 20000.0,
+        "wrk_p99_ms": 5.0,
+    }
+    return {
+        "command": "python -m loadtests.plain_ab",
+        "old": {"label": "cc9fbe0"},
+        "new": {"label": "63564ab"},
+        "machine": {"cpus": 2, "cpu_model": "AMD EPYC"},
+        "loadavg_start": [3.0, 3.0, 3.0],
+        "loadavg_end": [4.0, 4.0, 4.0],
+        "rounds": [{"round": 1, "loadavg": [3.0, 3.0, 3.0]}],
+        "summary": {
+            "old": fig,
+            "new": fig,
+            "memcached_pass": fig,
+            "ratios": {
+                "ab_new_over_old": 0.99,
+                "wrk_new_over_old": 1.01,
+                "ab_new_over_memcached_pass": 1.0,
+                "wrk_new_over_memcached_pass": 1.0,
+                "ab_old_over_memcached_pass": 1.0,
+                "wrk_old_over_memcached_pass": 1.0,
+            },
+        },
+    }
 
 
 def test_prune_keeps_only_what_the_page_cites(tmp_path: Path) -> None:
@@ -240,16 +371,31 @@ def test_prune_keeps_only_what_the_page_cites(tmp_path: Path) -> None:
         "longpoll-20260102-000000.json",
         "drill-20260101-000000-herd.json",
         "partial-20260103-000000.json.tmp",
+        "writes-20260101-000000.json",
+        "writes-20260102-000000.json",
+        "plain-ab-20260101-000000.json",
+        "plain-ab-20260102-000000.json",
     ]
     for n in names:
         (tmp_path / n).write_text("{}")
+    rooms = {  # the newest of each size is cited; an old-format run (no summary) never is
+        "rooms-20260101-000000.json": rooms_doc(1000, 90.0),
+        "rooms-20260102-000000.json": rooms_doc(10000, 30.0),
+        "rooms-20260103-000000.json": rooms_doc(1000, 80.0),
+        "rooms-20260104-000000.json": {"members": 1000},
+    }
+    for n, d in rooms.items():
+        (tmp_path / n).write_text(json.dumps(d))
+    names += list(rooms)
     gone = report.prune(tmp_path, "bench-20260102-000000")
     assert sorted(p.name for p in gone) == [
         "bench-20260101-000000-raw.log",
         "bench-20260101-000000-rps.png",
         "bench-20260101-000000.json",
         "longpoll-20260101-000000.json",
+        "plain-ab-20260101-000000.json",
+        "rooms-20260101-000000.json",
+        "rooms-20260104-000000.json",
+        "writes-20260101-000000.json",
     ]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        set(names) - {p.name for p in gone}
-    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(set(names) - {p.name for p in gone})
