@@ -281,6 +281,15 @@ def latest(results: Path, prefix: str) -> Path | None:
     return runs[-1] if runs else None
 
 
+def _rooms_run(p: Path) -> bool:
+    """A run of make bench-rooms (interleaved rounds, a summary); earlier single runs, which
+    docs/channels.md may cite, are left alone."""
+    try:
+        return "summary" in json.loads(p.read_text())
+    except (OSError, ValueError):
+        return False
+
+
 def latest_rooms(results: Path) -> list[Path]:
     """The newest rooms run (interleaved rounds, with a summary) of each size in ROOM_SIZES."""
     found: dict[int, Path] = {}
@@ -306,7 +315,7 @@ def prune(results: Path, run_id: str) -> list[Path]:
         p
         for p in sorted(results.glob("bench-*"))
         + sorted(results.glob("longpoll-*.json"))
-        + sorted(results.glob("rooms-*.json"))
+        + [p for p in sorted(results.glob("rooms-*.json")) if _rooms_run(p)]
         + sorted(results.glob("writes-*.json"))
         + sorted(results.glob("plain-ab-*.json"))
         if not p.name.startswith(f"{run_id}-")

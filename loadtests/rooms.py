@@ -32,7 +32,10 @@ errors. The clients' CPU is not counted. Every round records the load average at
 the summary is the median of the rounds per system.
 
 `--perf DIR`: fastpoll's server processes are also sampled with `perf record -g` over the publish
-window (DIR/fastpoll-r<round>.data; `perf report -i ... --sort comm,dso,sym`).
+window (DIR/fastpoll-r<round>.data), and the JSON gets each round's profile: the samples' shares
+by process and object (the kernel's share is the system calls and the network stack) and the
+poll servers' top symbols. Sampling costs CPU: such a run's CPU per message is not comparable,
+so it is stored as rooms-perf-<stamp>.json, which the page's table never takes.
 
 JSON: loadtests/results/rooms-<stamp>.json.
 """
@@ -254,6 +257,50 @@ def perf_stop(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait()
 
 
+PERF_LINE = re.compile(r"^\s+([0-9.]+)%\s+(\S+)\s+(.+?)\s*$")
+
+
+def perf_shares(data: Path, sort: str, *extra: str) -> list[list[Any]]:
+    """[[share %, key...], ...] from `perf report --sort <sort>` (shares of 0.5% and more)."""
+    out = subprocess.run(
+        [
+            "perf",
+            "report",
+            "-i",
+            str(data),
+            "--no-children",
+            "-g",
+            "none",
+            "--stdio",
+            "--percent-limit",
+            "0.5",
+            "--sort",
+            sort,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    ).stdout
+    rows: list[list[Any]] = []
+    for line in out.splitlines():
+        m = PERF_LINE.match(line)
+        if m:
+            rows.append([float(m.group(1)), m.group(2), " ".join(m.group(3).split())])
+    return rows
+
+
+def perf_profile(data: Path) -> dict[str, Any]:
+    return {
+        "data": str(data),
+        "by_process_and_object": perf_shares(data, "comm,dso"),
+        "poll_server_symbols": perf_shares(
+            data, "dso,sym", "--comm", "poll_server", "--percentage", "relative"
+        )[:25],
+    }
+
+
 async def measure(
     clients: Clients,
     groups: dict[str, list[int]],
@@ -304,6 +351,7 @@ async def measure(
     cpu = meter.stop()
     perf_stop(perf)
     res = await asyncio.to_thread(clients.stop)
+    profile = await asyncio.to_thread(perf_profile, perf_data) if perf and perf_data else None
     lat = [t - sent[seq] for seq, ts in res["times"].items() if seq in sent for t in ts]
     delivered, cpu_total = len(lat), sum(cpu.values())
     answers = res["statuses"].get("200", 0)
@@ -338,6 +386,7 @@ async def measure(
         "errors": dict(errors),
         "loadavg_start": load0,
         "loadavg_end": os.getloadavg(),
+        **({"perf": profile} if profile else {}),
     }
 
 
@@ -516,7 +565,9 @@ def main() -> int:
         + " ".join(
             f"--members {args.members} --seconds {args.seconds:g} --rate {args.rate:g} "
             f"--rounds {args.rounds} --clients {nproc}".split()
-        ),
+        )
+        + (f" --systems {' '.join(args.systems)}" if args.systems != ["fastpoll", "nchan"] else "")
+        + (" --perf DIR" if args.perf else ""),
         "members": args.members,
         "seconds": args.seconds,
         "rate": args.rate,
@@ -530,7 +581,7 @@ def main() -> int:
         "summary": summarize(runs),
     }
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"rooms-{stamp}.json"
+    out = RESULTS / f"rooms-{'perf-' if args.perf else ''}{stamp}.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(
         f"{'system':9} {'round':>5} {'held':>6} {'msgs':>5} {'delivered':>9} {'p50 ms':>8} "
