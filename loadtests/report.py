@@ -19,7 +19,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
@@ -302,8 +302,40 @@ def latest_rooms(results: Path) -> list[Path]:
 
 def cited_side_runs(results: Path) -> list[Path]:
     """The rooms, write-side and plain-poll runs the page cites."""
-    found = [latest(results, "writes"), latest(results, "plain-ab"), *latest_rooms(results)]
+    found = [
+        latest(results, "writes"),
+        latest(results, "plain-ab"),
+        latest(results, "rooms-perf"),
+        *latest_rooms(results),
+    ]
     return [p for p in found if p is not None]
+
+
+PERF_GROUPS = {  # perf's comm -> the page's process group
+    "nginx": "nginx",
+    "poll_server": "poll servers",
+    "mc-worker": "memcached",
+    "mc-lrumaint": "memcached",
+    "mc-lrucrawler": "memcached",
+    "memcached": "memcached",
+    "redis-server": "Redis",
+    "python": "app",
+    "python3": "app",
+}
+
+
+def perf_split(by_comm_dso: list[list[Any]]) -> list[dict[str, Any]]:
+    """Samples' shares per process group, and how much of each was in the kernel."""
+    out: dict[str, dict[str, Any]] = {}
+    for pct, comm, dso in by_comm_dso:
+        g = out.setdefault(
+            PERF_GROUPS.get(comm, comm),
+            {"group": PERF_GROUPS.get(comm, comm), "pct": 0.0, "kernel": 0.0},
+        )
+        g["pct"] += pct
+        if dso == "[kernel.kallsyms]":
+            g["kernel"] += pct
+    return sorted(out.values(), key=lambda g: -g["pct"])
 
 
 def prune(results: Path, run_id: str) -> list[Path]:
@@ -370,7 +402,7 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
         (json.loads(p.read_text()), rel(p, out.parent)) for p in latest_rooms(json_path.parent)
     ]
     side = {}
-    for prefix in ("writes", "plain-ab"):
+    for prefix in ("writes", "plain-ab", "rooms-perf"):
         sp = latest(json_path.parent, prefix)
         side[prefix] = (json.loads(sp.read_text()), rel(sp, out.parent)) if sp else None
     text = env.get_template("benchmarks.md.j2").render(
@@ -402,6 +434,8 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
         rooms=rooms,
         writes=side["writes"],
         plain_ab=side["plain-ab"],
+        rooms_perf=side["rooms-perf"],
+        perf_split=perf_split,
     )
     out.write_text(text)
     return out

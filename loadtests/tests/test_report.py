@@ -221,6 +221,7 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
         ("rooms-20260102-010000.json", rooms_doc(10000, 30.0)),
         ("writes-20260102-000000.json", writes_doc()),
         ("plain-ab-20260102-000000.json", plain_ab_doc()),
+        ("rooms-perf-20260102-000000.json", rooms_perf_doc()),
     ):
         (tmp_path / name).write_text(json.dumps(side))
     md = report.write_markdown(doc, json_path, pngs, out=tmp_path / "benchmarks.md").read_text()
@@ -236,6 +237,9 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
     assert "**met** in this run" in md
     assert "| fastpoll cc9fbe0 | 10,000 |" in md
     assert "63564ab over cc9fbe0: **0.990×** with ab" in md
+    assert "| memcached | 15.0% | 11.0% |" in md  # mc-worker and mc-lrumaint together
+    assert "| poll servers | 30.0% | 21.0% |" in md
+    assert "`fp_hold_add` 2.5%" in md
     assert "## Conditional and long polls, against Nchan" in md
     assert f"[{LONGPOLL_RUN.stem}]({LONGPOLL_RUN.name})" in md
     assert "× less CPU per\ndelivered message at each size" in md
@@ -295,6 +299,27 @@ def rooms_doc(members: int, fp_cpu: float) -> dict[str, Any]:
         "runs": runs,
         "summary": summary,
     }
+
+
+def rooms_perf_doc() -> dict[str, Any]:
+    doc = rooms_doc(1000, 200.0)
+    doc["command"] += " --systems fastpoll --perf DIR"
+    doc["runs"][0]["perf"] = {
+        "by_process_and_object": [
+            [26.0, "nginx", "[kernel.kallsyms]"],
+            [21.0, "poll_server", "[kernel.kallsyms]"],
+            [10.0, "nginx", "nginx"],
+            [9.0, "poll_server", "poll_server"],
+            [10.0, "mc-worker", "[kernel.kallsyms]"],
+            [1.0, "mc-lrumaint", "[kernel.kallsyms]"],
+            [4.0, "mc-worker", "memcached"],
+        ],
+        "poll_server_symbols": [
+            [3.5, "[kernel.kallsyms]", "[k] vfs_writev"],
+            [2.5, "poll_server", "[.] fp_hold_add"],
+        ],
+    }
+    return doc
 
 
 def writes_doc() -> dict[str, Any]:
