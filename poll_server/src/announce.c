@@ -25,10 +25,9 @@
  *
  * Sentinel ([redis] sentinels and master_name, no [announce] server): the
  * app publishes on the master the sentinels name, so before each
- * connection the sentinels are asked in turn (SENTINEL
- * get-master-addr-by-name, AUTH first with [redis]
- * sentinel_password_file, SENTINEL_TIMEOUT_MS each) and the subscriber
- * connects to the address the first answer gives. A failover kills the old
+ * connection the sentinels are asked in turn (sentinel.c, AUTH first with
+ * [redis] sentinel_password_file) and the subscriber connects to the
+ * address the first answer gives. A failover kills the old
  * master (or Sentinel kills its pub/sub clients as it demotes it): the
  * connection is lost, the sentinels are asked again, and the subscription
  * on the new master is a gap like any other (hold.c reads every held key
@@ -38,7 +37,6 @@
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L /* getaddrinfo under -std=c11 */
 #endif
-#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -55,6 +53,7 @@
 #include "health.h"
 #include "log.h"
 #include "resolve.h"
+#include "sentinel.h"
 #include "settings.h"
 #include "stats.h"
 
@@ -63,7 +62,6 @@
 #define RETRY_MAX_MS 5000
 #define KEEPALIVE_S  5      /* TCP keepalive: idle, then probes 1 s apart */
 #define KEEPALIVE_N  3
-#define SENTINEL_TIMEOUT_MS   1000
 #define SENTINEL_RETRY_MAX_MS 1000
 
 struct fp_announce {
@@ -86,12 +84,7 @@ struct fp_announce {
     fp_announce_state *state;
     void *arg;
 
-    /* Sentinel; nsentinels == 0: a fixed server. */
-    struct { char ip[NI_MAXHOST]; unsigned port; } sentinels[FP_MAX_SENTINELS];
-    size_t nsentinels, sq_index, sq_tried;
-    const char *master_name, *sentinel_password;
-    redisAsyncContext *sq;      /* the sentinel being asked, or NULL */
-    struct event *sq_timer;     /* its answer's deadline; the next one */
+    struct fp_sentinels sn;     /* sn.n == 0: a fixed server */
 };
 
 static void ms_tv(unsigned ms, struct timeval *tv)
@@ -345,149 +338,24 @@ static void connect_server(struct fp_announce *a)
         fp_log(FP_LOG_ERROR, "announce: cannot arm the setup timer");
 }
 
-/* ---- Sentinel ---------------------------------------------------------- */
-
-static void ask_next_sentinel(struct fp_announce *a);
-
-/* The master's address from a sentinel: 0, or -1 if it is not a numeric
- * address and port (a host name, from sentinels with announce-hostnames,
- * would make hiredis call getaddrinfo() on the loop). */
-static int set_master(struct fp_announce *a, const char *ip, const char *port)
-{
-    unsigned char addr[sizeof(struct in6_addr)];
-    char *end;
-    long p = strtol(port, &end, 10);
-
-    if (*end != '\0' || p <= 0 || p > 65535 || strlen(ip) >= sizeof(a->ip) ||
-        (inet_pton(AF_INET, ip, addr) != 1 &&
-         inet_pton(AF_INET6, ip, addr) != 1))
-        return -1;
-    if (strcmp(a->ip, ip) != 0 || a->port != (unsigned)p)
-        fp_log(FP_LOG_INFO, "announce: sentinel says master %s is %s:%ld",
-               a->master_name, ip, p);
-    memcpy(a->ip, ip, strlen(ip) + 1);
-    a->port = (unsigned)p;
-    (void)snprintf(a->name, sizeof(a->name), "%s (master %s:%ld)",
-                   a->master_name, ip, p);
-    return 0;
-}
-
-/* Ends the current question; a context is never freed from inside one of
- * its own callbacks (from_callback: hiredis closes it once done). */
-static void sentinel_done(struct fp_announce *a, int from_callback)
-{
-    redisAsyncContext *sq = a->sq;
-
-    a->sq = NULL;
-    (void)event_del(a->sq_timer);
-    if (sq == NULL)
-        return;
-    if (from_callback)
-        redisAsyncDisconnect(sq);
-    else
-        redisAsyncFree(sq);
-}
-
-/* The sentinel's connection failed or was lost: hiredis frees it after
- * this returns; the next sentinel is asked from the loop. */
-static void sentinel_gone(struct fp_announce *a, const redisAsyncContext *ac)
-{
-    if (ac != a->sq)
-        return;
-    a->sq = NULL;
-    a->sq_index = (a->sq_index + 1) % a->nsentinels;
-    event_active(a->sq_timer, EV_TIMEOUT, 1);
-}
-
-static void sentinel_connect_cb(const redisAsyncContext *ac, int status)
-{
-    if (status != REDIS_OK)
-        sentinel_gone(ac->data, ac);
-}
-
-static void sentinel_lost_cb(const redisAsyncContext *ac, int status)
-{
-    (void)status;
-    sentinel_gone(ac->data, ac);
-}
-
-/* cppcheck-suppress constParameter ; hiredis's redisCallbackFn type */
-static void sentinel_reply_cb(redisAsyncContext *ac, void *reply, void *priv)
-{
-    struct fp_announce *a = priv;
-    const redisReply *r = reply;
-    size_t i = a->sq_index;
-
-    if (ac != a->sq || r == NULL)
-        return;                 /* freed: the timer moved on */
-    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-        r->element[0]->type == REDIS_REPLY_STRING &&
-        r->element[1]->type == REDIS_REPLY_STRING &&
-        set_master(a, r->element[0]->str, r->element[1]->str) == 0) {
-        sentinel_done(a, 1);
-        connect_server(a);
-        return;
-    }
-    fp_log(FP_LOG_WARN, "announce: sentinel %s:%u does not name master %s: "
-           "%s", a->sentinels[i].ip, a->sentinels[i].port, a->master_name,
-           r->type == REDIS_REPLY_ERROR ? r->str : "no usable address");
-    sentinel_done(a, 1);
-    a->sq_index = (i + 1) % a->nsentinels;
-    event_active(a->sq_timer, EV_TIMEOUT, 1);
-}
-
-static void sentinel_timer_cb(evutil_socket_t fd, short what, void *arg)
+/* The end of a round of questions to the sentinels (sentinel.h). */
+static void sentinel_answer(void *arg, const char *ip, int port, size_t i)
 {
     struct fp_announce *a = arg;
 
-    (void)fd;
-    (void)what;
-    if (a->sq != NULL) {        /* no answer in time */
-        fp_log(FP_LOG_WARN, "announce: sentinel %s:%u: no answer within "
-               "%d ms", a->sentinels[a->sq_index].ip,
-               a->sentinels[a->sq_index].port, SENTINEL_TIMEOUT_MS);
-        sentinel_done(a, 0);
-        a->sq_index = (a->sq_index + 1) % a->nsentinels;
+    (void)i;
+    if (ip == NULL) {
+        went_down(a, "no sentinel named the master");
+        return;
     }
-    ask_next_sentinel(a);
-}
-
-/* Asks the next sentinel of this round (AUTH first if a password is set);
- * when each has failed, the backoff. */
-static void ask_next_sentinel(struct fp_announce *a)
-{
-    struct timeval tv;
-    redisAsyncContext *ac;
-
-    while (a->sq_tried < a->nsentinels) {
-        size_t i = a->sq_index;
-
-        a->sq_tried++;
-        ac = redisAsyncConnect(a->sentinels[i].ip, (int)a->sentinels[i].port);
-        if (ac != NULL && !ac->err) {
-            ac->data = a;
-            if (redisLibeventAttach(ac, a->base) == REDIS_OK &&
-                redisAsyncSetConnectCallback(ac, sentinel_connect_cb) == REDIS_OK &&
-                redisAsyncSetDisconnectCallback(ac, sentinel_lost_cb) == REDIS_OK &&
-                (a->sentinel_password == NULL ||
-                 redisAsyncCommand(ac, NULL, NULL, "AUTH %s",
-                                   a->sentinel_password) == REDIS_OK) &&
-                redisAsyncCommand(ac, sentinel_reply_cb, a,
-                                  "SENTINEL get-master-addr-by-name %s",
-                                  a->master_name) == REDIS_OK) {
-                a->sq = ac;
-                ms_tv(SENTINEL_TIMEOUT_MS, &tv);
-                if (evtimer_add(a->sq_timer, &tv) != 0)
-                    fp_log(FP_LOG_ERROR, "announce: cannot arm the sentinel "
-                           "timer");
-                return;
-            }
-        }
-        if (ac != NULL)
-            redisAsyncFree(ac);
-        a->sq_index = (i + 1) % a->nsentinels;
-    }
-    went_down(a, "no sentinel named the master");
+    if (strcmp(a->ip, ip) != 0 || a->port != (unsigned)port)
+        fp_log(FP_LOG_INFO, "announce: sentinel says master %s is %s:%d",
+               a->sn.master_name, ip, port);
+    (void)snprintf(a->ip, sizeof(a->ip), "%s", ip);
+    a->port = (unsigned)port;
+    (void)snprintf(a->name, sizeof(a->name), "%s (master %s:%d)",
+                   a->sn.master_name, ip, port);
+    connect_server(a);
 }
 
 /* The retry timer: a fixed server is connected to, the sentinels are
@@ -498,51 +366,25 @@ static void do_connect(evutil_socket_t fd, short what, void *arg)
 
     (void)fd;
     (void)what;
-    if (a->ac != NULL || a->sq != NULL)
+    if (a->ac != NULL || fp_sentinels_asking(&a->sn))
         return;
-    if (a->nsentinels == 0) {
+    if (a->sn.n == 0)
         connect_server(a);
-        return;
-    }
-    a->sq_tried = 0;
-    ask_next_sentinel(a);
+    else
+        fp_sentinels_ask(&a->sn);
 }
 
-/* host -> ip, numeric (getaddrinfo blocks: the loop is not running). */
-static int resolve(const char *name, const char *host, unsigned port,
-                   char *ip, size_t iplen)
+/* host -> a->ip, numeric (getaddrinfo blocks: the loop is not running). */
+static int resolve(struct fp_announce *a)
 {
-    int rc = fp_resolve_numeric(host, port, ip, iplen);
+    int rc = fp_resolve_numeric(a->host, a->port, a->ip, sizeof(a->ip));
 
     if (rc != 0) {
-        fp_log(FP_LOG_ERROR, "announce %s: cannot resolve: %s", name,
+        fp_log(FP_LOG_ERROR, "announce %s: cannot resolve: %s", a->name,
                gai_strerror(rc));
         return -1;
     }
     return 0;
-}
-
-/* [redis] sentinels, resolved once at start-up. */
-static int setup_sentinels(struct fp_announce *a, const struct fp_settings *s)
-{
-    for (size_t i = 0; i < s->nredis_sentinels; i++) {
-        const struct fp_server_addr *sa = &s->redis_sentinels[i];
-
-        (void)snprintf(a->name, sizeof(a->name), "sentinel %s:%u", sa->host,
-                       sa->port);
-        if (resolve(a->name, sa->host, sa->port, a->sentinels[i].ip,
-                    sizeof(a->sentinels[i].ip)) != 0)
-            return -1;
-        a->sentinels[i].port = sa->port;
-    }
-    a->nsentinels = s->nredis_sentinels;
-    a->master_name = s->redis_master_name;
-    a->sentinel_password = s->redis_sentinel_password;
-    a->retry_max_ms = SENTINEL_RETRY_MAX_MS;
-    (void)snprintf(a->name, sizeof(a->name), "%s (via sentinels)",
-                   a->master_name);
-    a->sq_timer = evtimer_new(a->base, sentinel_timer_cb, a);
-    return a->sq_timer != NULL ? 0 : -1;
 }
 
 int fp_announce_new(struct event_base *base, const struct fp_settings *s,
@@ -591,13 +433,15 @@ int fp_announce_new(struct event_base *base, const struct fp_settings *s,
     a->timeout_ms = s->announce_timeout_ms;
     if (addr == &s->redis && s->nredis_sentinels > 0) {
         a->unix_path = NULL;
-        if (setup_sentinels(a, s) != 0) {
+        a->retry_max_ms = SENTINEL_RETRY_MAX_MS;
+        (void)snprintf(a->name, sizeof(a->name), "%s (via sentinels)",
+                       s->redis_master_name);
+        if (fp_sentinels_init(&a->sn, base, s, "announce", sentinel_answer,
+                              a) != 0) {
             fp_announce_free(a);
             return -1;
         }
-    } else if (a->unix_path == NULL &&
-               (a->host == NULL ||
-                resolve(a->name, a->host, a->port, a->ip, sizeof(a->ip)) != 0)) {
+    } else if (a->unix_path == NULL && (a->host == NULL || resolve(a) != 0)) {
         fp_announce_free(a);
         return -1;
     }
@@ -630,10 +474,7 @@ void fp_announce_free(struct fp_announce *a)
     a->ac = NULL;               /* callbacks from the free are not ours */
     if (ac != NULL)
         redisAsyncFree(ac);
-    if (a->sq_timer != NULL) {
-        sentinel_done(a, 0);
-        event_free(a->sq_timer);
-    }
+    fp_sentinels_clear(&a->sn);
     if (a->retry != NULL)
         event_free(a->retry);
     if (a->setup != NULL)

@@ -26,8 +26,8 @@
  * must not serve database 0's values.
  *
  * Sentinel ([redis] sentinels, master_name): before each connection the
- * sentinels are asked in turn (SENTINEL get-master-addr-by-name, each given
- * SENTINEL_TIMEOUT_MS); the first answer names the master. A lost or hung
+ * sentinels are asked in turn (sentinel.c); the first answer names the
+ * master. A lost or hung
  * master, or one whose ROLE is not master, is asked for again; a round
  * where no sentinel answers waits the backoff. The sentinel that answered
  * is kept subscribed to +switch-master: a failover for our master name
@@ -53,11 +53,11 @@
 #include "health.h"
 #include "log.h"
 #include "resolve.h"
+#include "sentinel.h"
 #include "settings.h"
 #include "stats.h"
 
 #define RD_MAX_PENDING      10000
-#define SENTINEL_TIMEOUT_MS 1000
 
 enum rd_log_state { RD_LOG_NONE, RD_LOG_UP, RD_LOG_DOWN };
 
@@ -76,11 +76,6 @@ struct rd_req {
 };
 
 TAILQ_HEAD(rd_reqq, rd_req);
-
-struct rd_sentinel {
-    char host[256];
-    int port;
-};
 
 struct fp_redis {
     struct event_base *base;
@@ -105,21 +100,15 @@ struct fp_redis {
     struct rd_reqq failq;
     int closing;
 
-    /* Sentinel; nsentinels == 0: a fixed server. */
-    struct rd_sentinel sentinels[FP_MAX_SENTINELS];
-    size_t nsentinels;
-    char *master_name;
-    char *sentinel_password;    /* AUTH to each sentinel, or NULL */
-    redisAsyncContext *sq;      /* the sentinel being asked, or NULL */
-    size_t sq_index;            /* which one */
-    size_t sq_tried;            /* in this round */
-    struct event *sq_timer;
+    /* Sentinel; sn.n == 0: a fixed server. */
+    struct fp_sentinels sn;
+    int use_known;              /* +switch-master gave the address: connect
+                                 * to it without asking */
     redisAsyncContext *sub;     /* subscribed to +switch-master, or NULL */
     size_t sub_index;
 };
 
 static void do_connect(struct fp_redis *r);
-static void ask_next_sentinel(struct fp_redis *r);
 
 static void log_up(struct fp_redis *r)
 {
@@ -320,7 +309,7 @@ static int queue_setup(struct fp_redis *r, redisAsyncContext *ac)
     if (r->db != 0 &&
         redisAsyncCommand(ac, setup_cb, r, "SELECT %d", r->db) != REDIS_OK)
         return -1;
-    if (r->nsentinels > 0 &&
+    if (r->sn.n > 0 &&
         redisAsyncCommand(ac, setup_cb, r, "ROLE") != REDIS_OK)
         return -1;
     return 0;
@@ -368,72 +357,27 @@ static void do_connect(struct fp_redis *r)
 
 /* ---- Sentinel ---------------------------------------------------------- */
 
-/* A master address from a sentinel: 0 or -1. Numeric only: a host name
- * (sentinels with announce-hostnames) would make redisAsyncConnect() call
- * getaddrinfo(), blocking the loop on DNS. */
-static int set_master(struct fp_redis *r, const char *ip, const char *port)
+/* The master's address, numeric (a sentinel's answer or +switch-master). */
+static void set_master(struct fp_redis *r, const char *ip, int port)
 {
-    char *end;
-    long p = strtol(port, &end, 10);
-    unsigned char addr[sizeof(struct in6_addr)];
-
-    if (*end != '\0' || p <= 0 || p > 65535 || strlen(ip) >= sizeof(r->ip))
-        return -1;
-    if (inet_pton(AF_INET, ip, addr) != 1 && inet_pton(AF_INET6, ip, addr) != 1) {
-        fp_log(FP_LOG_WARN, "redis: sentinel gave master %s as %s, not an IP "
-               "address (resolving it would block): asking again", r->master_name, ip);
-        return -1;
-    }
-    if (strcmp(r->ip, ip) != 0 || r->port != (int)p)
-        fp_log(FP_LOG_INFO, "redis: sentinel says master %s is %s:%ld",
-               r->master_name, ip, p);
-    memcpy(r->ip, ip, strlen(ip) + 1);
-    r->port = (int)p;
-    (void)snprintf(r->name, sizeof(r->name), "%s (master %s)", r->master_name,
-                   ip);
-    (void)snprintf(r->name + strlen(r->name), sizeof(r->name) - strlen(r->name),
-                   ":%ld", p);
-    return 0;
+    if (strcmp(r->ip, ip) != 0 || r->port != port)
+        fp_log(FP_LOG_INFO, "redis: sentinel says master %s is %s:%d",
+               r->sn.master_name, ip, port);
+    (void)snprintf(r->ip, sizeof(r->ip), "%s", ip);
+    r->port = port;
+    (void)snprintf(r->name, sizeof(r->name), "%s (master %s:%d)",
+                   r->sn.master_name, ip, port);
 }
 
-/* A sentinel connection that failed is freed by hiredis after this
- * returns (no disconnect callback): forget it, ask the next one. */
-static void sentinel_ctx_cb(const redisAsyncContext *ac, int status)
+/* The +switch-master connection failed: hiredis frees it after this
+ * returns (no disconnect callback); subscribed again after the next
+ * answer. */
+static void sub_connect_cb(const redisAsyncContext *ac, int status)
 {
     struct fp_redis *r = ac->data;
 
-    if (status == REDIS_OK)
-        return;
-    if (ac == r->sub)
+    if (status != REDIS_OK && ac == r->sub)
         r->sub = NULL;
-    if (ac == r->sq) {
-        r->sq = NULL;
-        r->sq_index = (r->sq_index + 1) % r->nsentinels;
-        event_active(r->sq_timer, EV_TIMEOUT, 1);
-    }
-}
-
-static redisAsyncContext *sentinel_connect(struct fp_redis *r, size_t i)
-{
-    redisAsyncContext *ac = redisAsyncConnect(r->sentinels[i].host,
-                                              r->sentinels[i].port);
-
-    if (ac == NULL)
-        return NULL;
-    if (ac->err) {
-        redisAsyncFree(ac);
-        return NULL;
-    }
-    ac->data = r;
-    if (redisLibeventAttach(ac, r->base) != REDIS_OK ||
-        redisAsyncSetConnectCallback(ac, sentinel_ctx_cb) != REDIS_OK ||
-        (r->sentinel_password != NULL &&
-         redisAsyncCommand(ac, NULL, NULL, "AUTH %s",
-                           r->sentinel_password) != REDIS_OK)) {
-        redisAsyncFree(ac);
-        return NULL;
-    }
-    return ac;
 }
 
 static void sub_disconnect_cb(const redisAsyncContext *ac, int status)
@@ -453,24 +397,29 @@ static void switch_cb(redisAsyncContext *ac, void *reply, void *priv)
     redisReply *rep = reply;
     char name[130], oip[64], oport[8], nip[64], nport[8];
     const char *msg;
+    int port;
 
     if (rep == NULL || ac != r->sub || rep->type != REDIS_REPLY_ARRAY ||
         rep->elements != 3 || rep->element[2]->type != REDIS_REPLY_STRING)
         return;
     msg = rep->element[2]->str;
     if (sscanf(msg, "%129s %63s %7s %63s %7s", name, oip, oport, nip, nport) != 5 ||
-        strcmp(name, r->master_name) != 0)
+        strcmp(name, r->sn.master_name) != 0)
         return;
     fp_log(FP_LOG_WARN, "redis: sentinel: +switch-master %s", msg);
-    if (set_master(r, nip, nport) != 0)
+    if (fp_sentinel_address(nip, nport, &port) != 0) {
+        fp_log(FP_LOG_WARN, "redis: +switch-master names %s, not an IP address "
+               "(resolving it would block): asking the sentinels again", nip);
         return;
+    }
+    set_master(r, nip, port);
     if (r->ac != NULL)
         drop_later(r, "the master changed");
     /* The next connection goes to the new address at once, unasked. */
     r->health.backoff_ms = 0;
     r->health.hung = 0;
-    r->sq_tried = SIZE_MAX;
-    if (r->ac == NULL && r->sq == NULL)
+    r->use_known = 1;
+    if (r->ac == NULL && !fp_sentinels_asking(&r->sn))
         event_active(r->retry, EV_TIMEOUT, 1);
 }
 
@@ -478,7 +427,8 @@ static void subscribe(struct fp_redis *r, size_t i)
 {
     redisAsyncContext *ac;
 
-    if (r->sub != NULL || (ac = sentinel_connect(r, i)) == NULL)
+    if (r->sub != NULL ||
+        (ac = fp_sentinel_connect(&r->sn, i, r, sub_connect_cb)) == NULL)
         return;
     if (redisAsyncSetDisconnectCallback(ac, sub_disconnect_cb) != REDIS_OK ||
         redisAsyncCommand(ac, switch_cb, r, "SUBSCRIBE +switch-master") != REDIS_OK) {
@@ -489,112 +439,22 @@ static void subscribe(struct fp_redis *r, size_t i)
     r->sub_index = i;
 }
 
-/* Ends the current question (answered or not); the context is closed
- * once hiredis is done with it. */
-static void sentinel_done(struct fp_redis *r, int from_callback)
-{
-    redisAsyncContext *sq = r->sq;
-
-    r->sq = NULL;
-    if (r->sq_timer != NULL)
-        (void)event_del(r->sq_timer);
-    if (sq == NULL)
-        return;
-    if (from_callback)
-        redisAsyncDisconnect(sq);
-    else
-        redisAsyncFree(sq);
-}
-
-/* cppcheck-suppress constParameter ; hiredis's redisCallbackFn type */
-static void sentinel_reply_cb(redisAsyncContext *ac, void *reply, void *priv)
-{
-    struct fp_redis *r = priv;
-    redisReply *rep = reply;
-
-    if (ac != r->sq || rep == NULL)
-        return; /* freed: the timer or a failed connect moved on */
-    if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
-        rep->element[0]->type == REDIS_REPLY_STRING &&
-        rep->element[1]->type == REDIS_REPLY_STRING &&
-        set_master(r, rep->element[0]->str, rep->element[1]->str) == 0) {
-        size_t i = r->sq_index;
-
-        sentinel_done(r, 1);
-        subscribe(r, i);
-        do_connect(r);
-        return;
-    }
-    fp_log(FP_LOG_WARN, "redis: sentinel %s:%d does not know master %s%s%s",
-           r->sentinels[r->sq_index].host, r->sentinels[r->sq_index].port,
-           r->master_name, rep->type == REDIS_REPLY_ERROR ? ": " : "",
-           rep->type == REDIS_REPLY_ERROR ? rep->str : "");
-    sentinel_done(r, 1);
-    r->sq_index = (r->sq_index + 1) % r->nsentinels;
-    /* Not from inside this callback: the next one is asked from the loop. */
-    event_active(r->sq_timer, EV_TIMEOUT, 1);
-}
-
-static void sentinel_lost_cb(const redisAsyncContext *ac, int status)
-{
-    struct fp_redis *r = ac->data;
-
-    (void)status;
-    if (ac != r->sq)
-        return;
-    /* hiredis frees it after this returns. */
-    r->sq = NULL;
-    r->sq_index = (r->sq_index + 1) % r->nsentinels;
-    event_active(r->sq_timer, EV_TIMEOUT, 1);
-}
-
-static void sentinel_timer_cb(evutil_socket_t fd, short what, void *arg)
+/* The end of a round of questions (sentinel.h). */
+static void sentinel_answer(void *arg, const char *ip, int port, size_t i)
 {
     struct fp_redis *r = arg;
 
-    (void)fd;
-    (void)what;
-    if (r->sq != NULL) { /* no answer in time */
-        fp_log(FP_LOG_WARN, "redis: sentinel %s:%d: no answer within %d ms",
-               r->sentinels[r->sq_index].host, r->sentinels[r->sq_index].port,
-               SENTINEL_TIMEOUT_MS);
-        sentinel_done(r, 0);
-        r->sq_index = (r->sq_index + 1) % r->nsentinels;
-    }
-    ask_next_sentinel(r);
-}
-
-/* Asks the next sentinel of this round; after all of them, the backoff. */
-static void ask_next_sentinel(struct fp_redis *r)
-{
-    struct timeval tv = { SENTINEL_TIMEOUT_MS / 1000,
-                          (suseconds_t)(SENTINEL_TIMEOUT_MS % 1000) * 1000 };
-    redisAsyncContext *ac;
-
-    while (r->sq_tried < r->nsentinels && !r->closing) {
-        size_t i = r->sq_index;
-
-        r->sq_tried++;
-        if ((ac = sentinel_connect(r, i)) == NULL ||
-            redisAsyncSetDisconnectCallback(ac, sentinel_lost_cb) != REDIS_OK ||
-            redisAsyncCommand(ac, sentinel_reply_cb, r,
-                              "SENTINEL get-master-addr-by-name %s",
-                              r->master_name) != REDIS_OK) {
-            if (ac != NULL)
-                redisAsyncFree(ac);
-            r->sq_index = (i + 1) % r->nsentinels;
-            continue;
-        }
-        r->sq = ac;
-        if (evtimer_add(r->sq_timer, &tv) != 0)
-            fp_log(FP_LOG_ERROR, "redis: cannot arm the sentinel timer");
-        return;
-    }
     if (r->closing)
         return;
-    log_down(r, "no sentinel named the master");
-    fp_health_bad(&r->health);
-    schedule_retry(r);
+    if (ip == NULL) {
+        log_down(r, "no sentinel named the master");
+        fp_health_bad(&r->health);
+        schedule_retry(r);
+        return;
+    }
+    set_master(r, ip, port);
+    subscribe(r, i);
+    do_connect(r);
 }
 
 /* ---- connecting, the loop's side ---------------------------------------- */
@@ -605,15 +465,13 @@ static void retry_cb(evutil_socket_t fd, short what, void *arg)
 
     (void)fd;
     (void)what;
-    if (r->ac != NULL || r->closing || r->sq != NULL)
+    if (r->ac != NULL || r->closing || fp_sentinels_asking(&r->sn))
         return;
-    if (r->nsentinels > 0 && r->sq_tried != SIZE_MAX) {
-        r->sq_tried = 0; /* a new round, starting where the last one ended */
-        ask_next_sentinel(r);
+    if (r->sn.n > 0 && !r->use_known) {
+        fp_sentinels_ask(&r->sn);
         return;
     }
-    if (r->nsentinels > 0)
-        r->sq_tried = 0; /* +switch-master gave the address: ask next time */
+    r->use_known = 0;           /* asked again next time */
     do_connect(r);
 }
 
@@ -704,33 +562,6 @@ static int resolve(struct fp_redis *r, const char *host, uint16_t port)
     return 0;
 }
 
-/* The sentinels, resolved once at start-up (the loop is not running). */
-static int setup_sentinels(struct fp_redis *r, const struct fp_settings *st)
-{
-    for (size_t i = 0; i < st->nredis_sentinels; i++) {
-        const struct fp_server_addr *a = &st->redis_sentinels[i];
-
-        (void)snprintf(r->name, sizeof(r->name), "sentinel %s:%u", a->host,
-                       (unsigned)a->port);
-        if (resolve(r, a->host, a->port) != 0)
-            return -1;
-        (void)snprintf(r->sentinels[i].host, sizeof(r->sentinels[i].host),
-                       "%s", r->ip);
-        r->sentinels[i].port = a->port;
-    }
-    r->nsentinels = st->nredis_sentinels;
-    r->ip[0] = '\0';
-    r->port = 0;
-    (void)snprintf(r->name, sizeof(r->name), "%s (via sentinels)",
-                   st->redis_master_name);
-    if ((r->master_name = strdup(st->redis_master_name)) == NULL ||
-        (st->redis_sentinel_password != NULL &&
-         (r->sentinel_password = strdup(st->redis_sentinel_password)) == NULL) ||
-        (r->sq_timer = evtimer_new(r->base, sentinel_timer_cb, r)) == NULL)
-        return -1;
-    return 0;
-}
-
 struct fp_redis *fp_redis_create(struct event_base *base,
                                  const struct fp_settings *st)
 {
@@ -757,8 +588,10 @@ struct fp_redis *fp_redis_create(struct event_base *base,
          (r->username = strdup(st->redis_username)) == NULL))
         goto fail;
     if (st->nredis_sentinels > 0 && st->redis_master_name != NULL) {
-        if (setup_sentinels(r, st) != 0)
+        if (fp_sentinels_init(&r->sn, base, st, "redis", sentinel_answer, r) != 0)
             goto fail;
+        (void)snprintf(r->name, sizeof(r->name), "%s (via sentinels)",
+                       st->redis_master_name);
     } else if (st->redis.unix_path != NULL) {
         (void)snprintf(r->name, sizeof(r->name), "unix:%s", st->redis.unix_path);
         if ((r->unix_path = strdup(st->redis.unix_path)) == NULL)
@@ -773,10 +606,10 @@ struct fp_redis *fp_redis_create(struct event_base *base,
         fp_log(FP_LOG_ERROR, "redis: no server configured");
         goto fail;
     }
-    fp_stats_backend_name(0, r->nsentinels > 0 ? st->redis_master_name : r->name);
+    fp_stats_backend_name(0, r->sn.n > 0 ? st->redis_master_name : r->name);
     /* Connect (or ask) now, without blocking; a failure arms the retry. */
-    if (r->nsentinels > 0)
-        ask_next_sentinel(r);
+    if (r->sn.n > 0)
+        fp_sentinels_ask(&r->sn);
     else
         do_connect(r);
     return r;
@@ -798,7 +631,7 @@ void fp_redis_free(struct fp_redis *r)
     r->ac = NULL;
     if (ac != NULL)
         redisAsyncFree(ac);     /* pending GETs: reply_cb(NULL) -> ERROR */
-    sentinel_done(r, 0);
+    fp_sentinels_clear(&r->sn);
     if (r->sub != NULL) {
         ac = r->sub;
         r->sub = NULL;
@@ -813,18 +646,11 @@ void fp_redis_free(struct fp_redis *r)
         event_free(r->retry);
     if (r->drop != NULL)
         event_free(r->drop);
-    if (r->sq_timer != NULL)
-        event_free(r->sq_timer);
-    if (r->sentinel_password != NULL) {
-        explicit_bzero(r->sentinel_password, strlen(r->sentinel_password));
-        free(r->sentinel_password);
-    }
     if (r->password != NULL) {
         explicit_bzero(r->password, strlen(r->password));
         free(r->password);
     }
     free(r->username);
-    free(r->master_name);
     free(r->unix_path);
     free(r);
 }
