@@ -11,7 +11,10 @@ stack's memcached. Each round runs, for each system in turn (the order rotated e
 the seed's `ab -c 50 -n 5000` on the signed poll URL of user 1 (no keep-alive), then wrk -c50
 -t2 keep-alive on the same hit for `--seconds`. Machine load hits all three alike within a round;
 the figures are each system's median over the rounds, and the per-round ratios new/old and
-new/memcached_pass (their medians). The load average is recorded at every round.
+new/memcached_pass (their medians). Requests per second move with other work's load on a shared
+machine; the servers' CPU time per request (utime+stime from /proc of the system's nginx, poll
+servers and memcached over each ab or wrk run, divided by its requests) much less: both are
+reported. The load average is recorded at every round.
 
 JSON: loadtests/results/plain-ab-<stamp>.json.
 """
@@ -30,6 +33,7 @@ from typing import Any
 from fastpoll_testkit import loadgen
 from fastpoll_testkit.stack import Stack, free_port
 from loadtests import peers, preload, sysinfo
+from loadtests.longpoll import tree
 from loadtests.plans import TUNING
 from loadtests.signing import Signer
 
@@ -101,6 +105,16 @@ def main() -> int:
         queries = {k: Signer(s).query(str(USER)) for k, s in stacks.items()}
         urls = {k: f"{s.base_url}/Poll/getMessages?{queries[k]}" for k, s in stacks.items()}
         urls["memcached_pass"] = f"{peer.base_url}/Poll/getMessages?user_id={USER}"
+        mc = [v.pid for k, v in stacks["new"].procs.items() if k.startswith("memcached-")]
+        groups = {
+            k: {
+                "nginx": tree(s.procs["nginx"].pid),
+                "poll_servers": [v.pid for n, v in s.procs.items() if n.startswith("poller-")],
+                "memcached": [v.pid for n, v in s.procs.items() if n.startswith("memcached-")],
+            }
+            for k, s in stacks.items()
+        }
+        groups["memcached_pass"] = {"nginx": tree(peer.pid), "memcached": mc}
         targets: dict[str, Path] = {}
         for k in urls:
             targets[k] = run_dir / f"targets-{k}.txt"
@@ -110,8 +124,12 @@ def main() -> int:
             systems = order[(rnd - 1) % 3 :] + order[: (rnd - 1) % 3]
             row: dict[str, Any] = {"round": rnd, "order": systems, "loadavg": os.getloadavg()}
             for k in systems:
+                meter = sysinfo.CpuMeter(groups[k])
+                meter.start()
                 ab = loadgen.run_ab(urls[k], 50, 5000, raw_log=raw_log)
+                ab_cpu = sum(meter.stop().values())
                 base, _, _ = urls[k].partition("/Poll/")
+                meter.start()
                 wrk = loadgen.run_wrk(
                     base,
                     50,
@@ -123,6 +141,7 @@ def main() -> int:
                     },
                     raw_log=raw_log,
                 )
+                wrk_cpu = sum(meter.stop().values())
                 row[k] = {
                     "ab_rps": ab.rps,
                     "ab_p50_ms": ab.p50_ms,
@@ -132,8 +151,16 @@ def main() -> int:
                     "wrk_p50_ms": wrk.p50_ms,
                     "wrk_p99_ms": wrk.p99_ms,
                     "wrk_failed": wrk.failed,
+                    "ab_cpu_us_per_request": round(ab_cpu / 5000 * 1e6, 2),
+                    "wrk_cpu_us_per_request": round(wrk_cpu / wrk.requests * 1e6, 2)
+                    if wrk.requests
+                    else None,
                 }
-                print(f"r{rnd} {k:15} ab {ab.rps:9.0f}/s  wrk {wrk.rps:9.0f}/s", flush=True)
+                print(
+                    f"r{rnd} {k:15} ab {ab.rps:9.0f}/s {row[k]['ab_cpu_us_per_request']:6.1f} us"
+                    f"  wrk {wrk.rps:9.0f}/s {row[k]['wrk_cpu_us_per_request']} us",
+                    flush=True,
+                )
             rounds.append(row)
     finally:
         if peer is not None:
@@ -147,10 +174,16 @@ def main() -> int:
     def ratio(a: str, b: str, f: str) -> float:
         return round(statistics.median(r[a][f] / r[b][f] for r in rounds if r[b][f]), 3)
 
-    summary = {
-        k: {f: med(k, f) for f in ("ab_rps", "ab_p50_ms", "ab_p99_ms", "wrk_rps", "wrk_p99_ms")}
-        for k in ("old", "new", "memcached_pass")
-    }
+    figures = (
+        "ab_rps",
+        "ab_p50_ms",
+        "ab_p99_ms",
+        "ab_cpu_us_per_request",
+        "wrk_rps",
+        "wrk_p99_ms",
+        "wrk_cpu_us_per_request",
+    )
+    summary = {k: {f: med(k, f) for f in figures} for k in ("old", "new", "memcached_pass")}
     summary["ratios"] = {
         "ab_new_over_old": ratio("new", "old", "ab_rps"),
         "wrk_new_over_old": ratio("new", "old", "wrk_rps"),
@@ -158,6 +191,8 @@ def main() -> int:
         "wrk_new_over_memcached_pass": ratio("new", "memcached_pass", "wrk_rps"),
         "ab_old_over_memcached_pass": ratio("old", "memcached_pass", "ab_rps"),
         "wrk_old_over_memcached_pass": ratio("old", "memcached_pass", "wrk_rps"),
+        "ab_cpu_new_over_old": ratio("new", "old", "ab_cpu_us_per_request"),
+        "wrk_cpu_new_over_old": ratio("new", "old", "wrk_cpu_us_per_request"),
     }
     doc = {
         "stamp": stamp,

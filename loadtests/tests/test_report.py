@@ -236,7 +236,8 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
     assert "| SQLite | single | 200 | 1.400 ms | (in the app) | **1.400 ms** |" in md
     assert "**met** in this run" in md
     assert "| fastpoll cc9fbe0 | 10,000 |" in md
-    assert "63564ab over cc9fbe0: **0.990×** with ab" in md
+    assert "63564ab over cc9fbe0: req/s **0.990×** with ab" in md
+    assert "CPU per request\n**0.980×** and **1.020×**" in md
     assert "| memcached | 15.0% | 11.0% |" in md  # mc-worker and mc-lrumaint together
     assert "| poll servers | 30.0% | 21.0% |" in md
     assert "`fp_hold_add` 2.5%" in md
@@ -270,6 +271,7 @@ def rooms_doc(members: int, fp_cpu: float) -> dict[str, Any]:
                     "cpu_us_per_delivered": cpu,
                     "poll_answers": {"200": members * 30},
                     "superseded": 0,
+                    "cpu_us_per_answer": cpu,
                     "loadavg_start": [3.0, 3.0, 3.0],
                 }
             )
@@ -354,6 +356,8 @@ def writes_doc() -> dict[str, Any]:
 
 def plain_ab_doc() -> dict[str, Any]:
     fig = {
+        "ab_cpu_us_per_request": 60.0,
+        "wrk_cpu_us_per_request": 40.0,
         "ab_rps": 10000.0,
         "ab_p50_ms": 4.0,
         "ab_p99_ms": 9.0,
@@ -367,7 +371,9 @@ def plain_ab_doc() -> dict[str, Any]:
         "machine": {"cpus": 2, "cpu_model": "AMD EPYC"},
         "loadavg_start": [3.0, 3.0, 3.0],
         "loadavg_end": [4.0, 4.0, 4.0],
-        "rounds": [{"round": 1, "loadavg": [3.0, 3.0, 3.0]}],
+        "rounds": [
+            {"round": 1, "loadavg": [3.0, 3.0, 3.0], "old": fig, "new": fig, "memcached_pass": fig}
+        ],
         "summary": {
             "old": fig,
             "new": fig,
@@ -378,6 +384,8 @@ def plain_ab_doc() -> dict[str, Any]:
                 "ab_new_over_memcached_pass": 1.0,
                 "wrk_new_over_memcached_pass": 1.0,
                 "ab_old_over_memcached_pass": 1.0,
+                "ab_cpu_new_over_old": 0.98,
+                "wrk_cpu_new_over_old": 1.02,
                 "wrk_old_over_memcached_pass": 1.0,
             },
         },
