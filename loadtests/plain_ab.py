@@ -127,7 +127,8 @@ def main() -> int:
                 meter = sysinfo.CpuMeter(groups[k])
                 meter.start()
                 ab = loadgen.run_ab(urls[k], 50, 5000, raw_log=raw_log)
-                ab_cpu = sum(meter.stop().values())
+                ab_by = meter.stop()
+                ab_cpu = sum(ab_by.values())
                 base, _, _ = urls[k].partition("/Poll/")
                 meter.start()
                 wrk = loadgen.run_wrk(
@@ -141,7 +142,8 @@ def main() -> int:
                     },
                     raw_log=raw_log,
                 )
-                wrk_cpu = sum(meter.stop().values())
+                wrk_by = meter.stop()
+                wrk_cpu = sum(wrk_by.values())
                 row[k] = {
                     "ab_rps": ab.rps,
                     "ab_p50_ms": ab.p50_ms,
@@ -152,6 +154,17 @@ def main() -> int:
                     "wrk_p99_ms": wrk.p99_ms,
                     "wrk_failed": wrk.failed,
                     "ab_cpu_us_per_request": round(ab_cpu / 5000 * 1e6, 2),
+                    "ab_cpu_s": ab_by,
+                    "wrk_cpu_s": wrk_by,
+                    "wrk_requests": wrk.requests,
+                    "ab_poll_servers_us_per_request": round(
+                        ab_by.get("poll_servers", 0.0) / 5000 * 1e6, 2
+                    ),
+                    "wrk_poll_servers_us_per_request": round(
+                        wrk_by.get("poll_servers", 0.0) / wrk.requests * 1e6, 2
+                    )
+                    if wrk.requests
+                    else None,
                     "wrk_cpu_us_per_request": round(wrk_cpu / wrk.requests * 1e6, 2)
                     if wrk.requests
                     else None,
@@ -182,6 +195,8 @@ def main() -> int:
         "wrk_rps",
         "wrk_p99_ms",
         "wrk_cpu_us_per_request",
+        "ab_poll_servers_us_per_request",
+        "wrk_poll_servers_us_per_request",
     )
     summary = {k: {f: med(k, f) for f in figures} for k in ("old", "new", "memcached_pass")}
     summary["ratios"] = {
@@ -193,6 +208,8 @@ def main() -> int:
         "wrk_old_over_memcached_pass": ratio("old", "memcached_pass", "wrk_rps"),
         "ab_cpu_new_over_old": ratio("new", "old", "ab_cpu_us_per_request"),
         "wrk_cpu_new_over_old": ratio("new", "old", "wrk_cpu_us_per_request"),
+        "ab_poll_servers_cpu_new_over_old": ratio("new", "old", "ab_poll_servers_us_per_request"),
+        "wrk_poll_servers_cpu_new_over_old": ratio("new", "old", "wrk_poll_servers_us_per_request"),
     }
     doc = {
         "stamp": stamp,
