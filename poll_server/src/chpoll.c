@@ -13,9 +13,11 @@
  *       (&c->held) -> ended(): the waiters detached, the watches removed
  *
  * The parts' values are copied as they come (a value is valid only during
- * its callback) and kept while the poll is held: when a watch's read finds
- * a key changed, the answer is composed from that read's value and the
- * other parts as the poll read them, without reading them again. That
+ * its callback) and kept while the poll is held if they are CH_KEEP_MAX
+ * bytes at most in all: when a watch's read finds a key changed, the
+ * answer is composed from that read's value and the other parts as the
+ * poll read them, without reading them again (larger parts are freed, and
+ * read again, so that a held poll's memory stays bounded). That
  * answer is no older than any write that returned before the poll was sent
  * (every part was read after that, api.md's rule 1), and a part's own
  * change still wakes the poll, or the next poll, through its key's watch.
@@ -43,6 +45,10 @@
  * too: the app answers such a poll. */
 #define CH_PART_MAX (1024UL * 1024UL)
 #define CH_BODY_MAX (8UL * 1024UL * 1024UL)
+/* A held poll keeps its parts' values if they are this much at most in all
+ * (about what a held poll costs the poll server anyway); else it reads
+ * them again when woken. */
+#define CH_KEEP_MAX 4096UL
 
 struct fp_chpoll;
 
@@ -68,6 +74,7 @@ struct fp_chpoll {
     uint64_t pub_ms;            /* the waking publish's time, 0: unknown */
     size_t nparts, reading;     /* parts; reads still out */
     int was_held;               /* held once: its answer ends a wait */
+    int kept;                   /* held with every part's value kept */
     int expired;                /* the wait ended while the parts were read */
     enum fp_stat_wake cause;    /* what woke it, or ended its wait */
     struct part parts[];        /* then the keys' bytes */
@@ -325,7 +332,10 @@ static void parts_in(struct fp_chpoll *p)
     if (code == 0 && !p->expired) {
         if (hold(p) == 0) {
             free(body);
-            return; /* still HELD, its timer armed, its values kept */
+            p->kept = total <= CH_KEEP_MAX;
+            if (!p->kept)
+                free_values(p);
+            return; /* still HELD, its timer armed */
         }
         fp_stat_over_cap();
         fp_log(FP_LOG_DEBUG, "http: %zu polls held: answering at once",
@@ -370,8 +380,8 @@ static void on_part(struct fp_waiter *w, enum fp_cache_status st,
 
 /* hold.c: hd's key changed while p was held (every watch is removed). Its
  * read's value replaces that part and the answer is composed (the top of
- * the file says why the other parts need no read); a key gone: all parts
- * are read again, and the miss sends the poll to the app. */
+ * the file says why the other parts need no read); a key gone, or values
+ * not kept: all parts are read again (a miss sends the poll to the app). */
 static void on_changed(struct fp_held_set *set, struct fp_held *hd,
                        enum fp_cache_status st, const char *value, size_t len,
                        enum fp_stat_wake cause, uint64_t published_ms)
@@ -382,7 +392,8 @@ static void on_changed(struct fp_held_set *set, struct fp_held *hd,
     p->cause = cause;
     if (published_ms != 0 && (p->pub_ms == 0 || published_ms < p->pub_ms))
         p->pub_ms = published_ms;
-    if (st == FP_CACHE_HIT && hd != NULL && hd->set == set) {
+    if (st == FP_CACHE_HIT && p->kept && hd != NULL && hd->set == set) {
+        p->kept = 0;
         p->reading = 1;
         on_part(&part_of(hd)->w, st, value, len, NULL); /* -> parts_in() */
         return;
