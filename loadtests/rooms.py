@@ -61,7 +61,7 @@ from typing import Any
 
 import httpx
 
-from fastpoll_testkit.stack import Stack, free_port
+from fastpoll_testkit.stack import POLL_SERVER, Stack, free_port
 from loadtests import preload, sysinfo
 from loadtests.longpoll import metric_sum, nchan_subscribers, pss_kb, tree
 from loadtests.longpoll_client import Deliveries, HoldRun, quantile_ms
@@ -92,6 +92,27 @@ class NchanRooms(NchanPeer):
         anchor = "        location = /healthz"
         conf.write_text(text.replace(anchor, NCHAN_ROOM_LOCATION + anchor, 1))
         return conf
+
+
+def git_head() -> str | None:
+    """This tree's commit, "+dirty" if it has uncommitted changes."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+            cwd=RESULTS.parent,
+        ).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
 
 
 def start_fastpoll(run_dir: Path) -> Stack:
@@ -575,6 +596,12 @@ def main() -> int:
         "client_processes": nproc,
         "machine": {"cpus": os.cpu_count(), "cpu_model": sysinfo.cpu_model()},
         "cpus": os.cpu_count(),
+        # FP_POLL_SERVER: another build (its commit is the caller's to say); else this tree's.
+        "poll_server": {
+            "binary": str(POLL_SERVER),
+            "built_from": os.environ.get("FP_POLL_SERVER_COMMIT")
+            or (None if os.environ.get("FP_POLL_SERVER") else git_head()),
+        },
         "loadavg_start": load0,
         "loadavg_end": os.getloadavg(),
         "runs": runs,
