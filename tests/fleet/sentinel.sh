@@ -6,21 +6,39 @@
 #
 #   1. Deploy (its own inventory, run.sh's plus): Redis on fp-data1 (the master on the first run)
 #      and fp-app2 (a replica), three sentinels on fp-data1, fp-app2 and fp-db1, the Redis backend;
-#      fastpoll.ini then names the sentinels and the master's name, no Redis server.
+#      fastpoll.ini then names the sentinels, the master's name and the sentinels' password file, no
+#      Redis server and no announcement server (the announcements go to the master too). The
+#      sentinels refuse a client without the password.
 #   2. Under poll and publish load from the control node (tests/fleet/sentinel_load.py: plain polls
 #      on both pollers, publishes through both app hosts, held polls woken by those publishes), the
 #      master's redis-server is killed (SIGKILL, the unit masked so systemd does not restart it).
-#      The sentinels promote fp-app2; the poll servers and the apps follow without a restart.
-#      fp-data1 is also the announcement host ([announce] server): until its Redis is back, held
-#      polls are woken by the re-check (recheck_ms). Then its Redis is started again: the sentinels
-#      make it a replica of the new master, and the announcements resume there.
+#      The sentinels promote fp-app2; the poll servers and the apps follow without a restart, the
+#      poll servers' announcement subscribers too (every instance subscribed again, on fp-app2).
+#      Then fp-data1's Redis is started again: the sentinels make it a replica of the new master.
 #   3. Checked: no poll answered 5xx, polls are cache hits again after the failover, publishes answer
 #      201 throughout and write the cache again (X-Cache-Publish: ok) soon after the failover, held
-#      polls are woken after the failover; the figures are printed. Then a run of the redis plays
+#      polls are woken by the announcements after the failover (median under 1 s: the re-check
+#      while subscribed is 10 s); the figures are printed. Then a run of the redis plays
 #      changes nothing (Ansible's redis.conf is not rewritten by the failover, the sentinels'
 #      source is unchanged).
 
-sentinel_cli() { on "$1" redis-cli -h "${IP[$1]}" -p 26379 --raw "${@:2}"; }
+# The sentinels take the Redis password ($pass, set by sc_redis_sentinel).
+sentinel_cli() { on "$1" "REDISCLI_AUTH='$pass' redis-cli --no-auth-warning -h ${IP[$1]} -p 26379 --raw ${*:2}"; }
+# Every poll server instance of every poller subscribed to the announcements, within 15 s.
+sentinel_subscribed() {
+    local n
+    for n in "${POLLERS[@]}"; do
+        on "$n" bash -s <<'EOF' || die "$n: not subscribed to the announcements through the sentinels"
+for admin in 9101 9102; do
+    for _ in $(seq 1 60); do
+        curl -fsS "http://127.0.0.1:$admin/metrics" | grep -qx 'fastpoll_announce_subscribed 1' && continue 2
+        sleep 0.25
+    done
+    echo "admin $admin: not subscribed"; exit 1
+done
+EOF
+    done
+}
 
 sc_redis_sentinel() {
     local inv=$RUN/sentinel.yml pass t_kill t_promoted t_back role i line
@@ -50,7 +68,13 @@ PY
         expect "$line" "${IP[fp-data1]}:26379 ${IP[fp-app2]}:26379 ${IP[fp-db1]}:26379" "$n: [redis] sentinels"
         ! on "$n" "sed -n '/^\[redis\]/,/^\[/p' /etc/fastpoll/fastpoll.ini" | grep -q '^server =' \
             || die "$n: [redis] still has a server with sentinels"
+        line=$(on "$n" "sed -n 's/^sentinel_password_file = //p' /etc/fastpoll/fastpoll.ini")
+        expect "$line" /etc/fastpoll/redis.pass "$n: [redis] sentinel_password_file"
+        ! on "$n" "sed -n '/^\[announce\]/,/^\[/p' /etc/fastpoll/fastpoll.ini" | grep -q '^server =' \
+            || die "$n: [announce] has a server with sentinels"
     done
+    line=$(on fp-db1 "redis-cli -h ${IP[fp-db1]} -p 26379 --raw SENTINEL get-master-addr-by-name fastpoll" 2>&1 | head -1)
+    case "$line" in NOAUTH*) ;; *) die "fp-db1's sentinel answered without the password: $line" ;; esac
     for n in fp-data1 fp-app2 fp-db1; do
         expect "$(sentinel_cli "$n" SENTINEL get-master-addr-by-name fastpoll | paste -sd' ')" \
             "${IP[fp-data1]} 6379" "$n: the sentinel's master"
@@ -64,7 +88,8 @@ PY
         [ "$i" -lt 60 ] || die "fp-db1's sentinel does not see the other two: $line"
         sleep 0.5
     done
-    phase "Sentinel deployed: Redis master fp-data1, replica fp-app2, 3 sentinels; the Redis backend through them"
+    sentinel_subscribed
+    phase "Sentinel deployed: Redis master fp-data1, replica fp-app2, 3 sentinels (password required); the Redis backend and the announcements through them"
 
     # ---- the failover, under load ----
     local users=() paths=() u
@@ -97,7 +122,9 @@ PY
     done
     t_promoted=$(date +%s.%N)
     echo "promoted $t_promoted" >> "$RUN/sentinel-events"
-    sleep 15
+    sentinel_subscribed
+    echo "subscribed $(date +%s.%N)" >> "$RUN/sentinel-events"
+    sleep 8
     on fp-data1 'systemctl unmask --runtime --quiet redis-server && systemctl start redis-server' \
         || die "cannot start fp-data1's Redis again"
     echo "restarted $(date +%s.%N)" >> "$RUN/sentinel-events"
@@ -110,7 +137,7 @@ PY
     done
     t_back=$(date +%s.%N)
     echo "replica $t_back" >> "$RUN/sentinel-events"
-    sleep 8
+    sleep 5
     echo "stop $(date +%s.%N)" >> "$RUN/sentinel-events"
     wait "$load_pid" || { cat "$LOGS/sentinel-load.log"; die "the load generator failed"; }
     cat "$LOGS/sentinel-load.log"
