@@ -121,7 +121,7 @@ deps-fleet:
 	$(call apt_install,$(FLEET_PACKAGES))
 
 $(VENV)/.ansible: $(VENV)/.done
-	$(PIP) install -q 'ansible-core>=2.17,<2.18' 'ansible-lint>=26,<27'
+	$(PIP) install -q 'ansible-core>=2.17,<2.18' 'ansible-lint>=26,<27' 'mitogen>=0.3.54,<0.4'
 	touch $@
 
 test-deploy: venv build deps-fleet $(VENV)/.ansible
