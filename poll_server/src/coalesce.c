@@ -18,8 +18,11 @@ static int hash_oom;
 
 #define FREE_FETCH_MAX 1024 /* recycled fetch objects kept */
 
+TAILQ_HEAD(fp_waiterq, fp_waiter);
+SLIST_HEAD(fp_fetch_free, fp_fetch);
+
 struct fp_wlist {
-    struct fp_waiter *head, *tail;
+    struct fp_waiterq q;        /* a tail: delivered in arrival order */
     size_t n;
     struct fp_coalesce *co;
 };
@@ -28,7 +31,7 @@ struct fp_fetch {
     UT_hash_handle hh;
     struct fp_coalesce *co;
     struct fp_wlist cur, next;
-    struct fp_fetch *free_next;
+    SLIST_ENTRY(fp_fetch) free_link;
     size_t keylen;
     char key[FP_MAX_KEY_LEN + 1];
 };
@@ -42,21 +45,22 @@ struct fp_coalesce {
     fp_coalesce_deliver *deliver;
     void *arg;
     struct fp_fetch *table;     /* uthash head */
-    struct fp_fetch *free_list;
+    struct fp_fetch_free free_list;
     size_t nfree;
     size_t waiting;
     unsigned long long gets, requests;
 };
 
+static void wlist_init(struct fp_wlist *l, struct fp_coalesce *co)
+{
+    TAILQ_INIT(&l->q);
+    l->n = 0;
+    l->co = co;
+}
+
 static void wlist_push(struct fp_wlist *l, struct fp_waiter *w)
 {
-    w->next = NULL;
-    w->prev = l->tail;
-    if (l->tail != NULL)
-        l->tail->next = w;
-    else
-        l->head = w;
-    l->tail = w;
+    TAILQ_INSERT_TAIL(&l->q, w, link);
     l->n++;
     w->list = l;
 }
@@ -65,16 +69,8 @@ static void wlist_remove(struct fp_waiter *w)
 {
     struct fp_wlist *l = w->list;
 
-    if (w->prev != NULL)
-        w->prev->next = w->next;
-    else
-        l->head = w->next;
-    if (w->next != NULL)
-        w->next->prev = w->prev;
-    else
-        l->tail = w->prev;
+    TAILQ_REMOVE(&l->q, w, link);
     l->n--;
-    w->next = w->prev = NULL;
     w->list = NULL;
 }
 
@@ -86,7 +82,7 @@ static void wlist_deliver(struct fp_coalesce *co, struct fp_wlist *l,
 {
     struct fp_waiter *w;
 
-    while ((w = l->head) != NULL) {
+    while ((w = TAILQ_FIRST(&l->q)) != NULL) {
         wlist_remove(w);
         co->waiting--;
         co->deliver(w, st, value, len, co->arg);
@@ -95,18 +91,18 @@ static void wlist_deliver(struct fp_coalesce *co, struct fp_wlist *l,
 
 static struct fp_fetch *fetch_alloc(struct fp_coalesce *co)
 {
-    struct fp_fetch *f = co->free_list;
+    struct fp_fetch *f = SLIST_FIRST(&co->free_list);
 
     if (f != NULL) {
-        co->free_list = f->free_next;
+        SLIST_REMOVE_HEAD(&co->free_list, free_link);
         co->nfree--;
     } else if ((f = malloc(sizeof(*f))) == NULL) {
         return NULL;
     }
     memset(f, 0, offsetof(struct fp_fetch, key));
     f->co = co;
-    f->cur.co = co;
-    f->next.co = co;
+    wlist_init(&f->cur, co);
+    wlist_init(&f->next, co);
     return f;
 }
 
@@ -116,8 +112,7 @@ static void fetch_release(struct fp_coalesce *co, struct fp_fetch *f)
         free(f);
         return;
     }
-    f->free_next = co->free_list;
-    co->free_list = f;
+    SLIST_INSERT_HEAD(&co->free_list, f, free_link);
     co->nfree++;
 }
 
@@ -137,6 +132,7 @@ static void fetch_done(enum fp_cache_status st, const char *value, size_t len,
 {
     struct fp_fetch *f = arg;
     struct fp_coalesce *co = f->co;
+    struct fp_waiter *w;
 
     if (st != FP_CACHE_HIT) {
         /* Safe to share with the late ones too: no stale data in it. */
@@ -146,12 +142,15 @@ static void fetch_done(enum fp_cache_status st, const char *value, size_t len,
         wlist_deliver(co, &f->cur, st, value, len);
         if (f->next.n > 0) {
             /* The late ones get a get of their own, started after they
-             * all arrived; it stays the only one in flight for the key. */
-            f->cur = f->next;
-            for (struct fp_waiter *w = f->cur.head; w != NULL; w = w->next)
+             * all arrived; it stays the only one in flight for the key.
+             * Moved in their order to the empty cur (a TAILQ head is
+             * pointed into by its last element: never copied). */
+            TAILQ_CONCAT(&f->cur.q, &f->next.q, link);
+            f->cur.n = f->next.n;
+            f->next.n = 0;
+            /* Not TAILQ_FOREACH: make lint's cppcheck cannot expand it. */
+            for (w = TAILQ_FIRST(&f->cur.q); w != NULL; w = TAILQ_NEXT(w, link))
                 w->list = &f->cur;
-            memset(&f->next, 0, sizeof(f->next));
-            f->next.co = co;
             if (fetch_start(f) == 0)
                 return;
             wlist_deliver(co, &f->cur, FP_CACHE_ERROR, NULL, 0);
@@ -172,8 +171,8 @@ struct fp_coalesce *fp_coalesce_new(struct fp_cache *cache,
     co->deliver = deliver;
     co->arg = arg;
     co->sentinel.co = co;
-    co->sentinel.cur.co = co;
-    co->sentinel.next.co = co;
+    wlist_init(&co->sentinel.cur, co);
+    wlist_init(&co->sentinel.next, co);
     hash_oom = 0;
     HASH_ADD(hh, co->table, key, 0, &co->sentinel);
     if (hash_oom) {
@@ -263,8 +262,8 @@ void fp_coalesce_free(struct fp_coalesce *co)
         }
         HASH_CLEAR(hh, co->table);
     }
-    while ((f = co->free_list) != NULL) {
-        co->free_list = f->free_next;
+    while ((f = SLIST_FIRST(&co->free_list)) != NULL) {
+        SLIST_REMOVE_HEAD(&co->free_list, free_link);
         free(f);
     }
     free(co);

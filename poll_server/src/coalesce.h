@@ -12,6 +12,7 @@
 #define FP_COALESCE_H
 
 #include <stddef.h>
+#include <sys/queue.h>
 
 #include "cache.h"
 
@@ -20,7 +21,7 @@ struct fp_wlist;
 
 /* Embedded in the caller's per-request object; owned by the caller. */
 struct fp_waiter {
-    struct fp_waiter *next, *prev;
+    TAILQ_ENTRY(fp_waiter) link; /* its list, in arrival order */
     struct fp_wlist *list;   /* NULL when not waiting */
 };
 

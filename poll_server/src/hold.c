@@ -53,10 +53,13 @@ static int hash_oom;
 #define RETRY_MAX     4     /* failed reads of a change retried, in a row */
 #define RETRY_BASE_MS 20    /* the first retry's delay, doubling */
 
+TAILQ_HEAD(fp_hkey_queue, fp_hkey);
+SLIST_HEAD(fp_hkey_free, fp_hkey);
+
 struct fp_hkey {
     UT_hash_handle hh;
     struct fp_hold *ho;
-    struct fp_held *holders;
+    struct fp_held_list holders;
     size_t nholders;
     int reading;                /* a cache read is in flight */
     int again;                  /* ... and another is wanted after it */
@@ -68,8 +71,8 @@ struct fp_hkey {
      * the announcements no read has started after yet, and the one the
      * read in flight answers for. */
     uint64_t pub_ms, read_pub_ms;
-    struct fp_hkey *qprev, *qnext; /* the re-check queue */
-    struct fp_hkey *free_next;
+    TAILQ_ENTRY(fp_hkey) qlink;   /* the re-check queue */
+    SLIST_ENTRY(fp_hkey) free_link;
     size_t keylen;
     char key[FP_MAX_KEY_LEN + 1];
 };
@@ -92,8 +95,8 @@ struct fp_hold {
      * frees its table with the last item and allocates it with the next. */
     struct fp_hkey sentinel;
     struct fp_hkey *table;
-    struct fp_hkey *qhead, *qtail;
-    struct fp_hkey *free_list;
+    struct fp_hkey_queue queue; /* FIFO by last read; retries at the front */
+    struct fp_hkey_free free_list;
     size_t nfree, held;
     struct event *tick;
     int tick_armed;
@@ -120,30 +123,6 @@ static uint64_t wall_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static void q_remove(struct fp_hold *ho, struct fp_hkey *k)
-{
-    if (k->qprev != NULL)
-        k->qprev->qnext = k->qnext;
-    else
-        ho->qhead = k->qnext;
-    if (k->qnext != NULL)
-        k->qnext->qprev = k->qprev;
-    else
-        ho->qtail = k->qprev;
-    k->qprev = k->qnext = NULL;
-}
-
-static void q_push(struct fp_hold *ho, struct fp_hkey *k)
-{
-    k->qnext = NULL;
-    k->qprev = ho->qtail;
-    if (ho->qtail != NULL)
-        ho->qtail->qnext = k;
-    else
-        ho->qhead = k;
-    ho->qtail = k;
-}
-
 static void arm_tick(struct fp_hold *ho, uint64_t in_ms)
 {
     struct timeval tv;
@@ -168,10 +147,9 @@ static void key_release(struct fp_hkey *k)
     if (k->nholders > 0 || k->reading)
         return;
     HASH_DEL(ho->table, k);
-    q_remove(ho, k);
+    TAILQ_REMOVE(&ho->queue, k, qlink);
     if (ho->nfree < FREE_KEY_MAX) {
-        k->free_next = ho->free_list;
-        ho->free_list = k;
+        SLIST_INSERT_HEAD(&ho->free_list, k, free_link);
         ho->nfree++;
     } else {
         free(k);
@@ -191,13 +169,8 @@ static void retry_later(struct fp_hkey *k, uint64_t in_ms)
     k->retry = 1;
     /* Due when checked_ms + period <= now. */
     k->checked_ms = now + in_ms >= period ? now + in_ms - period : 0;
-    q_remove(ho, k);
-    k->qnext = ho->qhead;
-    if (ho->qhead != NULL)
-        ho->qhead->qprev = k;
-    else
-        ho->qtail = k;
-    ho->qhead = k;
+    TAILQ_REMOVE(&ho->queue, k, qlink);
+    TAILQ_INSERT_HEAD(&ho->queue, k, qlink);
     if (ho->tick_armed && ho->tick_due_ms > now + in_ms &&
         event_del(ho->tick) == 0)
         ho->tick_armed = 0;
@@ -209,7 +182,8 @@ static void on_read(enum fp_cache_status st, const char *value, size_t len,
 {
     struct fp_hkey *k = arg;
     struct fp_hold *ho = k->ho;
-    struct fp_held *out = NULL, *hd, *next;
+    struct fp_held_list out = LIST_HEAD_INITIALIZER(out);
+    struct fp_held *hd, *next;
     uint64_t tag = 0;
 
     /* k->reading stays set until the end: k must outlive the releases. */
@@ -219,22 +193,20 @@ static void on_read(enum fp_cache_status st, const char *value, size_t len,
         /* Detach every poll whose answer changed, then release them: a
          * release may answer and close its connection, never touch k. A
          * set's other keys are elsewhere (one holder per key), never
-         * `next`. */
-        for (hd = k->holders; hd != NULL; hd = next) {
-            next = hd->next;
+         * `next`. Unlinked, hd's link carries it on `out`. */
+        for (hd = LIST_FIRST(&k->holders); hd != NULL; hd = next) {
+            next = LIST_NEXT(hd, link);
             if (st == FP_CACHE_HIT && fp_inm_match(hd->inm, tag))
                 continue;
             if (hd->set != NULL)
                 fp_hold_remove_set(hd->set);
             else
                 fp_hold_remove(hd);
-            hd->next = out;
-            out = hd;
+            LIST_INSERT_HEAD(&out, hd, link);
         }
     }
-    for (hd = out; hd != NULL; hd = next) {
-        next = hd->next;
-        hd->next = NULL;
+    while ((hd = LIST_FIRST(&out)) != NULL) {
+        LIST_REMOVE(hd, link);
         if (hd->set != NULL) {
             /* It composes its answer with this read's value, and times
              * it itself. */
@@ -288,8 +260,8 @@ static void read_key(struct fp_hkey *k, enum fp_stat_wake cause)
     k->cause = cause;
     k->retry = 0;
     k->checked_ms = now_ms(ho);
-    q_remove(ho, k);
-    q_push(ho, k);
+    TAILQ_REMOVE(&ho->queue, k, qlink);
+    TAILQ_INSERT_TAIL(&ho->queue, k, qlink);
     if (fp_cache_get(ho->cache, k->key, k->keylen, on_read, k) != 0) {
         fp_log(FP_LOG_DEBUG, "hold: cannot read %s again", k->key);
         return;
@@ -313,18 +285,17 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct fp_hold *ho = arg;
     uint64_t now = now_ms(ho), period = recheck_period(ho);
+    struct fp_hkey *k;
     unsigned n = 0;
 
     (void)fd;
     (void)what;
     ho->tick_armed = 0;
-    while (ho->qhead != NULL && n < HOLD_BATCH &&
-           ho->qhead->checked_ms + period <= now) {
-        struct fp_hkey *k = ho->qhead;
-
+    while ((k = TAILQ_FIRST(&ho->queue)) != NULL && n < HOLD_BATCH &&
+           k->checked_ms + period <= now) {
         if (k->reading) {       /* its answer is on the way: requeue */
-            q_remove(ho, k);
-            q_push(ho, k);
+            TAILQ_REMOVE(&ho->queue, k, qlink);
+            TAILQ_INSERT_TAIL(&ho->queue, k, qlink);
             k->checked_ms = now;
         } else {
             read_key(k, k->retry ? FP_STAT_WAKE_ANNOUNCEMENT
@@ -332,12 +303,12 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         }
         n++;
     }
-    if (ho->qhead == NULL)
+    if ((k = TAILQ_FIRST(&ho->queue)) == NULL)
         return;
-    if (ho->qhead->checked_ms + period <= now)
+    if (k->checked_ms + period <= now)
         arm_tick(ho, BUSY_TICK_MS);
     else
-        arm_tick(ho, ho->qhead->checked_ms + period - now);
+        arm_tick(ho, k->checked_ms + period - now);
 }
 
 /* Subscribed (again): every held key is read, batched by the timer.
@@ -345,11 +316,13 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 static void on_subscription(void *arg, int subscribed)
 {
     struct fp_hold *ho = arg;
+    struct fp_hkey *k;
 
+    /* Not TAILQ_FOREACH: make lint's cppcheck cannot expand it. */
     if (subscribed)
-        for (struct fp_hkey *k = ho->qhead; k != NULL; k = k->qnext)
+        for (k = TAILQ_FIRST(&ho->queue); k != NULL; k = TAILQ_NEXT(k, qlink))
             k->checked_ms = 0;
-    if (ho->qhead != NULL) {
+    if (!TAILQ_EMPTY(&ho->queue)) {
         if (ho->tick_armed && event_del(ho->tick) == 0)
             ho->tick_armed = 0;
         arm_tick(ho, 0);
@@ -376,6 +349,7 @@ struct fp_hold *fp_hold_new(struct event_base *base,
     ho->cache = cache;
     ho->release = release;
     ho->arg = arg;
+    TAILQ_INIT(&ho->queue);
     ho->sentinel.ho = ho;
     hash_oom = 0;
     HASH_ADD(hh, ho->table, key, 0, &ho->sentinel);
@@ -406,20 +380,10 @@ static int hold_counts(struct fp_held *hd, int d)
     if (set == NULL)
         return 1;
     if (d > 0) {
-        hd->sprev = NULL;
-        hd->snext = set->held;
-        if (set->held != NULL)
-            set->held->sprev = hd;
-        set->held = hd;
+        LIST_INSERT_HEAD(&set->held, hd, slink);
         return set->nheld++ == 0;
     }
-    if (hd->sprev != NULL)
-        hd->sprev->snext = hd->snext;
-    else
-        set->held = hd->snext;
-    if (hd->snext != NULL)
-        hd->snext->sprev = hd->sprev;
-    hd->snext = hd->sprev = NULL;
+    LIST_REMOVE(hd, slink);
     return --set->nheld == 0;
 }
 
@@ -437,8 +401,8 @@ int fp_hold_add(struct fp_hold *ho, const char *key, size_t keylen,
         return -1;
     HASH_FIND(hh, ho->table, key, keylen, k);
     if (k == NULL) {
-        if ((k = ho->free_list) != NULL) {
-            ho->free_list = k->free_next;
+        if ((k = SLIST_FIRST(&ho->free_list)) != NULL) {
+            SLIST_REMOVE_HEAD(&ho->free_list, free_link);
             ho->nfree--;
         } else if ((k = malloc(sizeof(*k))) == NULL) {
             return -1;
@@ -456,14 +420,10 @@ int fp_hold_add(struct fp_hold *ho, const char *key, size_t keylen,
             free(k);
             return -1;
         }
-        q_push(ho, k);
+        TAILQ_INSERT_TAIL(&ho->queue, k, qlink);
         arm_tick(ho, recheck_period(ho));
     }
-    hd->prev = NULL;
-    hd->next = k->holders;
-    if (k->holders != NULL)
-        k->holders->prev = hd;
-    k->holders = hd;
+    LIST_INSERT_HEAD(&k->holders, hd, link);
     k->nholders++;
     hd->key = k;
     if (hold_counts(hd, 1)) {
@@ -494,13 +454,7 @@ void fp_hold_remove(struct fp_held *hd)
     }
     if (k == NULL)
         return;
-    if (hd->prev != NULL)
-        hd->prev->next = hd->next;
-    else
-        k->holders = hd->next;
-    if (hd->next != NULL)
-        hd->next->prev = hd->prev;
-    hd->next = hd->prev = NULL;
+    LIST_REMOVE(hd, link);
     hd->key = NULL;
     k->nholders--;
     if (hold_counts(hd, -1)) {
@@ -512,8 +466,10 @@ void fp_hold_remove(struct fp_held *hd)
 
 void fp_hold_remove_set(struct fp_held_set *set)
 {
-    while (set->held != NULL)
-        fp_hold_remove(set->held);
+    struct fp_held *hd;
+
+    while ((hd = LIST_FIRST(&set->held)) != NULL)
+        fp_hold_remove(hd);
 }
 
 size_t fp_hold_count(const struct fp_hold *ho)
@@ -563,8 +519,8 @@ void fp_hold_free(struct fp_hold *ho)
                HASH_COUNT(ho->table), ho->held);
         HASH_CLEAR(hh, ho->table);
     }
-    while ((k = ho->free_list) != NULL) {
-        ho->free_list = k->free_next;
+    while ((k = SLIST_FIRST(&ho->free_list)) != NULL) {
+        SLIST_REMOVE_HEAD(&ho->free_list, free_link);
         free(k);
     }
     free(ho);

@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/queue.h>
 
 #include "cache.h"
 #include "etag.h"
@@ -28,14 +29,16 @@ struct fp_hold;
 
 struct fp_held_set;
 
+LIST_HEAD(fp_held_list, fp_held);
+
 /* Embedded in the caller's request; owned by the caller. */
 struct fp_held {
-    struct fp_held *next, *prev;
+    LIST_ENTRY(fp_held) link;   /* its key's holders */
     struct fp_hkey *key;        /* NULL when not held */
     const struct fp_inm *inm;   /* the poll's If-None-Match */
     /* One key of a poll held on several (struct fp_held_set), or NULL. */
     struct fp_held_set *set;
-    struct fp_held *snext, *sprev; /* the set's keys held now */
+    LIST_ENTRY(fp_held) slink;  /* the set's keys held now */
 };
 
 /* A poll held on several keys (a channel poll, chpoll.c): one fp_held per
@@ -51,7 +54,7 @@ struct fp_held {
  * ended(), which lets go of the whole poll. */
 struct fp_held_set {
     struct fp_held *handle;
-    struct fp_held *held;       /* its keys held now, through snext */
+    struct fp_held_list held;   /* its keys held now, through slink */
     size_t nheld;
     void (*changed)(struct fp_held_set *set, struct fp_held *hd,
                     enum fp_cache_status st, const char *value, size_t len,
