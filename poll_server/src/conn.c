@@ -196,10 +196,10 @@ static void in_shrink(struct conn *c)
 /* A connection for fd, from the free list or new; NULL if out of memory. */
 static struct conn *conn_get(struct fp_conns *h, evutil_socket_t fd)
 {
-    struct conn *c = h->free_list;
+    struct conn *c = SLIST_FIRST(&h->free_list);
 
     if (c != NULL) {
-        h->free_list = c->next;
+        SLIST_REMOVE_HEAD(&h->free_list, free_link);
         h->nfree--;
     } else {
         if ((c = malloc(sizeof(*c) + h->in_small)) == NULL)
@@ -238,11 +238,7 @@ static struct conn *conn_get(struct fp_conns *h, evutil_socket_t fd)
     c->in_off = c->in_len = c->scanned = 0;
     c->out_off = c->out_len = 0;
     memset(&c->w, 0, sizeof(c->w));
-    c->prev = NULL;
-    c->next = h->conns;
-    if (h->conns != NULL)
-        h->conns->prev = c;
-    h->conns = c;
+    LIST_INSERT_HEAD(&h->conns, c, link);
     return c;
 }
 
@@ -294,12 +290,7 @@ void conn_close(struct conn *c)
         fp_log(FP_LOG_ERROR, "http: cannot remove a connection's events");
     if (evutil_closesocket(c->fd) != 0)
         fp_log(FP_LOG_DEBUG, "http: close: %s", strerror(errno));
-    if (c->prev != NULL)
-        c->prev->next = c->next;
-    else
-        h->conns = c->next;
-    if (c->next != NULL)
-        c->next->prev = c->prev;
+    LIST_REMOVE(c, link);
     fp_stat_conn_closed();
     in_shrink(c);
     if (c->out_cap > OUT_KEEP) {
@@ -312,8 +303,7 @@ void conn_close(struct conn *c)
 
         c->counted = 0;
         if (h->nfree < FREE_CONN_MAX) {
-            c->next = h->free_list;
-            h->free_list = c;
+            SLIST_INSERT_HEAD(&h->free_list, c, free_link);
             h->nfree++;
         } else {
             conn_destroy(c);
@@ -732,15 +722,15 @@ void fp_conns_free(struct fp_conns *h)
     struct conn *c, *next;
 
     h->drained = NULL;
-    for (c = h->conns; c != NULL; c = next) {
-        next = c->next;
+    for (c = LIST_FIRST(&h->conns); c != NULL; c = next) {
+        next = LIST_NEXT(c, link);
         conn_close(c); /* detaches a waiting request */
     }
     if (h->inflight != 0)
         fp_log(FP_LOG_WARN, "http: %lu requests still in flight at exit",
                h->inflight);
-    while ((c = h->free_list) != NULL) {
-        h->free_list = c->next;
+    while ((c = SLIST_FIRST(&h->free_list)) != NULL) {
+        SLIST_REMOVE_HEAD(&h->free_list, free_link);
         conn_destroy(c);
     }
     while (h->big_free != NULL) {

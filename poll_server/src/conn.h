@@ -40,6 +40,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/queue.h>
 
 #include <event2/util.h>
 
@@ -84,7 +85,10 @@ enum conn_read {
 struct conn {
     struct fp_waiter w;             /* first: the coalescer's handle */
     struct fp_conns *h;
-    struct conn *prev, *next;       /* open connections, or the free list */
+    union {                         /* on one list at a time */
+        LIST_ENTRY(conn) link;      /* open connections */
+        SLIST_ENTRY(conn) free_link; /* the free list */
+    };
     evutil_socket_t fd;
     struct event *rev, *wev, *timer;
     enum conn_state state;          /* changed by conn_set_state only */
@@ -135,14 +139,17 @@ struct fp_conn_ops {
     void (*hold_expired)(struct conn *c);
 };
 
+LIST_HEAD(fp_conn_list, conn);
+SLIST_HEAD(fp_conn_free, conn);
+
 /* Every connection of the poll port, with their pools and timers. */
 struct fp_conns {
     struct event_base *base;
     const struct fp_settings *s;
     const struct fp_conn_ops *ops;
     struct fp_accept_guard *guard; /* told when a descriptor is free */
-    struct conn *conns;         /* open */
-    struct conn *free_list;
+    struct fp_conn_list conns;  /* open */
+    struct fp_conn_free free_list;
     size_t nfree;
     size_t in_small, in_max;    /* input buffer sizes (see struct conn) */
     char *big_free;             /* pooled in_max buffers, linked through */

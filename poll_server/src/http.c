@@ -332,8 +332,8 @@ void fp_http_drain(struct fp_http *h, void (*done)(void *arg), void *arg)
     fp_conns_drain(&h->cs, done, arg);
     /* Held polls are answered now (304, Connection: close): nothing would
      * wake them before the drain's limit. */
-    for (c = h->cs.conns; c != NULL; c = next) {
-        next = c->next;
+    for (c = LIST_FIRST(&h->cs.conns); c != NULL; c = next) {
+        next = LIST_NEXT(c, link);
         if (c->state == CONN_HELD)
             end_held(c, FP_STAT_WAKE_SHUTDOWN);
     }
