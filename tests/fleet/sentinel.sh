@@ -28,10 +28,10 @@ sentinel_cli() { on "$1" "REDISCLI_AUTH='$pass' redis-cli --no-auth-warning -h $
 sentinel_subscribed() {
     local n
     for n in "${POLLERS[@]}"; do
-        on "$n" bash -s <<'EOF' || die "$n: not subscribed to the announcements through the sentinels"
+        on "$n" bash -s <<'EOF' || { echo "$n: not subscribed to the announcements"; return 1; }
 for admin in 9101 9102; do
     for _ in $(seq 1 60); do
-        curl -fsS "http://127.0.0.1:$admin/metrics" | grep -qx 'fastpoll_announce_subscribed 1' && continue 2
+        m=$(curl -fsS "http://127.0.0.1:$admin/metrics") && grep -qx 'fastpoll_announce_subscribed 1' <<< "$m" && continue 2
         sleep 0.25
     done
     echo "admin $admin: not subscribed"; exit 1
@@ -88,7 +88,7 @@ PY
         [ "$i" -lt 60 ] || die "fp-db1's sentinel does not see the other two: $line"
         sleep 0.5
     done
-    sentinel_subscribed
+    sentinel_subscribed || die "the poll servers are not subscribed through the sentinels"
     phase "Sentinel deployed: Redis master fp-data1, replica fp-app2, 3 sentinels (password required); the Redis backend and the announcements through them"
 
     # ---- the failover, under load ----
@@ -105,34 +105,38 @@ PY
         --apps "${IP[fp-data1]}:8000,${IP[fp-app2]}:8000" --token-file "$RUN/api.token" \
         --users "$(IFS=,; echo "${users[*]}")" --paths "$(printf '%s\n' "${paths[@]}" | paste -sd'|')" \
         --events "$RUN/sentinel-events" --out "$RUN/sentinel-load.json" --max-seconds 150 \
-        > "$LOGS/sentinel-load.log" 2>&1 &
+        > "$LOGS/sentinel-load.log" 2>&1 8>&- &
     local load_pid=$!
+    # A failure below ends the run: the load generator with it (it would outlive the fleet).
+    sentinel_die() { kill "$load_pid" 2>/dev/null; die "$@"; }
     sleep 6
     kill -0 "$load_pid" 2>/dev/null || { cat "$LOGS/sentinel-load.log"; die "the load generator ended early"; }
     t_kill=$(date +%s.%N)
     echo "kill $t_kill" >> "$RUN/sentinel-events"
     # Masked first, so systemd's Restart= does not bring an empty master back before the sentinels
     # see it gone (it would be the master again, and its replica would copy it empty).
-    on fp-data1 'systemctl mask --runtime --quiet redis-server && systemctl kill --signal=SIGKILL redis-server' \
-        || die "cannot kill fp-data1's Redis"
+    # SIGKILL to the main pid: systemctl kill also signals the unit's other processes, which
+    # fails inside the test's containers (EIO).
+    on fp-data1 'systemctl mask --runtime --quiet redis-server && pid=$(systemctl show -p MainPID --value redis-server) && [ "$pid" -gt 0 ] && kill -9 "$pid"' \
+        || sentinel_die "cannot kill fp-data1's Redis"
     for i in $(seq 1 120); do
         [ "$(sentinel_cli fp-db1 SENTINEL get-master-addr-by-name fastpoll | head -1)" = "${IP[fp-app2]}" ] && break
-        [ "$i" -lt 120 ] || die "no failover to fp-app2 within 60 s"
+        [ "$i" -lt 120 ] || sentinel_die "no failover to fp-app2 within 60 s"
         sleep 0.5
     done
     t_promoted=$(date +%s.%N)
     echo "promoted $t_promoted" >> "$RUN/sentinel-events"
-    sentinel_subscribed
+    sentinel_subscribed || sentinel_die "the poll servers did not subscribe on the new master"
     echo "subscribed $(date +%s.%N)" >> "$RUN/sentinel-events"
     sleep 8
     on fp-data1 'systemctl unmask --runtime --quiet redis-server && systemctl start redis-server' \
-        || die "cannot start fp-data1's Redis again"
+        || sentinel_die "cannot start fp-data1's Redis again"
     echo "restarted $(date +%s.%N)" >> "$RUN/sentinel-events"
     for i in $(seq 1 120); do
         role=$(on fp-data1 "REDISCLI_AUTH='$pass' redis-cli -h ${IP[fp-data1]} --user fastpoll --no-auth-warning --raw ROLE" 2>/dev/null \
             | head -4 | paste -sd' ') || true
         case "$role" in "slave ${IP[fp-app2]} 6379 connected") break ;; esac
-        [ "$i" -lt 120 ] || die "fp-data1's Redis is not a replica of fp-app2 within 60 s of its start: $role"
+        [ "$i" -lt 120 ] || sentinel_die "fp-data1's Redis is not a replica of fp-app2 within 60 s of its start: $role"
         sleep 0.5
     done
     t_back=$(date +%s.%N)
