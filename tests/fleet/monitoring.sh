@@ -15,6 +15,21 @@
 #      node_exporter, Redis and PostgreSQL are up.
 #   4. One poll server instance stopped: PollerDown fires within its `for` window (not before it),
 #      and clears after the instance is started again.
+#   5. Paging drills (issue 21; docs/operations.md, "Alerting"), against a webhook receiver on the
+#      control node (fastpoll_testkit.webhook, on the bridge address; run.sh's inventory points
+#      Alertmanager's page and ticket webhooks at it, runs the SLO rules 30 times faster,
+#      monitoring_slo_time_divisor, and shortens the cache alerts' `for` and Alertmanager's
+#      group_wait and group_interval), under plain poll load from the control node (ab):
+#      a. a memcached node stopped while the fleet keeps replicas: the CacheServerDownCovered
+#         ticket arrives, no page does (held until a page would have arrived), every poll 2xx;
+#      b. a fleet-wide outage (every poll server instance and every app stopped: nginx answers 503
+#         to every poll): exactly one page notification arrives, ErrorBudgetBurn
+#         {slo="poll-availability"}, one alert without a host label, none repeated; the cause
+#         alerts (PollerDown of each instance) are inhibited in Alertmanager and no ticket of
+#         theirs goes out after the page; then everything is started again, polls are answered,
+#         and the page's resolved notification arrives.
+#      The test's certificate is made for 2 days (run.sh), so CertificateExpiresSoon's page
+#      (under 2 days, for 10 min) is silenced first, as an operator silences a known cause.
 
 MON_HOST=fp-mon1
 MON_PORT=9090
@@ -62,8 +77,222 @@ no_answer() {
     [ "$rc" = 7 ] || [ "$rc" = 28 ] || die "$from reached $addr:$port (curl rc $rc); want no connection"
 }
 
+# ---- the paging drills' tools -------------------------------------------------------------------
+AM_PORT=9093
+# The receiver's record: one JSON line per notification (kept with the logs).
+WEBHOOK_OUT=$LOGS/webhook-notifications.jsonl
+WEBHOOK_PID=""
+
+webhook() { "$REPO/.venv/bin/python" -m fastpoll_testkit.webhook "$@"; }
+now() { date +%s.%N; }
+# secs_since T: seconds (one decimal) from T to now.
+secs_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# webhook_start: the receiver on the address the inventory's alertmanager_page_webhook_url names
+# (the bridge address, a port run.sh picked), until webhook_stop or the end of this run. Then
+# fp-mon1 must reach it: its firewall (role firewall) filters inbound traffic only.
+webhook_start() {
+    local url listen i
+    url=$(sed -n 's/^ *alertmanager_page_webhook_url: *//p' "$RUN/inventory.yml" | head -1)
+    listen=${url#http://}; listen=${listen%%/*}
+    [ "${listen%:*}" = "$BRIDGE_ADDR" ] \
+        || die "alertmanager_page_webhook_url ('$url') is not a receiver on $BRIDGE_ADDR (run.sh's inventory_head sets it)"
+    rm -f "$RUN/webhook.pid" "$WEBHOOK_OUT"
+    "$REPO/.venv/bin/python" -m fastpoll_testkit.webhook serve --listen "$listen" --out "$WEBHOOK_OUT" \
+        --pid-file "$RUN/webhook.pid" --while-pid $$ --max-seconds 1800 2> "$LOGS/webhook.log" &
+    WEBHOOK_PID=$!
+    for i in $(seq 1 100); do
+        [ -s "$RUN/webhook.pid" ] && break
+        kill -0 "$WEBHOOK_PID" 2>/dev/null || { cat "$LOGS/webhook.log"; die "the webhook receiver exited"; }
+        sleep 0.1
+    done
+    expect "$(cat "$RUN/webhook.pid" 2>/dev/null)" "$WEBHOOK_PID" "the webhook receiver's pid file (written once it listens)"
+    on "$MON_HOST" "curl -fsS -m 5 -o /dev/null http://$listen/-/healthy" \
+        || die "$MON_HOST cannot reach the webhook receiver on $listen"
+}
+webhook_stop() {
+    [ -n "$WEBHOOK_PID" ] || return 0
+    kill "$WEBHOOK_PID" 2>/dev/null || true
+    wait "$WEBHOOK_PID" 2>/dev/null || true
+    WEBHOOK_PID=""
+}
+# notes PATH STATUS SINCE [--alerts]: the receiver's notifications on PATH (/page, /ticket) with
+# STATUS (firing, resolved) since SINCE, one line each: "time path status alerts names group".
+notes() { webhook show "$WEBHOOK_OUT" --path "$1" --status "$2" --since "$3" "${@:4}"; }
+
+# am_alerts: Alertmanager's alerts, one line each: "alertname severity state inhibited_by
+# silenced_by labels" (state: active, suppressed; the counts of inhibiting alerts and silences).
+am_alerts() {
+    on "$MON_HOST" "curl -fsS -m 5 http://${IP[$MON_HOST]}:$AM_PORT/api/v2/alerts" | python3 -c '
+import json, sys
+for a in json.load(sys.stdin):
+    l, s = a["labels"], a["status"]
+    print(l.get("alertname"), l.get("severity", "-"), s["state"], len(s.get("inhibitedBy") or []),
+          len(s.get("silencedBy") or []), ",".join("%s=%s" % kv for kv in sorted(l.items())))
+'
+}
+# rule_for NAME: the `for` of alert rule NAME in Prometheus, in seconds (the first such rule).
+rule_for() {
+    prom_api /api/v1/rules --data-urlencode type=alert | python3 -c '
+import json, sys
+d = [int(r["duration"]) for g in json.load(sys.stdin)["data"]["groups"] for r in g["rules"] if r["name"] == sys.argv[1]]
+print(d[0] if d else "")
+' "$1"
+}
+
+# load_start TAG: plain polls through both pollers' nginx from the control node, rounds of
+# `ab -n 200 -c 2` on the drill users' signed URLs (DRILL_URLS) until load_stop; each round's
+# "time complete non-2xx failed" in $LOGS/load-TAG.txt.
+load_start() {
+    local tag=$1
+    : > "$LOGS/load-$tag.txt"
+    rm -f "$RUN/load.stop"
+    (
+        i=0
+        while [ ! -e "$RUN/load.stop" ]; do
+            n=${POLLERS[$((i % ${#POLLERS[@]}))]}
+            url=${DRILL_URLS[$((i / ${#POLLERS[@]} % ${#DRILL_URLS[@]}))]}
+            assert_route "${IP[$n]}"
+            ab -q -n 200 -c 2 -s 5 "http://${IP[$n]}$url" > "$RUN/ab-load.txt" 2>&1 || true
+            awk -v t="$(now)" '/^Complete requests:/ {c = $3} /^Failed requests:/ {f = $3}
+                /^Non-2xx responses:/ {x = $3} END {print t, c + 0, x + 0, f + 0}' "$RUN/ab-load.txt" >> "$LOGS/load-$tag.txt"
+            i=$((i + 1))
+            sleep 0.1
+        done
+    ) &
+    LOAD_PID=$!
+}
+# load_stop TAG: ends the load (not in a subshell: it waits for its own child); LOAD_POLLS,
+# LOAD_BAD and LOAD_FAILED: complete, non-2xx and failed requests over its rounds.
+load_stop() {
+    touch "$RUN/load.stop"
+    wait "$LOAD_PID" || die "the poll load ($1) stopped on an error"
+    read -r LOAD_POLLS LOAD_BAD LOAD_FAILED < <(awk '{c += $2; x += $3; f += $4} END {print c + 0, x + 0, f + 0}' "$LOGS/load-$1.txt")
+}
+
+# before T LIMIT: true while fewer than LIMIT seconds have passed since T.
+before() { awk -v a="$1" -v b="$(now)" -v l="$2" 'BEGIN { exit !(b - a < l) }'; }
+# pages_out: the page alerts Alertmanager would notify now (active: neither silenced nor inhibited).
+pages_out() { am_alerts | awk '$2 == "page" && $3 == "active"'; }
+# no_page_yet SINCE WHAT: dies if a page notification arrived since SINCE, or Alertmanager holds
+# a page it would send.
+no_page_yet() {
+    local got
+    got=$(notes /page firing "$1")
+    [ -z "$got" ] || die "$2: a page arrived: $(notes /page firing "$1" --alerts | tr '\n' ';')"
+    got=$(pages_out)
+    [ -z "$got" ] || die "$2: Alertmanager has a page to send: $got"
+}
+
+# Drill a: a memcached node lost while every key has a replica on another node.
+drill_covered_node() {
+    local servers replicas mc_host=fp-data1 server for_s hold_s t_stop ticket="" t_ticket
+    servers=$(ini_list fp-poll1 servers)
+    replicas=$(ini_list fp-poll1 replicas)
+    server="${IP[$mc_host]}:11211"
+    case ",$servers," in *",$server,"*) ;; *) die "$server is not in the pollers' memcached servers ($servers)";; esac
+    # [memcached] replicas: 1, or unset with two servers or more (the default).
+    if [ "$replicas" != 1 ] && { [ -n "$replicas" ] || [ "$(tr ',' '\n' <<<"$servers" | grep -c .)" -lt 2 ]; }; then
+        die "the fleet keeps no memcached replicas (servers $servers, replicas '${replicas:-default}')"
+    fi
+    expect "$(prom_query 'fastpoll:cache_replicas' | awk '{print $NF}')" 1 "fastpoll:cache_replicas (monitoring_cache_replicas)"
+    for_s=$(rule_for CacheServerUnreachable)
+    [ -n "$for_s" ] && [ "$for_s" = "$(rule_for CacheServerDownCovered)" ] \
+        || die "CacheServerUnreachable's for ($for_s s) differs from CacheServerDownCovered's"
+    # Held down until a page would have arrived: the alert's for, a scrape and two evaluations
+    # (2 s each), the group's wait (alertmanager_group_wait, 5 s) and a margin.
+    hold_s=$((for_s + 6 + 5 + 3))
+
+    load_start a
+    sleep 3
+    on "$mc_host" systemctl stop memcached
+    t_stop=$(now)
+    while before "$t_stop" $((hold_s + 40)); do
+        no_page_yet "$t_stop" "memcached on $mc_host stopped (covered by replicas)"
+        if [ -z "$ticket" ]; then
+            ticket=$(notes /ticket firing "$t_stop" --alerts \
+                | awk -v s="server=$server" '$4 == "firing" && $5 == "CacheServerDownCovered" && index($6, s)' | head -1)
+            [ -z "$ticket" ] || t_ticket=$(secs_since "$t_stop")
+        fi
+        [ -n "$ticket" ] && ! before "$t_stop" "$hold_s" && break
+        sleep 1
+    done
+    no_page_yet "$t_stop" "memcached on $mc_host stopped (covered by replicas)"
+    on "$mc_host" systemctl start memcached
+    load_stop a
+    [ -n "$ticket" ] || die "no CacheServerDownCovered ticket for $server within $((hold_s + 40)) s of stopping it"
+    [ "$LOAD_POLLS" -gt 0 ] && [ "$LOAD_BAD" = 0 ] && [ "$LOAD_FAILED" = 0 ] \
+        || die "polls while $server was down: $LOAD_POLLS, $LOAD_BAD non-2xx, $LOAD_FAILED failed (want all 2xx: its keys are on their replicas)"
+    say "drill a: memcached on $mc_host stopped under load ($LOAD_POLLS polls, all 2xx): CacheServerDownCovered ticket after $t_ticket s, no page in $(secs_since "$t_stop") s (for: ${for_s}s)"
+}
+
+# Drill b: every poll fails, fleet-wide.
+drill_fleet_outage() {
+    local n a t0 got page="" t_page
+    local -a units
+    declare -gA DRILL_UNITS=()
+    for n in "${POLLERS[@]}"; do
+        DRILL_UNITS[$n]=$(on "$n" "systemctl list-units --state=active --plain --no-legend 'fastpoll-poller@*.service'" | awk '{print $1}' | paste -sd' ')
+        [ -n "${DRILL_UNITS[$n]}" ] || die "$n: no poll server instance active before the outage"
+    done
+    load_start b
+    sleep 2
+    t0=$(now)
+    for n in "${POLLERS[@]}"; do read -ra units <<<"${DRILL_UNITS[$n]}"; on "$n" systemctl stop "${units[@]}"; done
+    for a in "${APPS[@]}"; do on "$a" systemctl stop fastpoll-app; done
+    DRILL_T_OUT=$(now)
+    while before "$DRILL_T_OUT" 60; do
+        page=$(notes /page firing "$t0")
+        if [ -n "$page" ]; then t_page=$(secs_since "$DRILL_T_OUT"); break; fi
+        sleep 0.5
+    done
+    [ -n "$page" ] || { am_alerts > "$LOGS/alertmanager-alerts.txt"; die "no page within 60 s of the fleet-wide outage (Alertmanager's alerts: $LOGS/alertmanager-alerts.txt)"; }
+    # One notification: ErrorBudgetBurn, availability, one alert for the fleet (no host label).
+    got=$(notes /page firing "$t0" --alerts)
+    expect "$(grep -c . <<<"$got")" 1 "alerts in the page ($got)"
+    case "$got" in *" firing ErrorBudgetBurn "*slo=poll-availability*) ;; *) die "the page is not ErrorBudgetBurn{slo=poll-availability}: $got";; esac
+    case "$got" in *host=*) die "the page names a host: $got";; esac
+    # Out for a changed group's interval (10 s) and more: no second page, the causes held back,
+    # and no ticket sent once the page was out.
+    sleep 14
+    got=$(notes /page firing "$t0")
+    expect "$(grep -c . <<<"$got")" 1 "page notifications during the outage ($got)"
+    am_alerts > "$LOGS/alertmanager-alerts.txt"
+    grep -q '^PollerDown [a-z]* suppressed [1-9]' "$LOGS/alertmanager-alerts.txt" \
+        || { cat "$LOGS/alertmanager-alerts.txt"; die "no PollerDown inhibited in Alertmanager during the outage"; }
+    got=$(awk '$1 != "Watchdog" && !($1 == "ErrorBudgetBurn" && $2 == "page") && $3 == "active"' "$LOGS/alertmanager-alerts.txt")
+    [ -z "$got" ] || die "alerts not held back while the fleet-wide page is out: $got"
+    got=$(notes /ticket firing "${page%% *}")
+    [ -z "$got" ] || die "tickets sent after the page: $got"
+    DRILL_CAUSES=$(grep -c '^PollerDown ' "$LOGS/alertmanager-alerts.txt")
+    DRILL_EARLY=$(notes /ticket firing "$t0" | grep -c . || true)
+
+    # Everything back; polls answered again.
+    for a in "${APPS[@]}"; do on "$a" systemctl start fastpoll-app; done
+    for n in "${POLLERS[@]}"; do read -ra units <<<"${DRILL_UNITS[$n]}"; on "$n" systemctl start "${units[@]}"; done
+    DRILL_T_BACK=$(now)
+    app_up
+    for n in "${POLLERS[@]}"; do
+        for _ in $(seq 1 40); do
+            got=$(http GET "$n" "/Poll/getMessages?user_id=$DRILL_U")
+            [ "${got%% *}" = 200 ] && break
+            sleep 0.5
+        done
+        expect "${got%% *}" 200 "$n: a poll after the outage"
+    done
+    load_stop b
+    # Every instance scraped again and its PollerDown over (section 4 starts from none).
+    for _ in $(seq 1 30); do
+        [ -z "$(prom_query 'up{job=~"fastpoll_poller|fastpoll_app"} == 0 or ALERTS{alertname=~"PollerDown|PollerHostDown|AppDown"}')" ] && break
+        sleep 1
+    done
+    got=$(prom_query 'up{job=~"fastpoll_poller|fastpoll_app"} == 0 or ALERTS{alertname=~"PollerDown|PollerHostDown|AppDown"}')
+    [ -z "$got" ] || die "30 s after the restart: $got"
+    say "drill b: fleet-wide outage (every poll server instance and app stopped; $LOAD_POLLS polls, $LOAD_BAD non-2xx): 1 page (ErrorBudgetBurn poll-availability, one alert, no host) $t_page s after, none more in 14 s; $DRILL_CAUSES PollerDown inhibited, $DRILL_EARLY ticket(s) before the page, none after; polls answered $(secs_since "$DRILL_T_BACK") s after the restart"
+}
+
 fleet_monitoring_checks() {
-    local t n port want got i line fired since stop_at for_s
+    local t n port want got i line fired since stop_at for_s t_drills url
 
     # ---- 1. every target up ------------------------------------------------------------------
     # 6 node (every fleet host), 4 poll server instances, 2 nginx, 2 mtail, 2 apps, redis,
@@ -111,13 +340,39 @@ fleet_monitoring_checks() {
     say "relays and exporters: reachable from $MON_HOST only; admin listeners on loopback"
 
     # ---- 3. the data is there -----------------------------------------------------------------
-    got=$(prom_query 'sum by (host) (fastpoll_edge_requests_total{route="poll"}) > 0' | wc -l)
+    # A few plain polls through each poller (mtail starts after the pollers' play: the deploy's
+    # own polls are not in its count), then their count within a few scrapes.
+    url=$(signed "/Poll/getMessages?user_id=$seed_user")
+    for n in "${POLLERS[@]}"; do
+        assert_route "${IP[$n]}"
+        ab -q -n 20 -c 2 -s 5 "http://${IP[$n]}$url" > "$RUN/ab-sli.txt" 2>&1 || { cat "$RUN/ab-sli.txt"; die "ab to $n failed"; }
+    done
+    for i in $(seq 1 20); do
+        got=$(prom_query 'sum by (host) (fastpoll_edge_requests_total{route="poll"}) > 0' | wc -l)
+        [ "$got" = "${#POLLERS[@]}" ] && break
+        sleep 1
+    done
     expect "$got" "${#POLLERS[@]}" "pollers whose edge SLI (mtail) counted polls"
     got=$(prom_query 'memcached_up == 1' | wc -l)
     expect "$got" 2 "memcached nodes up in their stats (textfile collector)"
     expect "$(prom_query 'redis_up' | awk '{print $NF}')" 1 "redis_up"
     expect "$(prom_query 'pg_up' | awk '{print $NF}')" 1 "pg_up"
     expect "$(prom_query 'count(fastpoll_app_repair_pending)' | awk '{print $NF}')" "${#APPS[@]}" "apps reporting the outbox backlog"
+
+    # ---- 5. paging drills, a and b (4 runs while b's page resolves) ----------------------------
+    t_drills=$(now)
+    DRILL_U=$((RANDOM % 9000 + 60000))
+    DRILL_URLS=()
+    for i in 0 1 2 3 4 5 6 7; do DRILL_URLS+=("$(signed "/Poll/getMessages?user_id=$((DRILL_U + i))")"); done
+    on "$MON_HOST" "amtool --alertmanager.url=http://${IP[$MON_HOST]}:$AM_PORT silence add alertname=CertificateExpiresSoon \
+        path=/etc/ssl/fastpoll-test.pem --duration=2h --author=fleet-test --comment='the test certificate is made for 2 days'" > /dev/null \
+        || die "amtool could not silence CertificateExpiresSoon"
+    webhook_start
+    # Nothing pages before the drills (a page from an earlier scenario is over within a minute).
+    while before "$t_drills" 60 && [ -n "$(pages_out)" ]; do sleep 2; done
+    [ -z "$(pages_out)" ] || die "pages out before the drills: $(pages_out)"
+    drill_covered_node
+    drill_fleet_outage
 
     # ---- 4. PollerDown -----------------------------------------------------------------------
     for_s=$(prom_api /api/v1/rules --data-urlencode type=alert | python3 -c '
@@ -152,4 +407,27 @@ for g in json.load(sys.stdin)["data"]["groups"]:
     [ -z "$(prom_query 'ALERTS{alertname="PollerDown"}')" ] || die "PollerDown still active 30 s after the instance came back"
     expect "$(prom_query 'up{job="fastpoll_poller",host="fp-poll1",poller="8102"}' | awk '{print $NF}')" 1 "fp-poll1:8102 up again"
     say "PollerDown cleared after the restart"
+
+    # ---- 5. the end of drill b: the page resolved, the fleet whole ----------------------------
+    # Resolved once the SLO's short windows (10 s, and 1 min for the 6x burn) hold no error,
+    # notified at Alertmanager's next group interval.
+    got=""
+    while before "$DRILL_T_BACK" 120; do
+        got=$(notes /page resolved "$DRILL_T_OUT" --alerts | awk '$5 == "ErrorBudgetBurn"')
+        [ -n "$got" ] && break
+        sleep 1
+    done
+    [ -n "$got" ] || die "no resolved notification of the page within 120 s of the restart"
+    say "drill b: the page's resolved notification $(awk -v a="$DRILL_T_BACK" '{ printf "%.1f", $1 - a; exit }' <<<"$got") s after the restart"
+    webhook_stop
+    expect "$(notes /page firing 0 | grep -c . || true)" 1 "page notifications in all the drills"
+    # Every target up again, every memcached node in use, the apps answering.
+    for i in $(seq 1 30); do
+        [ "$(prom_targets | grep -c ' up ')" = "$want" ] && break
+        sleep 1
+    done
+    expect "$(prom_targets | grep -c ' up ')" "$want" "targets up after the drills"
+    expect "$(prom_query 'min(fastpoll_backend_up)' | awk '{print $NF}')" 1 "every poll server instance's memcached nodes up after the drills"
+    app_up
+    say "paging drills: $(secs_since "$t_drills") s in all; $(notes /ticket firing 0 | grep -c . || true) ticket notification(s), 1 page"
 }
