@@ -67,12 +67,15 @@ die() { echo "fleet: FAIL: $*" >&2; exit 1; }
 # In the order a full run plays them, all on one boot and one first deploy. Any one runs alone
 # (`tests/fleet/run.sh NAME[,NAME...]`, `make test-deploy SCENARIO=NAME`), after what it needs.
 SCENARIOS=(lint converge budgets data-host request-path metrics scaling upgrade gated-release edge app-hosts
-           membership interrupted signing-rotation rollback backup monitoring redis-backend redis-rotation)
+           membership interrupted signing-rotation rollback backup monitoring redis-backend redis-rotation
+           redis-sentinel)
 # What a scenario needs to have run before it on the same fleet.
 declare -A NEEDS=([rollback]=upgrade [gated-release]=upgrade [redis-rotation]=redis-backend)
 # Scenarios kept in their own files.
 # shellcheck source=tests/fleet/gate.sh
 . "$(dirname "$0")/gate.sh"
+# shellcheck source=tests/fleet/sentinel.sh
+. "$(dirname "$0")/sentinel.sh"
 declare -A WANT=()
 select_scenarios() {
     local s known
@@ -339,6 +342,10 @@ phase "hosts up: ${NAMES[*]}"
 # ---- 4. inventories and ansible -----------------------------------------------------------------
 # inventory_head FILE: the settings every test host shares.
 inventory_head() {
+    # The paging drills' webhook receiver (tests/fleet/monitoring.sh starts it on the control
+    # node): a port free now on the bridge address, below the ephemeral range.
+    [ -n "${WEBHOOK_PORT:-}" ] || WEBHOOK_PORT=$("$REPO/.venv/bin/python" -m fastpoll_testkit.webhook free-port "$BRIDGE_ADDR") \
+        || die "no free port on $BRIDGE_ADDR for the webhook receiver"
     cat > "$1" <<EOF
 all:
   vars:
@@ -367,7 +374,15 @@ all:
     monitoring_scrape_interval: 2s
     monitoring_scrape_timeout: 2s
     monitoring_evaluation_interval: 2s
-    monitoring_alert_for: {PollerDown: 10s}
+    monitoring_alert_for: {PollerDown: 10s, CacheServerDownCovered: 10s, CacheServerUnreachable: 10s}
+    # The paging drills: Alertmanager's pages and tickets go to the test's receiver; the SLO
+    # alerts run 30 times faster (windows of 10 s to 144 min, ErrorBudgetBurn's for: 4 s), and a
+    # group's first notification waits 5 s, a changed one 10 s.
+    alertmanager_page_webhook_url: http://$BRIDGE_ADDR:$WEBHOOK_PORT/page
+    alertmanager_ticket_webhook_url: http://$BRIDGE_ADDR:$WEBHOOK_PORT/ticket
+    alertmanager_group_wait: 5s
+    alertmanager_group_interval: 10s
+    monitoring_slo_time_divisor: 30
     fallback_app_workers: 2
     # The rollout gate watches 5 s after a batch, not 15 (the checks' load is hundreds of polls a
     # second, and every batch pays the window).
