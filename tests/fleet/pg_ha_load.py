@@ -139,11 +139,8 @@ def check(args: argparse.Namespace) -> int:
     acked = [p for p in pubs if p[4] == 201]
     lost = [p[1] for p in acked if stored[p[1]] == 0]
     twice = [t for t, n in stored.items() if n > 1 and t.startswith("pgha ")]
-    # The gap: from the kill to the first 201 of an attempt started after the first failed one
-    # (publishes started just after the kill, before the primary died, are acknowledged).
-    failed_after = [p[2] for p in pubs if p[4] != 201 and p[2] >= kill]
-    since = min(failed_after) if failed_after else kill
-    after = sorted(p[3] for p in acked if p[2] >= since)
+    # The gap: from the kill to the first publish acknowledged that started after it.
+    after = sorted(p[3] for p in acked if p[2] > kill)
     gap = (after[0] - kill) if after else float("inf")
     last_before = max((p[3] for p in acked if p[3] <= kill), default=float("nan"))
     failed_pubs = sum(1 for p in pubs if p[4] != 201)
