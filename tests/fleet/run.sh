@@ -16,8 +16,8 @@
 #   fp-poll2 10.77.0.12  pollers, memcached
 #   fp-data1 10.77.0.21  memcached, redis, app
 #   fp-app2  10.77.0.22  app (a second app host: both on PostgreSQL)
-#   fp-db1   10.77.0.23  postgresql (with fp-app2: a Patroni pair; etcd on fp-db1, fp-app2, fp-mon1)
-#   fp-mon1  10.77.0.24  monitoring (tests/fleet/monitoring.sh, if present, checks it), backup (pgBackRest)
+#   fp-db1   10.77.0.23  postgresql
+#   fp-mon1  10.77.0.24  monitoring (tests/fleet/monitoring.sh, if present, checks it)
 # and, deployed alongside with its own inventory (the single-host example's layout):
 #   fp-solo  10.77.0.31  every group, services on loopback
 #
@@ -67,7 +67,7 @@ die() { echo "fleet: FAIL: $*" >&2; exit 1; }
 # In the order a full run plays them, all on one boot and one first deploy. Any one runs alone
 # (`tests/fleet/run.sh NAME[,NAME...]`, `make test-deploy SCENARIO=NAME`), after what it needs.
 SCENARIOS=(lint converge budgets data-host request-path metrics scaling upgrade gated-release edge app-hosts
-           membership interrupted signing-rotation rollback postgres-ha monitoring redis-backend redis-rotation
+           membership interrupted signing-rotation rollback backup monitoring redis-backend redis-rotation
            redis-sentinel)
 # What a scenario needs to have run before it on the same fleet.
 declare -A NEEDS=([rollback]=upgrade [gated-release]=upgrade [redis-rotation]=redis-backend)
@@ -76,8 +76,6 @@ declare -A NEEDS=([rollback]=upgrade [gated-release]=upgrade [redis-rotation]=re
 . "$(dirname "$0")/gate.sh"
 # shellcheck source=tests/fleet/sentinel.sh
 . "$(dirname "$0")/sentinel.sh"
-# shellcheck source=tests/fleet/postgres_ha.sh
-. "$(dirname "$0")/postgres_ha.sh"
 declare -A WANT=()
 select_scenarios() {
     local s known
@@ -429,15 +427,6 @@ cat >> "$RUN/inventory.yml" <<EOF
     postgresql:
       hosts:
         fp-db1:
-        fp-app2:
-    postgresql_dcs:
-      hosts:
-        fp-db1:
-        fp-app2:
-        fp-mon1:
-    backup:
-      hosts:
-        fp-mon1:
     monitoring:
       hosts:
         fp-mon1:
@@ -1371,6 +1360,25 @@ done
 check_converged
 expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$seed_user" | cut -d' ' -f1)" 200 "a poll after the rollback"
 phase "rollback: $RELEASE_B -> $RELEASE_A with ansible/rollback.sh, every instance on the old binary"
+}
+
+sc_backup() {
+# ---- 15. backup and restore of PostgreSQL ----------------------------------------------------------
+bu=$((RANDOM % 9000 + 90000))
+expect "$(publish fp-data1 "$bu" "in the backup")" 201 "publish before the backup"
+on fp-db1 systemctl start fastpoll-pg-backup.service
+dump=$(on fp-db1 'ls -1t /var/backups/fastpoll/fastpoll-*.dump | head -1')
+[ -n "$dump" ] || die "no dump after fastpoll-pg-backup"
+expect "$(publish fp-data1 "$bu" "after the backup")" 201 "publish after the backup"
+for a in "${APPS[@]}"; do on "$a" systemctl stop fastpoll-app; done
+on fp-db1 "runuser -u postgres -- pg_restore --clean --if-exists --single-transaction -d fastpoll '$dump'" \
+    || die "pg_restore failed"
+for a in "${APPS[@]}"; do on "$a" systemctl start fastpoll-app; done
+app_up
+body=$(curl -sS -m 10 "http://${IP[fp-app2]}:8000$(poll_url fp-app2 "$bu")")
+case "$body" in *"in the backup"*) ;; *) die "restored database lacks the message: $body";; esac
+case "$body" in *"after the backup"*) die "restored database has a message published after the backup";; esac
+phase "backup ($dump) and restore: the restored database holds what the dump held"
 }
 
 sc_monitoring() {
