@@ -61,6 +61,7 @@ from typing import Any
 
 import httpx
 
+from fastpoll_testkit.procs import terminate
 from fastpoll_testkit.stack import POLL_SERVER, Stack, free_port
 from loadtests import preload, sysinfo
 from loadtests.longpoll import metric_sum, nchan_subscribers, pss_kb, tree
@@ -268,14 +269,8 @@ def perf_start(pids: list[int], data: Path) -> subprocess.Popen[bytes] | None:
 
 
 def perf_stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is None:
-        return
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    if proc is not None:
+        terminate(proc, 60, signal.SIGINT)  # perf writes its data on SIGINT
 
 
 PERF_LINE = re.compile(r"^\s+([0-9.]+)%\s+(\S+)\s+(.+?)\s*$")

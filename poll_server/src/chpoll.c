@@ -382,17 +382,17 @@ static void on_part(struct fp_waiter *w, enum fp_cache_status st,
  * read's value replaces that part and the answer is composed (the top of
  * the file says why the other parts need no read); a key gone, or values
  * not kept: all parts are read again (a miss sends the poll to the app). */
-static void on_changed(struct fp_held_set *set, struct fp_held *hd,
-                       enum fp_cache_status st, const char *value, size_t len,
-                       enum fp_stat_wake cause, uint64_t published_ms)
+static void on_changed(struct fp_held *hd, enum fp_cache_status st,
+                       const char *value, size_t len, enum fp_stat_wake cause,
+                       uint64_t published_ms)
 {
-    struct fp_chpoll *p = poll_of(set);
+    struct fp_chpoll *p = poll_of(hd->set);
 
     p->was_held = 1;
     p->cause = cause;
     if (published_ms != 0 && (p->pub_ms == 0 || published_ms < p->pub_ms))
         p->pub_ms = published_ms;
-    if (st == FP_CACHE_HIT && p->kept && hd != NULL && hd->set == set) {
+    if (st == FP_CACHE_HIT && p->kept) {
         p->kept = 0;
         p->reading = 1;
         on_part(&part_of(hd)->w, st, value, len, NULL); /* -> parts_in() */

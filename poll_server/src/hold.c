@@ -210,7 +210,7 @@ static void on_read(enum fp_cache_status st, const char *value, size_t len,
         if (hd->set != NULL) {
             /* It composes its answer with this read's value, and times
              * it itself. */
-            hd->set->changed(hd->set, hd, st, value, len, k->cause,
+            hd->set->changed(hd, st, value, len, k->cause,
                              st == FP_CACHE_HIT ? k->read_pub_ms : 0);
             continue;
         }

@@ -46,9 +46,9 @@ struct fp_held {
  * all with `set` pointing here; counted as one held poll. One watch per
  * key, shared with every other poll on it. When a read of one of its keys
  * finds another answer (or none), every key of the set is removed and
- * changed() is called once, with that key's fp_held and the read's result
- * (st FP_CACHE_HIT: value, len, valid during the call only; or
- * FP_CACHE_MISS: the key is gone).
+ * changed() is called once, with that key's fp_held (hd->set: the set) and
+ * the read's result (st FP_CACHE_HIT: value, len, valid during the call
+ * only; or FP_CACHE_MISS: the key is gone).
  * `handle` is the poll's own fp_held (its connection's, never held on a
  * key): fp_hold_remove(handle), as a connection that closes calls it, calls
  * ended(), which lets go of the whole poll. */
@@ -56,9 +56,9 @@ struct fp_held_set {
     struct fp_held *handle;
     struct fp_held_list held;   /* its keys held now, through slink */
     size_t nheld;
-    void (*changed)(struct fp_held_set *set, struct fp_held *hd,
-                    enum fp_cache_status st, const char *value, size_t len,
-                    enum fp_stat_wake cause, uint64_t published_ms);
+    void (*changed)(struct fp_held *hd, enum fp_cache_status st,
+                    const char *value, size_t len, enum fp_stat_wake cause,
+                    uint64_t published_ms);
     void (*ended)(struct fp_held_set *set);
 };
 

@@ -42,11 +42,14 @@ def freeze(pid: int, timeout: float = 5.0) -> None:
         time.sleep(0.001)
 
 
-def terminate(popen: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    """SIGTERM a process this test started, SIGKILL it if it is still there after timeout."""
+def terminate(
+    popen: subprocess.Popen[bytes], timeout: float = 10.0, sig: int = signal.SIGTERM
+) -> None:
+    """Signal a process this test started (SIGTERM unless sig says otherwise), SIGKILL it if it
+    is still there after timeout."""
     if popen.poll() is not None:
         return
-    popen.send_signal(signal.SIGTERM)
+    popen.send_signal(sig)
     try:
         popen.wait(timeout)
     except subprocess.TimeoutExpired:
