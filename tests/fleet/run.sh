@@ -188,6 +188,9 @@ teardown() {
     local rc=$?
     set +e
     trap - EXIT INT TERM
+    # Whoever reads our output may be gone (make test stops its whole process group): a write
+    # must not end the teardown half-way (hosts down, their mounts and the bridge left).
+    trap '' PIPE
     print_table
     if [ "${FLEET_KEEP:-0}" = 1 ]; then
         touch "$RUN/.keep" 2>/dev/null
