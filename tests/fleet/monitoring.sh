@@ -3,7 +3,8 @@
 # which then calls fleet_monitoring_checks. It uses run.sh's helpers (on, assert_route, expect,
 # say, die) and arrays (IP, FLEET, POLLERS, APPS), and the inventory settings run.sh gives the
 # fleet for this: fastpoll_prometheus_clients (the control node may query Prometheus), a 2 s scrape
-# and evaluation interval, and PollerDown's `for` at 10 s (monitoring_alert_for).
+# and evaluation interval (run.sh's sc_monitoring plays the monitoring hosts with it first; the
+# inventory's 10 s holds until then), and PollerDown's `for` at 10 s (monitoring_alert_for).
 #
 #   1. Prometheus on fp-mon1 answers on its private address, and every target of every job is up:
 #      each poll server instance (through its relay), the apps, node_exporter on every fleet host,
