@@ -104,3 +104,10 @@ def test_baseline_command_prints_json(tmp_path: Path) -> None:
     got = json.loads(out.stdout)
     # The window ends 6 s ago (nginx's flush): 16 s of these 30 s, at 20 polls a second.
     assert 290 <= got["polls"] <= 350 and got["app_share"] == 0.0
+    # With nginx flushing every second (fastpoll_access_log_flush_seconds: 1; the gate gets 2 s)
+    # the window is the 20 s up to 2 s ago: 12 s of these (30 to 10 s ago), less the time the
+    # first run took (the log's times are fixed).
+    argv += ["--flush-seconds", "2"]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True)
+    got = json.loads(out.stdout)
+    assert 160 <= got["polls"] <= 245
