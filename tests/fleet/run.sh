@@ -378,7 +378,7 @@ all:
     # Monitoring (tests/fleet/monitoring.sh): the control node queries Prometheus's API. A 10 s
     # scrape until the monitoring scenario, which plays the monitoring hosts again with 2 s
     # (MONITORING_FAST) so that its alerts fire within seconds: at 2 s all along, Prometheus and
-    # the exporters took about a seventh of the machine's CPU for the whole run.
+    # the exporters took about an eighth of make test's CPU time.
     fastpoll_prometheus_clients: ["$BRIDGE_ADDR"]
     monitoring_scrape_interval: 10s
     monitoring_scrape_timeout: 5s
@@ -394,7 +394,7 @@ all:
     monitoring_slo_time_divisor: 30
     fallback_app_workers: 2
     # The rollout gate watches 3 s after a batch, not 15 (the checks' load is hundreds of polls a
-    # second, and every batch pays the window and nginx's 5 s log flush after it).
+    # second, and every batch pays the window and the log's flush after it).
     rollout_gate_seconds: 3
     # nginx flushes the access log every second, so the gate waits 2 s for a window's lines, not 6.
     fastpoll_access_log_flush_seconds: 1
