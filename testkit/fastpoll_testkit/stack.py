@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpx
 import jinja2
 
 from fastpoll_testkit.status import start_time
@@ -130,7 +131,9 @@ def wait_for(
         try:
             if check():
                 return
-        except OSError as e:  # connection refused while it starts
+        # Connection refused while it starts: the socket's own error, or httpx's for a check made
+        # through an httpx client (httpx.TransportError is not an OSError).
+        except (OSError, httpx.TransportError) as e:
             last = e
         time.sleep(0.05)
     raise RuntimeError(f"{what} did not become healthy within {timeout:.0f}s ({last})")
