@@ -22,7 +22,7 @@ PACKAGES=(
     nginx logrotate memcached redis-server
     libevent-2.1-7 libmemcached11 libhiredis0.14 libinih1
     redis-sentinel nftables ssl-cert openssl libpq5
-    postgresql python3-psycopg2
+    postgresql python3-psycopg2 patroni python3-etcd etcd-server pgbackrest
     prometheus prometheus-node-exporter prometheus-nginx-exporter prometheus-redis-exporter
     prometheus-postgres-exporter prometheus-node-exporter-collectors mtail prometheus-alertmanager
 )
@@ -69,6 +69,10 @@ for unit in systemd-timesyncd.service apt-daily.timer apt-daily-upgrade.timer e2
             fstrim.timer man-db.timer; do
     ln -sf /dev/null "$tmp/etc/systemd/system/$unit"
 done
+# Packages whose service starts at install in a default setup the roles replace: etcd (a
+# single-node cluster), pgBackRest's TLS server (no certificate yet). Their roles enable them.
+rm -f "$tmp"/etc/systemd/system/multi-user.target.wants/etcd.service "$tmp"/etc/systemd/system/etcd2.service \
+      "$tmp"/etc/systemd/system/multi-user.target.wants/pgbackrest.service
 # No package manager source can be reached from the test network; keep apt from trying.
 echo "deb $MIRROR $SUITE main" > "$tmp/etc/apt/sources.list"
 

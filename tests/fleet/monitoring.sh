@@ -297,8 +297,8 @@ fleet_monitoring_checks() {
 
     # ---- 1. every target up ------------------------------------------------------------------
     # 6 node (every fleet host), 4 poll server instances, 2 nginx, 2 mtail, 2 apps, redis,
-    # postgres, Prometheus itself and its Alertmanager.
-    want=20
+    # 2 postgres (the Patroni pair), Prometheus itself and its Alertmanager.
+    want=21
     for i in $(seq 1 60); do
         prom_targets > "$RUN/targets.txt" || true
         got=$(grep -c ' up ' "$RUN/targets.txt" || true)
@@ -319,14 +319,18 @@ fleet_monitoring_checks() {
     done
     for n in "${APPS[@]}"; do grep -q "^fastpoll_app $n - up " "$RUN/targets.txt" || die "app $n is not an up target"; done
     grep -q '^redis fp-data1 - up ' "$RUN/targets.txt" || die "no redis exporter target up"
-    grep -q '^postgres fp-db1 - up ' "$RUN/targets.txt" || die "no postgres exporter target up"
+    for n in fp-db1 fp-app2; do
+        grep -q "^postgres $n - up " "$RUN/targets.txt" || die "postgres exporter on $n is not an up target"
+    done
     grep -q '^alertmanager .* up ' "$RUN/targets.txt" || die "no Alertmanager target (role alertmanager)"
     say "Prometheus on $MON_HOST: all $want targets up"
 
     # ---- 2. who reaches what -----------------------------------------------------------------
     for n in "${POLLERS[@]}"; do
         # The relay serves the instance's metrics to the monitoring host...
-        on "$MON_HOST" "curl -fsS -m 5 http://${IP[$n]}:9201/metrics" | grep -q '^fastpoll_build_info' \
+        # (read whole, then searched: grep -q ending a pipe early fails it with SIGPIPE)
+        local relay_out
+        relay_out=$(on "$MON_HOST" "curl -fsS -m 5 http://${IP[$n]}:9201/metrics") && grep -q '^fastpoll_build_info' <<< "$relay_out" \
             || die "$MON_HOST cannot read $n's poll server metrics through its relay"
         # ...and nothing it scrapes answers the control node or a host outside the monitoring group.
         for port in 9201 9100 9113 3903; do
@@ -357,7 +361,8 @@ fleet_monitoring_checks() {
     got=$(prom_query 'memcached_up == 1' | wc -l)
     expect "$got" 2 "memcached nodes up in their stats (textfile collector)"
     expect "$(prom_query 'redis_up' | awk '{print $NF}')" 1 "redis_up"
-    expect "$(prom_query 'pg_up' | awk '{print $NF}')" 1 "pg_up"
+    # Both members of the Patroni pair: the exporter reaches its PostgreSQL on each.
+    expect "$(prom_query 'min(pg_up) * count(pg_up)' | awk '{print $NF}')" 2 "pg_up on both PostgreSQL hosts (min x count)"
     expect "$(prom_query 'count(fastpoll_app_repair_pending)' | awk '{print $NF}')" "${#APPS[@]}" "apps reporting the outbox backlog"
 
     # ---- 5. paging drills, a and b (4 runs while b's page resolves) ----------------------------

@@ -16,8 +16,8 @@
 #   fp-poll2 10.77.0.12  pollers, memcached
 #   fp-data1 10.77.0.21  memcached, redis, app
 #   fp-app2  10.77.0.22  app (a second app host: both on PostgreSQL)
-#   fp-db1   10.77.0.23  postgresql
-#   fp-mon1  10.77.0.24  monitoring (tests/fleet/monitoring.sh, if present, checks it)
+#   fp-db1   10.77.0.23  postgresql (with fp-app2: a Patroni pair; etcd on fp-db1, fp-app2, fp-mon1)
+#   fp-mon1  10.77.0.24  monitoring (tests/fleet/monitoring.sh, if present, checks it), backup (pgBackRest)
 # and, deployed alongside with its own inventory (the single-host example's layout):
 #   fp-solo  10.77.0.31  every group, services on loopback
 #
@@ -67,7 +67,7 @@ die() { echo "fleet: FAIL: $*" >&2; exit 1; }
 # In the order a full run plays them, all on one boot and one first deploy. Any one runs alone
 # (`tests/fleet/run.sh NAME[,NAME...]`, `make test-deploy SCENARIO=NAME`), after what it needs.
 SCENARIOS=(lint converge budgets data-host request-path metrics scaling upgrade gated-release edge app-hosts
-           membership interrupted signing-rotation rollback backup monitoring redis-backend redis-rotation
+           membership interrupted signing-rotation rollback postgres-ha monitoring redis-backend redis-rotation
            redis-sentinel)
 # What a scenario needs to have run before it on the same fleet.
 declare -A NEEDS=([rollback]=upgrade [gated-release]=upgrade [redis-rotation]=redis-backend)
@@ -76,6 +76,8 @@ declare -A NEEDS=([rollback]=upgrade [gated-release]=upgrade [redis-rotation]=re
 . "$(dirname "$0")/gate.sh"
 # shellcheck source=tests/fleet/sentinel.sh
 . "$(dirname "$0")/sentinel.sh"
+# shellcheck source=tests/fleet/postgres_ha.sh
+. "$(dirname "$0")/postgres_ha.sh"
 declare -A WANT=()
 select_scenarios() {
     local s known
@@ -201,6 +203,8 @@ teardown() {
     if [ -n "${LINT_PID:-}" ] && kill -0 "$LINT_PID" 2>/dev/null; then
         pkill -TERM -P "$LINT_PID"; kill -TERM "$LINT_PID" 2>/dev/null
     fi
+    # A drill's load generator still running after a failed check (drill_load).
+    if [ -n "${DRILL_PID:-}" ]; then kill -TERM "$DRILL_PID" 2>/dev/null; fi
     release_hosts
     if [ "${FLEET_TEARDOWN_ONLY:-0}" = 1 ]; then
         say "torn down"
@@ -438,6 +442,15 @@ cat >> "$RUN/inventory.yml" <<EOF
     postgresql:
       hosts:
         fp-db1:
+        fp-app2:
+    postgresql_dcs:
+      hosts:
+        fp-db1:
+        fp-app2:
+        fp-mon1:
+    backup:
+      hosts:
+        fp-mon1:
     monitoring:
       hosts:
         fp-mon1:
@@ -572,6 +585,28 @@ publish() {
     assert_route "${IP[$n]}"
     curl -sS -m 10 -o /dev/null -w '%{http_code}' -X POST -H "Authorization: Bearer $(cat "$RUN/api.token")" \
         -H 'Content-Type: application/json' --data "$body" "http://${IP[$n]}:8000/api/messages"
+}
+# drill_load SCRIPT TAG MAX_SECONDS USERS PATHS: a failover drill's load generator (tests/fleet/SCRIPT,
+# fastpoll_testkit.drill's options) against both pollers and both app hosts from the control node,
+# in the background (DRILL_PID): USERS comma-separated, PATHS signed poll paths |-separated; the
+# events in $RUN/TAG-events (emptied here), the record in $RUN/TAG-load.json, its output in
+# $LOGS/TAG-load.log.
+drill_load() {
+    local script=$1 tag=$2 max=$3 users=$4 paths=$5 n
+    for n in "${POLLERS[@]}" "${APPS[@]}"; do assert_route "${IP[$n]}"; done
+    : > "$RUN/$tag-events"
+    "$REPO/.venv/bin/python" "$HERE/$script" --pollers "${IP[fp-poll1]},${IP[fp-poll2]}" \
+        --apps "${IP[fp-data1]}:8000,${IP[fp-app2]}:8000" --token-file "$RUN/api.token" \
+        --users "$users" --paths "$paths" --events "$RUN/$tag-events" --out "$RUN/$tag-load.json" \
+        --max-seconds "$max" > "$LOGS/$tag-load.log" 2>&1 8>&- &
+    DRILL_PID=$!
+}
+# drill_stop TAG: the drill's `stop` event, then its load generator's end and output.
+drill_stop() {
+    echo "stop $(date +%s.%N)" >> "$RUN/$1-events"
+    wait "$DRILL_PID" || { cat "$LOGS/$1-load.log"; DRILL_PID=""; die "the load generator failed"; }
+    DRILL_PID=""
+    cat "$LOGS/$1-load.log"
 }
 # poll_url APPHOST USER: a poll URL issued by the app (POST /api/poll-url), path and query. While
 # that app host restarts (a rollout), the other app host issues it.
@@ -1379,25 +1414,6 @@ done
 check_converged
 expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$seed_user" | cut -d' ' -f1)" 200 "a poll after the rollback"
 phase "rollback: $RELEASE_B -> $RELEASE_A with ansible/rollback.sh, every instance on the old binary"
-}
-
-sc_backup() {
-# ---- 15. backup and restore of PostgreSQL ----------------------------------------------------------
-bu=$((RANDOM % 9000 + 90000))
-expect "$(publish fp-data1 "$bu" "in the backup")" 201 "publish before the backup"
-on fp-db1 systemctl start fastpoll-pg-backup.service
-dump=$(on fp-db1 'ls -1t /var/backups/fastpoll/fastpoll-*.dump | head -1')
-[ -n "$dump" ] || die "no dump after fastpoll-pg-backup"
-expect "$(publish fp-data1 "$bu" "after the backup")" 201 "publish after the backup"
-for a in "${APPS[@]}"; do on "$a" systemctl stop fastpoll-app; done
-on fp-db1 "runuser -u postgres -- pg_restore --clean --if-exists --single-transaction -d fastpoll '$dump'" \
-    || die "pg_restore failed"
-for a in "${APPS[@]}"; do on "$a" systemctl start fastpoll-app; done
-app_up
-body=$(curl -sS -m 10 "http://${IP[fp-app2]}:8000$(poll_url fp-app2 "$bu")")
-case "$body" in *"in the backup"*) ;; *) die "restored database lacks the message: $body";; esac
-case "$body" in *"after the backup"*) die "restored database has a message published after the backup";; esac
-phase "backup ($dump) and restore: the restored database holds what the dump held"
 }
 
 MONITORING_FAST=(-e monitoring_scrape_interval=2s -e monitoring_scrape_timeout=2s -e monitoring_evaluation_interval=2s)

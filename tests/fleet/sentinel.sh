@@ -21,6 +21,14 @@
 #      while subscribed is 10 s); the figures are printed. Then a run of the redis plays
 #      changes nothing (Ansible's redis.conf is not rewritten by the failover, the sentinels'
 #      source is unchanged).
+#   4. The memcached backend with the announcements through the sentinels, and the Redis password
+#      rotated with them (docs/runbook.md's two phases): the first play switches the backend and
+#      gives Redis and the sentinels the new password beside the old one, the pollers and the
+#      apps restart onto the new one; the second drops the old one. The sentinels then refuse
+#      the old password and take the new one, every poll server is subscribed again.
+#   5. The master (now fp-app2) killed under the same load: the sentinels promote fp-data1. With
+#      memcached holding the answers, polls are cache hits throughout; the held polls are woken
+#      by the announcements again after the failover (the same checks as 3).
 
 # The sentinels take the Redis password ($pass, set by sc_redis_sentinel).
 sentinel_cli() { on "$1" "REDISCLI_AUTH='$pass' redis-cli --no-auth-warning -h ${IP[$1]} -p 26379 --raw ${*:2}"; }
@@ -41,7 +49,7 @@ EOF
 }
 
 sc_redis_sentinel() {
-    local inv=$RUN/sentinel.yml pass t_kill t_promoted t_back role i line
+    local inv=$RUN/sentinel.yml pass role i line
     local pass_args=()
     # The inventory: run.sh's, with a replica and the sentinels.
     "$REPO/.venv/bin/python" - "$RUN/inventory.yml" "$inv" <<'PY' || die "cannot write the Sentinel inventory"
@@ -92,66 +100,107 @@ PY
     phase "Sentinel deployed: Redis master fp-data1, replica fp-app2, 3 sentinels (password required); the Redis backend and the announcements through them"
 
     # ---- the failover, under load ----
-    local users=() paths=() u
+    sentinel_failover fp-data1 fp-app2 redis
+    # No restart of a poll server or an app: their config did not change and nothing restarted
+    # them; the idempotency run below changes nothing.
+    INVENTORY=$inv playbook sentinel-rerun "${pass_args[@]}" -e fastpoll_cache_backend=redis -e fastpoll_cache_ttl=299 \
+        --limit 'redis:redis_sentinel' --tags redis
+    expect "$(recap_changed)" 0 "changes by the redis plays after the failover"
+    phase "Redis master fp-data1 killed under load (Redis backend): $(head -1 "$RUN/sentinel-verdict.txt"); the redis plays then change nothing"
+
+    # ---- the memcached backend, the announcements through the sentinels, the password rotated ----
+    local old_pass=$pass new_pass
+    new_pass=$(head -c 24 /dev/urandom | base64 | tr -d '/+=')
+    grep -v '^fastpoll_redis_password' "$RUN/secrets.yml" > "$RUN/secrets-sentinel.yml"
+    printf 'fastpoll_redis_password: "%s"\n' "$new_pass" >> "$RUN/secrets-sentinel.yml"
+    printf 'fastpoll_redis_previous_passwords: ["%s"]\n' "$old_pass" > "$RUN/sentinel-prev.yml"
+    INVENTORY=$inv playbook sentinel-rotate-1 -e "@$RUN/secrets-sentinel.yml" -e "@$RUN/sentinel-prev.yml" \
+        -e fastpoll_cache_backend=memcached -e fastpoll_cache_ttl=299 \
+        --limit 'pollers:app:redis:redis_sentinel' --tags config,redis,app,pollers
+    for n in "${POLLERS[@]}" "${APPS[@]}"; do
+        line=$(on "$n" "sed -n '/^\[cache\]/,/^\[/s/^backend = //p' /etc/fastpoll/fastpoll.ini")
+        expect "$line" memcached "$n: [cache] backend"
+        line=$(on "$n" "sed -n 's/^sentinels = //p' /etc/fastpoll/fastpoll.ini")
+        expect "$line" "${IP[fp-data1]}:26379 ${IP[fp-app2]}:26379 ${IP[fp-db1]}:26379" "$n: [redis] sentinels"
+    done
+    for n in fp-data1 fp-app2 fp-db1; do
+        pass=$old_pass
+        expect "$(sentinel_cli "$n" SENTINEL get-master-addr-by-name fastpoll | paste -sd' ')" \
+            "${IP[fp-app2]} 6379" "$n's sentinel with the old password during the rotation"
+        pass=$new_pass
+        expect "$(sentinel_cli "$n" SENTINEL get-master-addr-by-name fastpoll | paste -sd' ')" \
+            "${IP[fp-app2]} 6379" "$n's sentinel with the new password during the rotation"
+    done
+    INVENTORY=$inv playbook sentinel-rotate-2 -e "@$RUN/secrets-sentinel.yml" \
+        -e fastpoll_cache_backend=memcached -e fastpoll_cache_ttl=299 --limit 'redis:redis_sentinel' --tags redis
+    for n in fp-data1 fp-app2 fp-db1; do
+        pass=$old_pass
+        line=$(sentinel_cli "$n" SENTINEL get-master-addr-by-name fastpoll 2>&1 | head -1)
+        case "$line" in *WRONGPASS*|*NOAUTH*|*invalid*) ;; *) die "$n's sentinel still takes the old password: $line" ;; esac
+        pass=$new_pass
+        expect "$(sentinel_cli "$n" SENTINEL get-master-addr-by-name fastpoll | paste -sd' ')" \
+            "${IP[fp-app2]} 6379" "$n's sentinel with the new password"
+    done
+    role=$(on fp-data1 "REDISCLI_AUTH='$pass' redis-cli -h ${IP[fp-data1]} --user fastpoll --no-auth-warning --raw ROLE" | head -3 | paste -sd' ')
+    expect "$role" "slave ${IP[fp-app2]} 6379" "fp-data1's Redis role after the rotation"
+    sentinel_subscribed || die "the poll servers are not subscribed through the sentinels after the rotation"
+    printf 'fastpoll_redis_password: "%s"\n' "$new_pass" > "$RUN/redis-current.yml"
+    phase "memcached backend, announcements through the sentinels; Redis password rotated (both, then the new one only): the sentinels refuse the old one, every poll server subscribed"
+
+    # ---- the master (fp-app2 now) killed under load, the memcached backend ----
+    sentinel_failover fp-app2 fp-data1 memcached
+    phase "Redis master fp-app2 killed under load (memcached backend, announcements): $(head -1 "$RUN/sentinel-verdict.txt")"
+}
+
+# sentinel_failover MASTER REPLICA BACKEND: under sentinel_load.py's load, MASTER's Redis killed;
+# the sentinels promote REPLICA, every poll server subscribes on it, MASTER comes back as its
+# replica; sentinel_load.py --check judges the run (its verdict in $RUN/sentinel-verdict.txt).
+sentinel_failover() {
+    local master=$1 replica=$2 backend=$3 t_kill t_promoted t_back role i u
+    local users=() paths=()
     for i in 0 1 2 3 4; do
         u=$((RANDOM % 9000 + 70000 + i * 10000))
         expect "$(publish fp-data1 "$u" "before the failover")" 201 "publish before the failover"
         users+=("$u")
         paths+=("$(signed "/Poll/getMessages?user_id=$u")")
     done
-    for n in "${POLLERS[@]}" "${APPS[@]}"; do assert_route "${IP[$n]}"; done
-    : > "$RUN/sentinel-events"
-    "$REPO/.venv/bin/python" "$HERE/sentinel_load.py" --pollers "${IP[fp-poll1]},${IP[fp-poll2]}" \
-        --apps "${IP[fp-data1]}:8000,${IP[fp-app2]}:8000" --token-file "$RUN/api.token" \
-        --users "$(IFS=,; echo "${users[*]}")" --paths "$(printf '%s\n' "${paths[@]}" | paste -sd'|')" \
-        --events "$RUN/sentinel-events" --out "$RUN/sentinel-load.json" --max-seconds 150 \
-        > "$LOGS/sentinel-load.log" 2>&1 8>&- &
-    local load_pid=$!
-    # A failure below ends the run: the load generator with it (it would outlive the fleet).
-    sentinel_die() { kill "$load_pid" 2>/dev/null; die "$@"; }
+    local tag=sentinel-$backend
+    drill_load sentinel_load.py "$tag" 150 "$(IFS=,; echo "${users[*]}")" "$(printf '%s\n' "${paths[@]}" | paste -sd'|')"
     sleep 6
-    kill -0 "$load_pid" 2>/dev/null || { cat "$LOGS/sentinel-load.log"; die "the load generator ended early"; }
+    kill -0 "$DRILL_PID" 2>/dev/null || { cat "$LOGS/$tag-load.log"; die "the load generator ended early"; }
     t_kill=$(date +%s.%N)
-    echo "kill $t_kill" >> "$RUN/sentinel-events"
+    echo "kill $t_kill" >> "$RUN/$tag-events"
     # Masked first, so systemd's Restart= does not bring an empty master back before the sentinels
     # see it gone (it would be the master again, and its replica would copy it empty).
     # SIGKILL to the main pid: systemctl kill also signals the unit's other processes, which
     # fails inside the test's containers (EIO).
-    on fp-data1 'systemctl mask --runtime --quiet redis-server && pid=$(systemctl show -p MainPID --value redis-server) && [ "$pid" -gt 0 ] && kill -9 "$pid"' \
-        || sentinel_die "cannot kill fp-data1's Redis"
+    on "$master" 'systemctl mask --runtime --quiet redis-server && pid=$(systemctl show -p MainPID --value redis-server) && [ "$pid" -gt 0 ] && kill -9 "$pid"' \
+        || die "cannot kill $master's Redis"
     for i in $(seq 1 120); do
-        [ "$(sentinel_cli fp-db1 SENTINEL get-master-addr-by-name fastpoll | head -1)" = "${IP[fp-app2]}" ] && break
-        [ "$i" -lt 120 ] || sentinel_die "no failover to fp-app2 within 60 s"
+        [ "$(sentinel_cli fp-db1 SENTINEL get-master-addr-by-name fastpoll | head -1)" = "${IP[$replica]}" ] && break
+        [ "$i" -lt 120 ] || die "no failover to $replica within 60 s"
         sleep 0.5
     done
     t_promoted=$(date +%s.%N)
-    echo "promoted $t_promoted" >> "$RUN/sentinel-events"
-    sentinel_subscribed || sentinel_die "the poll servers did not subscribe on the new master"
-    echo "subscribed $(date +%s.%N)" >> "$RUN/sentinel-events"
+    echo "promoted $t_promoted" >> "$RUN/$tag-events"
+    sentinel_subscribed || die "the poll servers did not subscribe on the new master"
+    echo "subscribed $(date +%s.%N)" >> "$RUN/$tag-events"
     sleep 8
-    on fp-data1 'systemctl unmask --runtime --quiet redis-server && systemctl start redis-server' \
-        || sentinel_die "cannot start fp-data1's Redis again"
-    echo "restarted $(date +%s.%N)" >> "$RUN/sentinel-events"
+    on "$master" 'systemctl unmask --runtime --quiet redis-server && systemctl start redis-server' \
+        || die "cannot start $master's Redis again"
+    echo "restarted $(date +%s.%N)" >> "$RUN/$tag-events"
     for i in $(seq 1 120); do
-        role=$(on fp-data1 "REDISCLI_AUTH='$pass' redis-cli -h ${IP[fp-data1]} --user fastpoll --no-auth-warning --raw ROLE" 2>/dev/null \
+        role=$(on "$master" "REDISCLI_AUTH='$pass' redis-cli -h ${IP[$master]} --user fastpoll --no-auth-warning --raw ROLE" 2>/dev/null \
             | head -4 | paste -sd' ') || true
-        case "$role" in "slave ${IP[fp-app2]} 6379 connected") break ;; esac
-        [ "$i" -lt 120 ] || sentinel_die "fp-data1's Redis is not a replica of fp-app2 within 60 s of its start: $role"
+        case "$role" in "slave ${IP[$replica]} 6379 connected") break ;; esac
+        [ "$i" -lt 120 ] || die "$master's Redis is not a replica of $replica within 60 s of its start: $role"
         sleep 0.5
     done
     t_back=$(date +%s.%N)
-    echo "replica $t_back" >> "$RUN/sentinel-events"
+    echo "replica $t_back" >> "$RUN/$tag-events"
     sleep 5
-    echo "stop $(date +%s.%N)" >> "$RUN/sentinel-events"
-    wait "$load_pid" || { cat "$LOGS/sentinel-load.log"; die "the load generator failed"; }
-    cat "$LOGS/sentinel-load.log"
-    "$REPO/.venv/bin/python" "$HERE/sentinel_load.py" --check "$RUN/sentinel-load.json" --events "$RUN/sentinel-events" \
-        > "$RUN/sentinel-verdict.txt" 2>&1 || { cat "$RUN/sentinel-verdict.txt"; die "Redis failover under load"; }
+    drill_stop "$tag"
+    "$REPO/.venv/bin/python" "$HERE/sentinel_load.py" --check "$RUN/$tag-load.json" --events "$RUN/$tag-events" \
+        > "$RUN/sentinel-verdict.txt" 2>&1 || { cat "$RUN/sentinel-verdict.txt"; die "Redis failover under load ($backend backend)"; }
     sed 's/^/  /' "$RUN/sentinel-verdict.txt"
-    # No restart of a poll server or an app: the same pids before and after are not needed, their
-    # config did not change and nothing restarted them; the idempotency run below changes nothing.
-    INVENTORY=$inv playbook sentinel-rerun "${pass_args[@]}" -e fastpoll_cache_backend=redis -e fastpoll_cache_ttl=299 \
-        --limit 'redis:redis_sentinel' --tags redis
-    expect "$(recap_changed)" 0 "changes by the redis plays after the failover"
-    phase "Redis master killed under load: $(head -1 "$RUN/sentinel-verdict.txt"); the redis plays then change nothing"
 }

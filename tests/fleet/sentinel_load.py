@@ -25,39 +25,18 @@ import sys
 import threading
 import time
 
+from fastpoll_testkit.drill import DrillLoad, arguments, read_events
+
 SEQ = re.compile(rb"sntl (\d+)")
 
 
-class Load:
+class Load(DrillLoad):
     def __init__(self, args: argparse.Namespace) -> None:
-        self.pollers: list[str] = args.pollers.split(",")
-        self.apps: list[str] = args.apps.split(",")
-        with open(args.token_file) as f:
-            self.token = f.read().strip()
-        self.users = [int(u) for u in args.users.split(",")]
-        self.paths: list[str] = args.paths.split("|")
-        self.events: str = args.events
-        self.deadline = time.time() + args.max_seconds
-        self.lock = threading.Lock()
+        super().__init__(args)
         self.polls: list[tuple[float, int, str]] = []
         self.publishes: list[tuple[int, int, float, float, int, str]] = []
         self.wakes: list[tuple[int, float, str]] = []
         self.held_errors: list[tuple[float, str]] = []
-        self.stop = threading.Event()
-
-    def stopped(self) -> bool:
-        return self.stop.is_set()
-
-    def watch(self) -> None:
-        while time.time() < self.deadline:
-            try:
-                with open(self.events) as f:
-                    if any(line.startswith("stop ") for line in f):
-                        break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        self.stop.set()
 
     def get(
         self, host: str, path: str, headers: dict[str, str], timeout: float
@@ -92,26 +71,9 @@ class Load:
             seq += 1
             user = held[seq % len(held)]
             app = self.apps[seq % len(self.apps)]
-            body = json.dumps({"user_id": user, "text": f"sntl {seq}"})
             sent = time.time()
-            c = http.client.HTTPConnection(app, timeout=10)
-            try:
-                c.request(
-                    "POST",
-                    "/api/messages",
-                    body=body,
-                    headers={
-                        "Authorization": f"Bearer {self.token}",
-                        "Content-Type": "application/json",
-                    },
-                )
-                r = c.getresponse()
-                r.read()
-                status, cache = r.status, r.getheader("X-Cache-Publish") or "-"
-            except OSError as exc:
-                status, cache = 0, type(exc).__name__
-            finally:
-                c.close()
+            status, r = self.publish(app, user, f"sntl {seq}")
+            cache = (r.getheader("X-Cache-Publish") or "-") if r is not None else "failed"
             with self.lock:
                 self.publishes.append((seq, user, sent, time.time(), status, cache))
             time.sleep(max(0.0, 0.25 - (time.time() - sent)))
@@ -187,11 +149,7 @@ def pct(xs: list[float], q: float) -> float:
 def check(out: str, events_file: str) -> int:
     with open(out) as f:
         data = json.load(f)
-    ev: dict[str, float] = {}
-    with open(events_file) as f:
-        for line in f:
-            name, _, t = line.partition(" ")
-            ev[name] = float(t)
+    ev = read_events(events_file)
     kill, promoted, restarted, replica = (
         ev["kill"],
         ev["promoted"],
@@ -298,16 +256,7 @@ def check(out: str, events_file: str) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--pollers")
-    ap.add_argument("--apps")
-    ap.add_argument("--token-file")
-    ap.add_argument("--users")
-    ap.add_argument("--paths")
-    ap.add_argument("--events", required=True)
-    ap.add_argument("--out")
-    ap.add_argument("--max-seconds", type=float, default=150)
-    ap.add_argument("--check")
+    ap = arguments(max_seconds=150)
     args = ap.parse_args()
     if args.check:
         return check(args.check, args.events)

@@ -1,0 +1,124 @@
+# shellcheck shell=bash
+# PostgreSQL with failover and backups off the database host in the fleet test (issue 21), sourced
+# by tests/fleet/run.sh, which runs sc_postgres_ha as the scenario postgres-ha. It uses run.sh's
+# helpers (on, assert_route, publish, signed, expect, say, die, phase) and arrays (IP, POLLERS, APPS).
+#
+# The fleet's inventory (run.sh): PostgreSQL on fp-db1 and fp-app2 under Patroni (a primary and a
+# synchronous standby), etcd on fp-db1, fp-app2 and fp-mon1, pgBackRest's repository on fp-mon1
+# (WAL archived as written, a full backup taken by the first deploy).
+#
+#   1. Point-in-time restore: publish A, note the primary's clock, publish B; on fp-mon1,
+#      fastpoll-pg-pitr restores the repository to that time into a scratch cluster: A is there,
+#      B is not. The backup metric (node_exporter's textfile) is checked too.
+#   2. Failover under load (tests/fleet/pg_ha_load.py: publishes through both app hosts, polls
+#      through both pollers): the primary's Patroni and PostgreSQL are killed (SIGKILL, the unit
+#      masked so systemd does not restart it). Checked: every acknowledged (201) publish is in the
+#      database after the failover, none twice; publishes succeed again within 30 s (the gap is
+#      printed); polls answered 2xx throughout (at most 1 % not). Then the old primary's Patroni
+#      starts again and it follows as the synchronous standby; WAL reaches the repository from the
+#      new primary (pgbackrest check).
+
+# patroni_role HOST: "primary", "replica" or "-" from HOST's Patroni REST API (asked on the host).
+patroni_role() {
+    local code
+    code=$(on "$1" curl -s -m 2 -o /dev/null -w '%{http_code}' "http://${IP[$1]}:8008/primary" 2>/dev/null) || code=000
+    if [ "$code" = 200 ]; then echo primary; return; fi
+    code=$(on "$1" curl -s -m 2 -o /dev/null -w '%{http_code}' "http://${IP[$1]}:8008/replica" 2>/dev/null) || code=000
+    if [ "$code" = 200 ]; then echo replica; else echo -; fi
+}
+pg_primary() {
+    local n
+    for n in fp-db1 fp-app2; do [ "$(patroni_role "$n")" = primary ] && { echo "$n"; return; }; done
+    echo -
+}
+pg_sql() { on "$1" "cd / && runuser -u postgres -- psql -X -q -t -A -v ON_ERROR_STOP=1 -d fastpoll" <<<"$2"; }
+
+sc_postgres_ha() {
+    local primary standby i u_pitr t_mark out t_kill t_new new_primary gap
+    primary=$(pg_primary)
+    [ "$primary" != - ] || die "no PostgreSQL primary"
+    if [ "$primary" = fp-db1 ]; then standby=fp-app2; else standby=fp-db1; fi
+    expect "$(patroni_role "$standby")" replica "$standby's Patroni role"
+    # The standby is the synchronous one: a 201 is on both hosts.
+    expect "$(on "$standby" curl -s -m 2 -o /dev/null -w '%{http_code}' "http://${IP[$standby]}:8008/sync")" 200 \
+        "$standby is the synchronous standby"
+    out=$(pg_sql "$primary" "SHOW synchronous_commit; SHOW synchronous_standby_names;" | paste -sd' ')
+    say "primary $primary, synchronous standby $standby ($out)"
+    # The first deploy's full backup, and its metric for BackupTooOld.
+    out=$(on fp-mon1 cat /var/lib/prometheus/node-exporter/fastpoll_backup.prom | awk '/^fastpoll_backup_last_success_timestamp_seconds/{print $2}')
+    [ -n "$out" ] && [ $(( $(date +%s) - out )) -lt 3600 ] || die "no recent fastpoll_backup_last_success_timestamp_seconds on fp-mon1: '$out'"
+    # Read whole, then searched: `grep -q` on the pipe would end at the match, and the rest of
+    # node_exporter's output (larger than a pipe's buffer) would fail the pipeline with SIGPIPE.
+    out=$(on fp-mon1 "curl -fsS http://${IP[fp-mon1]}:9100/metrics") || die "fp-mon1's node_exporter does not answer"
+    grep -q '^fastpoll_backup_last_success_timestamp_seconds{' <<< "$out" \
+        || die "node_exporter on fp-mon1 does not serve the backup metric"
+
+    # ---- 1. point-in-time restore from fp-mon1 ----
+    u_pitr=$((RANDOM % 9000 + 60000))
+    expect "$(publish fp-data1 "$u_pitr" "pitr A")" 201 "publish A"
+    sleep 1
+    t_mark=$(pg_sql "$primary" "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || '+00'")
+    sleep 1
+    expect "$(publish fp-data1 "$u_pitr" "pitr B")" 201 "publish B"
+    # pgbackrest check switches the WAL segment and waits for it in the repository: B's commit is there.
+    on fp-mon1 "runuser -u pgbackrest -- pgbackrest --stanza=fastpoll check" > "$LOGS/pitr-check.log" 2>&1 \
+        || { cat "$LOGS/pitr-check.log"; die "pgbackrest check failed"; }
+    on fp-mon1 fastpoll-pg-pitr --stop
+    on fp-mon1 fastpoll-pg-pitr "'$t_mark'" > "$LOGS/pitr.log" 2>&1 || { cat "$LOGS/pitr.log"; die "fastpoll-pg-pitr failed"; }
+    out=$(on fp-mon1 "cd / && runuser -u pgbackrest -- psql -X -t -A -h /var/tmp/fastpoll-pitr/run -p 5499 -U postgres -d fastpoll \
+        -c \"SELECT string_agg(text, ',' ORDER BY id) FROM messages WHERE user_id = $u_pitr\"")
+    on fp-mon1 fastpoll-pg-pitr --stop
+    expect "$out" "pitr A" "the restored database's messages of user $u_pitr (A before $t_mark, B after)"
+    phase "point-in-time restore on fp-mon1 to $t_mark: A there, B not"
+
+    # ---- 2. the primary killed under load ----
+    local users=() paths=() u
+    for i in 0 1 2 3; do users+=($((RANDOM % 9000 + 61000 + i * 10000))); done
+    for i in 0 1 2; do
+        u=$((RANDOM % 9000 + 20000 + i * 10000))
+        expect "$(publish fp-data1 "$u" "polled during the failover")" 201 "publish before the failover"
+        paths+=("$(signed "/Poll/getMessages?user_id=$u")")
+    done
+    drill_load pg_ha_load.py pgha 120 "$(IFS=,; echo "${users[*]}")" "$(printf '%s\n' "${paths[@]}" | paste -sd'|')"
+    sleep 5
+    kill -0 "$DRILL_PID" 2>/dev/null || { cat "$LOGS/pgha-load.log"; die "the load generator ended early"; }
+    t_kill=$(date +%s.%N)
+    echo "kill $t_kill" >> "$RUN/pgha-events"
+    # The host's database processes die at once (Patroni and every PostgreSQL process, one
+    # kill(1)); masked first, so systemd's Restart= does not bring Patroni back before its leader
+    # key expires. Not `systemctl kill`: in the test's containers it fails on the unit's other
+    # processes (EIO) after killing Patroni alone, and PostgreSQL goes on without it.
+    on "$primary" 'systemctl mask --runtime --quiet patroni.service &&
+        kill -KILL $(pgrep -f "^/usr/bin/python3 /usr/bin/patroni") $(pgrep -u postgres -x postgres) &&
+        sleep 0.5 && ! pgrep -u postgres -x postgres > /dev/null' \
+        || die "cannot kill $primary's PostgreSQL"
+    new_primary=-
+    for i in $(seq 1 120); do
+        [ "$(patroni_role "$standby")" = primary ] && { new_primary=$standby; break; }
+        sleep 0.5
+    done
+    [ "$new_primary" = "$standby" ] || die "$standby did not become the primary within 60 s"
+    t_new=$(date +%s.%N)
+    echo "promoted $t_new" >> "$RUN/pgha-events"
+    sleep 8
+    drill_stop pgha
+    pg_sql "$new_primary" "SELECT user_id, text FROM messages WHERE user_id IN ($(IFS=,; echo "${users[*]}"))" \
+        | tr '|' '\t' > "$RUN/pgha-stored.tsv" || die "cannot read the messages back from $new_primary"
+    "$REPO/.venv/bin/python" "$HERE/pg_ha_load.py" --check "$RUN/pgha-load.json" --events "$RUN/pgha-events" \
+        --stored "$RUN/pgha-stored.tsv" --max-gap 30 > "$RUN/pgha-verdict.txt" 2>&1 \
+        || { cat "$RUN/pgha-verdict.txt"; die "PostgreSQL failover under load"; }
+    sed 's/^/  /' "$RUN/pgha-verdict.txt"
+    gap=$(awk -v a="$t_kill" -v b="$t_new" 'BEGIN{printf "%.1f", b - a}')
+
+    # The old primary comes back as the synchronous standby (pg_rewind if its WAL went further).
+    on "$primary" 'systemctl unmask --runtime --quiet patroni.service && systemctl start patroni.service' \
+        || die "cannot start $primary's Patroni again"
+    for i in $(seq 1 120); do
+        [ "$(on "$primary" curl -s -m 2 -o /dev/null -w '%{http_code}' "http://${IP[$primary]}:8008/sync" 2>/dev/null)" = 200 ] && break
+        [ "$i" -lt 120 ] || die "$primary is not the synchronous standby within 60 s of its start"
+        sleep 0.5
+    done
+    on fp-mon1 "runuser -u pgbackrest -- pgbackrest --stanza=fastpoll check" > "$LOGS/pgha-check.log" 2>&1 \
+        || { cat "$LOGS/pgha-check.log"; die "WAL from the new primary does not reach the repository"; }
+    phase "PostgreSQL primary $primary killed under load: $new_primary primary after ${gap} s; $(head -1 "$RUN/pgha-verdict.txt"); $primary back as the synchronous standby, WAL archived from $new_primary"
+}
