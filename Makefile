@@ -152,6 +152,7 @@ test-security: lint-c fuzz valgrind
 
 # Full benchmark (10-15 min, capped at 18; a run cut short leaves the report as it is): loadtests/results/ and docs/benchmarks.md, on its own free ports.
 bench: venv build
+	$(call apt_install,linux-perf)
 	$(PY) -m loadtests.bench
 
 # CI smoke (< 1 min): every path and peer once; fails on any failed request or wrong body.

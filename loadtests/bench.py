@@ -17,7 +17,9 @@ same client for every system:
    (nginx -> nginx `return 200` on a unix socket), in interleaved rounds;
 3. the concurrency sweep 20 .. 15,000 over fastpoll and the peers (the app up to 1,000);
 4. the poll servers' CPU time per 100,000 hits, and one poll server's memory with 10,000
-   connections open.
+   connections open;
+5. the hit path's profile: one more wrk -c50 run on 100,000 keys for fastpoll, memcached_pass
+   and the ceiling, their server processes sampled by `perf record -g` (loadtests/perf.py).
 
 One JSON file per run goes to loadtests/results/ (raw tool outputs beside it), with the machine's
 details; then the plots and docs/benchmarks.md are made from it (loadtests/report.py).
@@ -44,6 +46,7 @@ from pathlib import Path
 from fastpoll_testkit import loadgen
 from loadtests import peers, preload, stackctl, sysinfo
 from loadtests.derive import Row, derive
+from loadtests.perf import perf_profile, perf_start, perf_stop
 from loadtests.plans import (
     APP_USERS,
     HOT_USER,
@@ -53,12 +56,14 @@ from loadtests.plans import (
     SYSTEMS,
     TUNING,
     USERS,
+    Plan,
     full_plan,
     quick_plan,
 )
 from loadtests.runner import (
     Ctx,
     collect_logs,
+    cpu_groups,
     fmt_row,
     measure_rss,
     run_plan,
@@ -108,7 +113,9 @@ def main() -> int:
         metavar="SECONDS",
         help="first wait up to this long for the machine to be idle (other users)",
     )
-    ap.add_argument("--only", default="", help="comma list of groups to run: ab,c50,sweep,rss")
+    ap.add_argument(
+        "--only", default="", help="comma list of groups to run: ab,c50,hit,sweep,hop,profile,rss"
+    )
     ap.add_argument(
         "--systems", default="", help="comma list of systems to run: " + ",".join(SYSTEMS)
     )
@@ -231,6 +238,7 @@ def main() -> int:
     not_run = 0  # planned runs skipped or failed to run: then the run does not replace the report
     rss: dict[str, object] = {}
     hop: list[Row] = []
+    profile: dict[str, Row] = {}
     doc: Row = {}
     try:
         mc_servers = [f"127.0.0.1:{p}" for p in target.memcached_ports]
@@ -361,6 +369,9 @@ def main() -> int:
                     f", upstream {h['back_us']}, wrk {h['client_us']}",
                     flush=True,
                 )
+        if not quick and (not only or "profile" in only) and not args.systems and not args.attach:
+            print("  the hit path's profile (perf record -g, wrk -c50, 100,000 keys):", flush=True)
+            profile = profile_hit_path(ctx, users, work)
         if not only or "rss" in only:
             rss = measure_rss(ctx, rss_n)
             print(
@@ -382,6 +393,7 @@ def main() -> int:
         derived["poll_server_peak_rss_kb"] = peak
         logs = collect_logs(target.stack.run_dir)
         derived["hop"] = hop
+        derived["profile"] = profile
         doc = {
             "run_id": run_id,
             "mode": "quick" if quick else "full",
@@ -455,6 +467,39 @@ def main() -> int:
     for f in failures:
         print(f"  FAIL {f}")
     return 1 if failures else 0
+
+
+# The systems of the hit path's profile, and the processes sampled for each (cpu_groups' names).
+PROFILED = {
+    "fastpoll": ("nginx", "poll_servers", "memcached"),
+    "memcached_pass": ("peer_memcached_pass", "memcached"),
+    "ceiling": ("peer_ceiling", "peer_ceiling_back"),
+}
+
+
+def profile_hit_path(ctx: Ctx, users: int, work: Path) -> dict[str, Row]:
+    """One more wrk -c50 run on 100,000 keys per system, its server processes sampled by perf:
+    where each system's CPU goes (kept apart from the measured rounds, which run unsampled)."""
+    profiles: dict[str, Row] = {}
+    for system, group_names in PROFILED.items():
+        set_active_pollers(ctx, system)
+        groups = cpu_groups(ctx)
+        pids = [pid for g in group_names for pid in groups.get(g, [])]
+        data = work / f"perf-{system}.data"
+        proc = perf_start(pids, data)
+        if proc is None:
+            print("    perf is not installed: no profile", flush=True)
+            return {}
+        time.sleep(0.5)  # perf attached before the load starts
+        try:
+            row = run_plan(ctx, Plan("profile", system, "hit-many", 50, seconds=5.0), users)
+        finally:
+            perf_stop(proc)
+        prof = perf_profile(data, symbols_of=("poll_server", "nginx", "memcached"))
+        profiles[system] = {"rps": row["rps"], "cpu_s": row["cpu_s"], **prof}
+        top = ", ".join(f"{c} {o} {v:.0f}%" for v, c, o in prof["by_process_and_object"][:4])
+        print(f"    {system:15} {row['rps']:8,.0f} req/s sampled; {top}", flush=True)
+    return profiles
 
 
 def _mmss(s: float) -> str:

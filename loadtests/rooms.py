@@ -61,12 +61,12 @@ from typing import Any
 
 import httpx
 
-from fastpoll_testkit.procs import terminate
 from fastpoll_testkit.stack import POLL_SERVER, Stack, free_port
 from loadtests import preload, sysinfo
 from loadtests.longpoll import metric_sum, nchan_subscribers, pss_kb, tree
 from loadtests.longpoll_client import Deliveries, HoldRun, quantile_ms
 from loadtests.longpoll_nchan import NchanPeer
+from loadtests.perf import perf_profile, perf_start, perf_stop
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOM = "benchroom"  # a channel name for both: [A-Za-z0-9_-]
@@ -255,66 +255,6 @@ class Clients:
 
 
 # ---- one system's round -----------------------------------------------------------------------
-
-
-def perf_start(pids: list[int], data: Path) -> subprocess.Popen[bytes] | None:
-    try:
-        return subprocess.Popen(
-            ["perf", "record", "-g", "-F", "999", "-o", str(data), "-p", ",".join(map(str, pids))],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    except OSError:
-        return None
-
-
-def perf_stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is not None:
-        terminate(proc, 60, signal.SIGINT)  # perf writes its data on SIGINT
-
-
-PERF_LINE = re.compile(r"^\s+([0-9.]+)%\s+(\S+)\s+(.+?)\s*$")
-
-
-def perf_shares(data: Path, sort: str, *extra: str) -> list[list[Any]]:
-    """[[share %, key...], ...] from `perf report --sort <sort>` (shares of 0.5% and more)."""
-    out = subprocess.run(
-        [
-            "perf",
-            "report",
-            "-i",
-            str(data),
-            "--no-children",
-            "-g",
-            "none",
-            "--stdio",
-            "--percent-limit",
-            "0.5",
-            "--sort",
-            sort,
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    ).stdout
-    rows: list[list[Any]] = []
-    for line in out.splitlines():
-        m = PERF_LINE.match(line)
-        if m:
-            rows.append([float(m.group(1)), m.group(2), " ".join(m.group(3).split())])
-    return rows
-
-
-def perf_profile(data: Path) -> dict[str, Any]:
-    return {
-        "data": str(data),
-        "by_process_and_object": perf_shares(data, "comm,dso"),
-        "poll_server_symbols": perf_shares(
-            data, "dso,sym", "--comm", "poll_server", "--percentage", "relative"
-        )[:25],
-    }
 
 
 async def measure(

@@ -18,7 +18,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-
 @dataclass
 class Target:
     """Where the parts of a running stack listen, and their pids."""

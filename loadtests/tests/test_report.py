@@ -142,6 +142,11 @@ def test_derive(results: list[dict]) -> None:
 
 
 def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
+    # The ceiling's rows: its upstream (the back nginx) costs 0.5 s of the 5 s run.
+    for rep in range(2):
+        ceiling = row("c50", "ceiling", "hit-many", 50, 25000, rep=rep)
+        ceiling["cpu_s"] = {**ceiling["cpu_s"], "peer_ceiling": 1.0, "peer_ceiling_back": 0.5}
+        results.append(ceiling)
     doc: dict[str, Any] = {
         "run_id": "bench-test",
         "mode": "full",
@@ -202,6 +207,22 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
             "client_us": 12.0,
         },
     ]
+    doc["derived"]["profile"] = {
+        system: {
+            "rps": 16000.0,
+            "cpu_s": {},
+            "data": "x",
+            "by_process_and_object": [
+                [41.5, "nginx", "[kernel.kallsyms]"],
+                [20.0, "poll_server", "[kernel.kallsyms]"],
+            ],
+            "poll_server_symbols": [
+                [30.0, "[kernel.kallsyms]", "[k] tcp_sendmsg"],
+                [4.0, "poll_server", "[.] key_derive"],
+            ],
+        }
+        for system in ("fastpoll", "memcached_pass", "ceiling")
+    }
     doc = json.loads(json.dumps(doc))  # as stored: integer keys become strings
     json_path = tmp_path / "bench-test.json"
     json_path.write_text(json.dumps(doc))
@@ -249,6 +270,10 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
     assert "0.95×" in md
     assert "### wrk -c50 keep-alive against nginx `memcached_pass`" in md
     assert "saves about **5.0 µs per" in md  # (20 + 10) - (18 + 7)
+    assert "### The hit path against the design's ceiling: where the CPU goes" in md
+    assert "| nginx `[kernel.kallsyms]` | 41.5 | nginx `[kernel.kallsyms]` | 41.5 |" in md
+    assert "`[.] key_derive` (poll_server) 4.0%" in md
+    assert "take 30% and the poll server's\nown code" in md
     assert "### The sweep: flat to 15,000 connections?" in md
     assert "### Against the app alone" in md
 
