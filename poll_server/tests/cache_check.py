@@ -524,10 +524,11 @@ FAKE_ANSWERS: dict[bytes, list[bytes]] = {
     b"longline": [b"X" * 600],
     b"garbage": [b"HELLO\r\n"],
     b"twice": [b"END\r\nEND\r\n"],  # the request gets MISS, then a reset
-    # 45 bytes, one every 10 ms: a server that answers, only slowly
+    # 45 bytes, one every 7.5 ms (about 340 ms, past a 300 ms timeout): a server that answers,
+    # only slowly
     b"drip": [bytes([c]) for c in b"VALUE drip 0 18\r\ndripping, slowly..\r\nEND\r\n"],
 }
-FAKE_PAUSE = {b"drip": 0.01}  # seconds between chunks (default 1 ms)
+FAKE_PAUSE = {b"drip": 0.0075}  # seconds between chunks (default 1 ms)
 
 
 def classic_answer(line: bytes) -> tuple[list[bytes], float]:
@@ -691,10 +692,14 @@ def scenario_protocol(drv: list[str], tmp: str) -> None:
 
         # A server that answers, only slower than the timeout: the late request alone gets
         # TIMEOUT, the connection stays, and a get queued behind it is answered.
+        # `cas` is sent 250 ms after `drip`: its answer follows drip's (about 340 ms, longer when
+        # the machine is loaded), so it has about 200 ms of its own 300 to spare. With drip at
+        # 450 ms and 200 ms between the sends the spare was 50 ms, and a loaded machine (the
+        # fleet test's boot alongside) once timed `cas` out too.
         d = Driver(drv, ["-T", "300", "-s", f"127.0.0.1:{port}"])
         r = d.gets(["cas"])  # connected and answering
         d.send("get drip")
-        time.sleep(0.2)
+        time.sleep(0.25)
         d.send("get cas")
         got: dict[str, tuple[str, float]] = {}
         while len(got) < 2:
