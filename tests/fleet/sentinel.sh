@@ -144,7 +144,6 @@ PY
     role=$(on fp-data1 "REDISCLI_AUTH='$pass' redis-cli -h ${IP[fp-data1]} --user fastpoll --no-auth-warning --raw ROLE" | head -3 | paste -sd' ')
     expect "$role" "slave ${IP[fp-app2]} 6379" "fp-data1's Redis role after the rotation"
     sentinel_subscribed || die "the poll servers are not subscribed through the sentinels after the rotation"
-    printf 'fastpoll_redis_password: "%s"\n' "$new_pass" > "$RUN/redis-current.yml"
     phase "memcached backend, announcements through the sentinels; Redis password rotated (both, then the new one only): the sentinels refuse the old one, every poll server subscribed"
 
     # ---- the master (fp-app2 now) killed under load, the memcached backend ----
