@@ -12,9 +12,10 @@ same client for every system:
 1. the seed's `ab -c 50 -n 5000` on a poll URL, without and with -k;
 2. wrk -c50 keep-alive: hits (one hot key / 100,000 keys), GET and POST, 95% and 50% hit mixes,
    all misses (the fallback), the poll server directly, the peers, and the app alone;
-   the hit path (many keys) at 1,000 and 5,000 connections: fastpoll (make up's pollers, every
-   one active, and the tuned 1 active + 1 standby), memcached_pass and the design's ceiling
-   (nginx -> nginx `return 200` on a unix socket), in interleaved rounds;
+   the hit path (many keys) at 1,000 and 5,000 connections: fastpoll (the shipped default, the
+   template's "auto" active pollers, and every poller active), memcached_pass and the design's
+   ceiling (nginx -> nginx `return 200` on a unix socket), in interleaved rounds;
+   fastpoll's site config in front of the ceiling's upstream against the ceiling's own front;
 3. the concurrency sweep 20 .. 15,000 over fastpoll and the peers (the app up to 1,000);
 4. the poll servers' CPU time per 100,000 hits, and one poll server's memory with 10,000
    connections open;
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import shutil
 import signal
@@ -44,7 +46,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from fastpoll_testkit import loadgen
-from loadtests import peers, preload, stackctl, sysinfo
+from fastpoll_testkit.stack import free_port
+from loadtests import front_cost, peers, preload, stackctl, sysinfo
 from loadtests.derive import Row, derive
 from loadtests.perf import perf_profile, perf_start, perf_stop
 from loadtests.plans import (
@@ -219,7 +222,8 @@ def main() -> int:
         )
         print(
             f"  stack up at {target.base_url}: {len(target.poller_ports)} poll servers "
-            f"{target.poller_ports} (nginx reaches them over {target.poller_hop}), memcached "
+            f"{target.poller_ports}, {target.active_pollers} active (nginx reaches them over "
+            f"{target.poller_hop}), memcached "
             f"{target.memcached_ports}, app {target.app_port}"
             f" ({time.monotonic() - t_start:.1f}s)",
             flush=True,
@@ -238,6 +242,7 @@ def main() -> int:
     not_run = 0  # planned runs skipped or failed to run: then the run does not replace the report
     rss: dict[str, object] = {}
     hop: list[Row] = []
+    front: list[Row] = []
     profile: dict[str, Row] = {}
     doc: Row = {}
     try:
@@ -369,6 +374,7 @@ def main() -> int:
                     f", upstream {h['back_us']}, wrk {h['client_us']}",
                     flush=True,
                 )
+            front = measure_front(ctx, work, peer_tuning)
         if not quick and (not only or "profile" in only) and not args.systems and not args.attach:
             print("  the hit path's profile (perf record -g, wrk -c50, 100,000 keys):", flush=True)
             profile = profile_hit_path(ctx, users, work)
@@ -393,6 +399,7 @@ def main() -> int:
         derived["poll_server_peak_rss_kb"] = peak
         logs = collect_logs(target.stack.run_dir)
         derived["hop"] = hop
+        derived["front"] = {"rounds": front, "summary": front_cost.summary(front)}
         derived["profile"] = profile
         doc = {
             "run_id": run_id,
@@ -415,6 +422,7 @@ def main() -> int:
                 "argv": {n: p.argv for n, p in target.stack.procs.items()},
                 "http_port": target.http_port,
                 "poller_ports": target.poller_ports,
+                "active_pollers": target.active_pollers,
                 "memcached_ports": target.memcached_ports,
                 "app_port": target.app_port,
             },
@@ -500,6 +508,47 @@ def profile_hit_path(ctx: Ctx, users: int, work: Path) -> dict[str, Row]:
         top = ", ".join(f"{c} {o} {v:.0f}%" for v, c, o in prof["by_process_and_object"][:4])
         print(f"    {system:15} {row['rps']:8,.0f} req/s sampled; {top}", flush=True)
     return profiles
+
+
+def measure_front(ctx: Ctx, work: Path, tuning: dict[str, object]) -> list[Row]:
+    """fastpoll's site config in front of the ceiling's upstream, against the ceiling's own
+    front (loadtests/front_cost.py); prints and returns its rounds."""
+    back, ceiling = ctx.peers["ceiling_back"], ctx.peers["ceiling"]
+    assert isinstance(back, peers.Peer) and isinstance(ceiling, peers.Peer)
+    listen_port = free_port()
+    site = peers.Peer(
+        "fastpoll_front",
+        work / "peer-fastpoll_front",
+        tuning,
+        {
+            "fastpoll_listen": f"127.0.0.1:{listen_port}",
+            "fastpoll_listen_options": str(tuning.get("listen_options", "")),
+            "fastpoll_pollers": [f"unix:{back.params['socket']}"],
+            "fastpoll_apps": [f"127.0.0.1:{ctx.target.app_port}"],
+            "fastpoll_upstream_keepalive": TUNING["fastpoll_upstream_keepalive"],
+            "fastpoll_cores": os.cpu_count() or 1,
+        },
+    )
+    site.start()
+    try:
+        print("  fastpoll's site config in front vs the ceiling's (same upstream):", flush=True)
+        rows = front_cost.measure(
+            ceiling,
+            back,
+            site,
+            listen_port,
+            ctx.signer.query(str(HOT_USER)),
+            work / "front",
+        )
+    finally:
+        site.stop()
+    for kind, v in front_cost.summary(rows).items():
+        print(
+            f"    {kind:5}: front nginx {v['fastpoll_site_us']} µs/req against the ceiling's "
+            f"{v['ceiling_us']} ({v['extra_us']:+})",
+            flush=True,
+        )
+    return rows
 
 
 def _mmss(s: float) -> str:

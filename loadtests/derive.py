@@ -16,6 +16,13 @@ PATH_GROUPS = {
     "ceiling": ("peer_ceiling", "peer_ceiling_back"),
     "app": ("peer_app",),
 }
+# Of those, the nginx in front of the upstream; the rest is behind it (the hit path's split).
+FRONT_GROUP = {
+    "fastpoll": "nginx",
+    "fastpoll_all": "nginx",
+    "memcached_pass": "peer_memcached_pass",
+    "ceiling": "peer_ceiling",
+}
 
 
 # ---- derived figures ---------------------------------------------------------------------------
@@ -228,7 +235,7 @@ def derive(results: list[Row], rss: Row) -> Row:
             costs["c50_vs_app_empty"],
         ),
     ]
-    for key, system in (("default", "fastpoll_all"), ("tuned", "fastpoll")):
+    for key, system in (("shipped default", "fastpoll"), ("every poller active", "fastpoll_all")):
         h = hit.get(system, {})
 
         def of(col: str, field: str, h: Row = h) -> float | None:
@@ -250,7 +257,7 @@ def derive(results: list[Row], rss: Row) -> Row:
                 0.85,
             )
         )
-        targets += [_target(f"hit path, {key} pollers, {w}", v, n) for w, v, n in checks]
+        targets += [_target(f"hit path, {key}, {w}", v, n) for w, v, n in checks]
     return {
         "ab": ab,
         "c50": c50,
@@ -296,6 +303,23 @@ def _hit_table(results: list[Row]) -> Row:
         ]
         return round(statistics.median(vals), 3) if vals else None
 
+    def split_us(rows: list[Row], system: str) -> Row:
+        """Median CPU µs per request: the client, nginx in front, and what is behind it."""
+        own = [r for r in rows if r["system"] == system and r.get("requests")]
+        if not own:
+            return {}
+
+        def med(f: Any) -> float:
+            return round(statistics.median(f(r) / r["requests"] * 1e6 for r in own), 1)
+
+        front = FRONT_GROUP[system]
+        behind = [g for g in PATH_GROUPS[system] if g not in (front, "app")]
+        return {
+            "client": med(lambda r: float(r.get("client_cpu_s") or 0.0)),
+            "front": med(lambda r: float(r["cpu_s"].get(front, 0.0))),
+            "behind": med(lambda r: sum(float(r["cpu_s"].get(g, 0.0)) for g in behind)),
+        }
+
     table: Row = {}
     for col, rows in cols.items():
         for system in ("ceiling", "memcached_pass", "fastpoll_all", "fastpoll"):
@@ -303,5 +327,6 @@ def _hit_table(results: list[Row]) -> Row:
                 "rps": _median(pick(rows, system=system)),
                 "vs_ceiling": per_round(rows, system, "ceiling"),
                 "vs_memcached_pass": per_round(rows, system, "memcached_pass"),
+                "us": split_us(rows, system),
             }
     return table

@@ -57,6 +57,32 @@ http {{
     return p
 
 
+def proxied_run(
+    front_pid: int, back_pid: int, port: int, conns: int, seconds: float, env: dict[str, str]
+) -> dict[str, object]:
+    """One wrk run through a front nginx (front_pid) proxying to a back one (back_pid), on
+    127.0.0.1:port with poll.lua's env: req/s, latency and each side's CPU µs per request."""
+    meter = sysinfo.CpuMeter(
+        {
+            "front": [front_pid, *sysinfo.children(front_pid)],
+            "back": [back_pid, *sysinfo.children(back_pid)],
+        }
+    )
+    meter.start()
+    r = loadgen.run_wrk(f"http://127.0.0.1:{port}/", conns, seconds, env=env)
+    cpu = meter.stop()
+    n = max(1, r.requests)
+    return {
+        "rps": round(r.rps),
+        "failed": r.failed,
+        "p50_ms": r.p50_ms,
+        "p99_ms": r.p99_ms,
+        "front_us": round(cpu["front"] / n * 1e6, 1),
+        "back_us": round(cpu["back"] / n * 1e6, 1),
+        "client_us": round(r.client_cpu_s / n * 1e6, 1),
+    }
+
+
 def measure(seconds: float = 4.0, rounds: int = 2, conns: int = 50) -> list[dict[str, object]]:
     """Run the comparison; one row per hop and round: req/s and CPU µs per request."""
     if WORK.exists():
@@ -91,34 +117,10 @@ def measure(seconds: float = 4.0, rounds: int = 2, conns: int = 50) -> list[dict
         procs.append(front)
         for rnd in range(rounds):
             for label, port in (("tcp", tcp_port), ("unix", unix_port)):
-                meter = sysinfo.CpuMeter(
-                    {
-                        "front": [front.pid, *sysinfo.children(front.pid)],
-                        "back": [back.pid, *sysinfo.children(back.pid)],
-                    }
+                run = proxied_run(
+                    front.pid, back.pid, port, conns, seconds, {"FP_PATH": "/x", "FP_USERS": "1"}
                 )
-                meter.start()
-                r = loadgen.run_wrk(
-                    f"http://127.0.0.1:{port}/",
-                    conns,
-                    seconds,
-                    env={"FP_PATH": "/x", "FP_USERS": "1"},
-                )
-                cpu = meter.stop()
-                n = max(1, r.requests)
-                rows.append(
-                    {
-                        "hop": label,
-                        "round": rnd,
-                        "rps": round(r.rps),
-                        "failed": r.failed,
-                        "p50_ms": r.p50_ms,
-                        "p99_ms": r.p99_ms,
-                        "front_us": round(cpu["front"] / n * 1e6, 1),
-                        "back_us": round(cpu["back"] / n * 1e6, 1),
-                        "client_us": round(r.client_cpu_s / n * 1e6, 1),
-                    }
-                )
+                rows.append({"hop": label, "round": rnd, **run})
     finally:
         for p in procs:
             if p.poll() is None:

@@ -4,6 +4,8 @@
 - memcached_pass: nginx reads the same memcached with the same key through a keepalive upstream.
 - ceiling:        nginx proxying, with the stack's proxy settings and upstream keep-alive, to
                   ceiling_back (nginx `return 200` on a unix socket): the design's ceiling.
+- fastpoll_front: fastpoll's own site (nginx/fastpoll.conf.j2) in front of ceiling_back: what
+                  the site's configuration costs nginx against the ceiling's (front_cost.py).
 
 Each gets its own config rendered from loadtests/peers/*.conf.j2 into its own directory, a free
 loopback port, and is stopped by the pid we started (never by name).
@@ -47,7 +49,7 @@ class Peer:
         for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             (self.run_dir / "tmp" / sub).mkdir(parents=True, exist_ok=True)
         env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(TEMPLATES),
+            loader=jinja2.FileSystemLoader([TEMPLATES, HERE.parent / "nginx"]),
             undefined=jinja2.StrictUndefined,
             keep_trailing_newline=True,
         )

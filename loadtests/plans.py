@@ -41,10 +41,8 @@ TUNING: dict[str, object] = {
     # accept queues overflow, connects time out (proxy_connect_timeout 1s) and nginx marks the
     # pollers down and sends everything to the app (measured at 15,000 with 1024).
     "fastpoll_upstream_keepalive": 8192,
-    # nginx sends to one poll server; the other is its standby (`backup`). Here the client,
-    # nginx's 2 workers, memcached and the pollers share 2 cores: one busy poller batches more
-    # per loop turn than two half-busy ones (the "every poll server active" rows measure that).
-    "fastpoll_active_pollers": 1,
+    # No fastpoll_active_pollers: "fastpoll" runs the template's default ("auto", one active
+    # poller per 3 cores, the rest standby: 1 of 2 here), "fastpoll_all" every poller active.
 }
 
 SYSTEMS = {

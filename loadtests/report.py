@@ -35,7 +35,7 @@ ROOT = HERE.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 
 LABELS = {
-    "fastpoll": "fastpoll (nginx → poll_server → memcached)",
+    "fastpoll": "fastpoll (nginx → poll_server → memcached), shipped default",
     "fastpoll_all": "fastpoll, every poll server active",
     "direct": "poll_server directly",
     "memcached_pass": "nginx memcached_pass",

@@ -12,7 +12,7 @@ from pathlib import Path
 from fastpoll_testkit import loadgen
 from loadtests import conns, peers, preload, stackctl, sysinfo
 from loadtests.derive import Row  # a result row: JSON values by key
-from loadtests.plans import APP_EMPTY_BASE, APP_USERS, HOT_USER, TUNING, Plan
+from loadtests.plans import APP_EMPTY_BASE, APP_USERS, HOT_USER, Plan
 from loadtests.signing import Signer
 
 HERE = Path(__file__).resolve().parent
@@ -73,18 +73,22 @@ def system_url(ctx: Ctx, system: str) -> tuple[str, str]:
 
 
 def set_active_pollers(ctx: Ctx, system: str) -> None:
-    """Before a fastpoll run: nginx sends to the configured number of poll servers
-    ("fastpoll"), or to all of them ("fastpoll_all"). A change reloads the stack's nginx and
-    waits until the old workers are gone, so no run measures two generations."""
+    """Before a fastpoll run: nginx sends to the poll servers the template's default chooses
+    ("fastpoll": `make up`'s and the Ansible role's "auto"), or to all of them ("fastpoll_all").
+    A change reloads the stack's nginx and waits until the old workers are gone, so no run
+    measures two generations."""
     stack = ctx.target.stack
-    want = 0 if system == "fastpoll_all" else TUNING.get("fastpoll_active_pollers", 0)
+    want = 0 if system == "fastpoll_all" else None  # None: the default
     if (
         system not in ("fastpoll", "fastpoll_all")
-        or stack.nginx_vars.get("fastpoll_active_pollers", 0) == want
+        or stack.nginx_vars.get("fastpoll_active_pollers") == want
     ):
         return
     old = set(sysinfo.children(ctx.target.nginx_pid))
-    stack.nginx_vars["fastpoll_active_pollers"] = want
+    if want is None:
+        stack.nginx_vars.pop("fastpoll_active_pollers", None)
+    else:
+        stack.nginx_vars["fastpoll_active_pollers"] = want
     stack.reload_nginx()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastpoll_testkit.stack import Stack, free_port  # the one stack harness
+from fastpoll_testkit.stack import Stack, free_port, poller_servers  # the one stack harness
 from fastpoll_testkit.stack import memcached_stats as node_stats
 from loadtests import preload
 
@@ -35,6 +35,7 @@ class Target:
     nginx_vars: dict[str, object] = field(default_factory=dict)
     nginx_vars_via: str = ""
     poller_hop: str = "tcp"  # how nginx reaches the poll servers
+    active_pollers: int = 0  # of them, those nginx sends to as the stack started (not `backup`)
 
     @property
     def base_url(self) -> str:
@@ -67,7 +68,13 @@ def _target(stack: Stack, started_here: bool) -> Target:
         app_port=procs["app"].port,
         app_pid=procs["app"].pid,
         nginx_pid=procs["nginx"].pid,
+        active_pollers=active_pollers(stack.run_dir / "nginx" / "fastpoll.conf"),
     )
+
+
+def active_pollers(site: Path) -> int:
+    """The servers of nginx's poller upstream that are not `backup`, in a rendered site file."""
+    return sum(1 for s in poller_servers(site.read_text()) if not s.endswith(" backup"))
 
 
 def attach(run_dir: Path) -> Target:

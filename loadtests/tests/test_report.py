@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from loadtests import derive, plans, report
+from loadtests import derive, front_cost, plans, report
 
 # The committed long-poll run the page cites (make bench-longpoll replaces it).
 LONGPOLL_RUN = report.latest_longpoll(Path(report.__file__).resolve().parent / "results")
@@ -147,6 +147,17 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
         ceiling = row("c50", "ceiling", "hit-many", 50, 25000, rep=rep)
         ceiling["cpu_s"] = {**ceiling["cpu_s"], "peer_ceiling": 1.0, "peer_ceiling_back": 0.5}
         results.append(ceiling)
+        # The hit group at 1,000 connections: both pay more per request in nginx and wrk.
+        hit_ceiling = row("hit", "ceiling", "hit-many", 1000, 20000, rep=rep)
+        hit_ceiling["cpu_s"] = {
+            **hit_ceiling["cpu_s"],
+            "peer_ceiling": 1.5,
+            "peer_ceiling_back": 0.6,
+        }
+        results += [
+            hit_ceiling,
+            row("hit", "fastpoll", "hit-many", 1000, 12000, rep=rep, poll_cpu=2.0),
+        ]
     doc: dict[str, Any] = {
         "run_id": "bench-test",
         "mode": "full",
@@ -172,7 +183,7 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
             "git": {"commit": "abc", "dirty": False},
         },
         "tuning": {"nginx": plans.TUNING, "nginx_applied_via": "test", "sysctl_changed": {}},
-        "stack": {"poller_ports": [1, 2]},
+        "stack": {"poller_ports": [1, 2], "active_pollers": 1},
         "users": 100000,
         "derived": derive.derive(
             results,
@@ -207,6 +218,16 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
             "client_us": 12.0,
         },
     ]
+    front_rows = [
+        {"round": 0, "kind": kind, "system": system, "front_us": us}
+        for kind, system, us in (
+            ("plain", "ceiling", 15.0),
+            ("plain", "fastpoll_site", 16.2),
+            ("held", "ceiling", 15.0),
+            ("held", "fastpoll_site", 18.0),
+        )
+    ]
+    doc["derived"]["front"] = {"rounds": front_rows, "summary": front_cost.summary(front_rows)}
     doc["derived"]["profile"] = {
         system: {
             "rps": 16000.0,
@@ -274,6 +295,16 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
     assert "| nginx `[kernel.kallsyms]` | 41.5 | nginx `[kernel.kallsyms]` | 41.5 |" in md
     assert "`[.] key_derive` (poll_server) 4.0%" in md
     assert "take 30% and the poll server's\nown code" in md
+    assert (
+        "costs nginx 16.2 µs per\nrequest against the ceiling's proxy location's 15.0\n(+1.2 µs)"
+        in md
+    )
+    assert "and 18.0 against\n15.0 for a poll with `wait=`" in md
+    assert "| `fastpoll_active_pollers` | auto: 1 of 2 |" in md
+    assert "hit path, shipped default, c50 hit-many" in md
+    assert "**From 50 to 1,000 connections**" in md
+    # ceiling: client 1 s / 100,000 requests = 10 µs, front 1.5 s, behind 0.6 s; c50: 1.0 and 0.5
+    assert "| the ceiling | 8.0 → 10.0 | 8.0 → 15.0 | 4.0 → 6.0 | 20.0 → 31.0 | 0.80× |" in md
     assert "### The sweep: flat to 15,000 connections?" in md
     assert "### Against the app alone" in md
 

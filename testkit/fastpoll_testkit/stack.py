@@ -174,6 +174,13 @@ def memcached_stats(port: int) -> dict[str, int]:
     return stats
 
 
+def poller_servers(site: str) -> list[str]:
+    """The `server` lines of nginx's poller upstream (`fastpoll_pollers`) in a rendered site
+    file (nginx/fastpoll.conf.j2), without `server` and `;` ("unix:/x.sock ... backup")."""
+    block = re.search(r"upstream fastpoll_pollers \{(.*?)\}", site, re.S)
+    return re.findall(r"^\s*server ([^;]*);", block.group(1), re.M) if block else []
+
+
 def http_status(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
@@ -452,6 +459,8 @@ class Stack:
                 "fastpoll_apps": [f"127.0.0.1:{p}" for p in self.app_ports],
                 # The browser client and its demo page (client/), under /fastpoll-client/.
                 "fastpoll_client_root": str(ROOT / "client"),
+                # The template's "auto" active pollers follow the host's cores.
+                "fastpoll_cores": os.cpu_count() or 1,
                 # The pollers' own max_wait, as the Ansible roles share one variable: nginx's
                 # held-poll read timeout (10 s above it) must never cut a wait the poller still
                 # honours (a timeout there marks the poller failed).
