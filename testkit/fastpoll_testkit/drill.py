@@ -71,6 +71,20 @@ class DrillLoad:
             time.sleep(0.2)
         self.stop.set()
 
+    def get(
+        self, host: str, path: str, headers: dict[str, str] | None = None, timeout: float = 10.0
+    ) -> tuple[int, str, str, bytes]:
+        """GET PATH from HOST (host[:port], port 80 if none) on a new connection: the status, the
+        ETag, X-Poll-Source ("-" if absent) and the body. Raises OSError if the connection fails."""
+        c = http.client.HTTPConnection(host, timeout=timeout)
+        try:
+            c.request("GET", path, headers=headers or {})
+            r = c.getresponse()
+            body = r.read()
+            return r.status, r.getheader("ETag") or "", r.getheader("X-Poll-Source") or "-", body
+        finally:
+            c.close()
+
     def publish(
         self, app: str, user: int, text: str, idempotency_key: str | None = None
     ) -> tuple[int, http.client.HTTPResponse | None]:

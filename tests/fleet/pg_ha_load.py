@@ -16,7 +16,6 @@ the kill, or more than 1 % of the polls were not answered 2xx.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import sys
 import threading
@@ -55,12 +54,7 @@ class Load(DrillLoad):
             host = self.pollers[(n + i) % len(self.pollers)]
             path = self.paths[n % len(self.paths)]
             try:
-                c = http.client.HTTPConnection(host, 80, timeout=10)
-                c.request("GET", path)
-                r = c.getresponse()
-                r.read()
-                status = r.status
-                c.close()
+                status = self.get(host, path)[0]
             except OSError:
                 status = 0
             with self.lock:

@@ -17,7 +17,6 @@ them: the poll servers subscribe on the new master).
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import re
 import statistics
@@ -37,18 +36,6 @@ class Load(DrillLoad):
         self.publishes: list[tuple[int, int, float, float, int, str]] = []
         self.wakes: list[tuple[int, float, str]] = []
         self.held_errors: list[tuple[float, str]] = []
-
-    def get(
-        self, host: str, path: str, headers: dict[str, str], timeout: float
-    ) -> tuple[int, str, str, bytes]:
-        c = http.client.HTTPConnection(host, timeout=timeout)
-        try:
-            c.request("GET", path, headers=headers)
-            r = c.getresponse()
-            body = r.read()
-            return r.status, r.getheader("ETag") or "", r.getheader("X-Poll-Source") or "-", body
-        finally:
-            c.close()
 
     def poller(self, i: int) -> None:
         n = 0
