@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import resource
 import shutil
 import signal
@@ -526,7 +525,6 @@ def measure_front(ctx: Ctx, work: Path, tuning: dict[str, object]) -> list[Row]:
             "fastpoll_pollers": [f"unix:{back.params['socket']}"],
             "fastpoll_apps": [f"127.0.0.1:{ctx.target.app_port}"],
             "fastpoll_upstream_keepalive": TUNING["fastpoll_upstream_keepalive"],
-            "fastpoll_cores": os.cpu_count() or 1,
         },
     )
     site.start()

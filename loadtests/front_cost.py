@@ -14,10 +14,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from loadtests.derive import Row
 from loadtests.hop_cost import proxied_run
 from loadtests.peers import Peer
-
-Row = dict[str, object]
 
 
 def measure(
@@ -61,7 +60,7 @@ def summary(rows: list[Row]) -> dict[str, dict[str, float]]:
     for kind in ("plain", "held"):
         med = {
             s: statistics.median(
-                float(str(r["front_us"])) for r in rows if r["kind"] == kind and r["system"] == s
+                float(r["front_us"]) for r in rows if r["kind"] == kind and r["system"] == s
             )
             for s in ("ceiling", "fastpoll_site")
             if any(r["kind"] == kind and r["system"] == s for r in rows)
