@@ -428,29 +428,6 @@ def test_recheck_is_faster_while_unsubscribed(tmp_path: Path) -> None:
         s.stop()
 
 
-def woken_paces(stack: Stack, n: int, held_s: float) -> list[int]:
-    """The Poll-Interval-Ms of n polls held on a new user's key and answered by a publish
-    held_s after they were all held."""
-    uid, first = published(stack, "before")
-    threads, out = start_held(stack, uid, first.headers["etag"], 10, n=n)
-    time.sleep(held_s)
-    publish(stack, uid, "after")
-    for t in threads:
-        t.join(15)
-    assert [r.status_code for _, r in out] == [200] * n
-    return [int(r.headers["poll-interval-ms"]) for _, r in out]
-
-
-def test_woken_poll_pace_is_the_jitter_less_its_wait(held_stack: Stack) -> None:
-    """A held poll answered with a change gets Poll-Interval-Ms of a jitter draw (0..200 ms
-    here) less the time it was held: 0 once held that long, so that polls woken together ask
-    again together; at most 200 ms less its wait when its key changes sooner."""
-    assert woken_paces(held_stack, 3, 0.25) == [0, 0, 0]
-    # Held 0.1 s at least: at most 100 ms (uniform 0..200 would go over it for about half).
-    paces = woken_paces(held_stack, 8, 0.1)
-    assert all(p <= 100 for p in paces), paces
-
-
 def test_held_poll_ends_with_304_after_its_wait(held_stack: Stack) -> None:
     uid, first = published(held_stack, "still")
     tag = first.headers["etag"]

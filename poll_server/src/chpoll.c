@@ -244,7 +244,7 @@ static void answer(struct fp_chpoll *p, int code, enum fp_stat_outcome outcome,
 
     if (p->was_held) {
         fp_stat_wake(p->cause);
-        c->pace_ms = fp_longpoll_held_pace(c, code == 200);
+        c->pace_ms = fp_longpoll_held_pace(c);
     }
     fp_stat_request(c->method, outcome);
     release(p);
@@ -331,7 +331,6 @@ static void parts_in(struct fp_chpoll *p)
     code = fp_longpoll_tagged(p->c, fp_etag_of(body, len));
     if (code == 0 && !p->expired) {
         if (hold(p) == 0) {
-            fp_longpoll_held_now(p->c);
             free(body);
             p->kept = total <= CH_KEEP_MAX;
             if (!p->kept)

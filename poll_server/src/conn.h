@@ -110,7 +110,6 @@ struct conn {
     int cond;                       /* GET/HEAD with a valid If-None-Match */
     unsigned wait_s;                /* wait=, clamped; 0: not a long poll */
     uint64_t ann_seq;               /* fp_hold_seq() before its cache read */
-    uint64_t held_ms;               /* CLOCK_MONOTONIC ms it was first held */
     int has_tag;                    /* the answer from the cache has ... */
     uint64_t tag;                   /* ... this ETag */
     unsigned pace_ms;               /* ... and this Poll-Interval-Ms */

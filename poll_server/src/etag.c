@@ -201,13 +201,3 @@ unsigned fp_pace_ms(unsigned interval_ms, unsigned jitter_pct)
      * thread. NOLINTNEXTLINE(cert-msc30-c,cert-msc50-cpp) */
     return interval_ms + (unsigned)((unsigned long long)random() % (extra + 1));
 }
-
-unsigned fp_held_pace_ms(unsigned interval_ms, unsigned jitter_pct,
-                         int changed, uint64_t waited_ms)
-{
-    unsigned draw = fp_pace_ms(interval_ms, jitter_pct) - interval_ms;
-
-    if (!changed)
-        return draw;
-    return waited_ms >= draw ? 0 : draw - (unsigned)waited_ms;
-}

@@ -50,10 +50,4 @@ long fp_wait_param(const char *target, size_t len, unsigned max_wait);
 /* A Poll-Interval-Ms value: interval_ms + a random 0..jitter_pct % of it. */
 unsigned fp_pace_ms(unsigned interval_ms, unsigned jitter_pct);
 
-/* The Poll-Interval-Ms of a held poll that ends (longpoll.h says why):
- * a draw of the jitter alone (0..jitter_pct % of interval_ms), less
- * waited_ms (how long it was held) if its answer changed, at least 0. */
-unsigned fp_held_pace_ms(unsigned interval_ms, unsigned jitter_pct,
-                         int changed, uint64_t waited_ms);
-
 #endif

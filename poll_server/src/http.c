@@ -145,7 +145,6 @@ static int start_request(struct conn *c, const char *buf, size_t len)
     c->verdict = 0;
     c->has_tag = 0;
     c->wait_s = 0;
-    c->held_ms = 0;
     if (hd.method == FP_HM_OTHER) {
         c->verdict = 405;
         c->outcome = FP_STAT_METHOD_NOT_ALLOWED;

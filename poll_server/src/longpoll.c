@@ -1,7 +1,6 @@
 /* longpoll.c -- the conditional and long-poll policy (longpoll.h). */
 #include <stddef.h>
 #include <sys/time.h>
-#include <time.h>
 
 #include <event2/event.h>
 
@@ -31,28 +30,17 @@ void fp_longpoll_read_starts(struct conn *c, const struct fp_hold *ho)
     c->ann_seq = fp_hold_seq(ho);
 }
 
-static uint64_t mono_ms(void)
+/* Held polls that end get a pace of 0 plus the jitter of interval_ms: ask
+ * again at once, spread out (docs/api.md, "Poll-Interval-Ms"). */
+static unsigned held_pace(const struct fp_settings *s)
 {
-    struct timespec ts;
-
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-        return 0;
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return fp_pace_ms(s->poll_interval_ms, s->poll_jitter_pct) -
+           s->poll_interval_ms;
 }
 
-void fp_longpoll_held_now(struct conn *c)
+unsigned fp_longpoll_held_pace(const struct conn *c)
 {
-    if (c->held_ms == 0)
-        c->held_ms = mono_ms();
-}
-
-unsigned fp_longpoll_held_pace(const struct conn *c, int changed)
-{
-    const struct fp_settings *s = c->h->s;
-    uint64_t now = changed && c->held_ms != 0 ? mono_ms() : 0;
-
-    return fp_held_pace_ms(s->poll_interval_ms, s->poll_jitter_pct,
-                           now != 0, now > c->held_ms ? now - c->held_ms : 0);
+    return held_pace(c->h->s);
 }
 
 int fp_longpoll_tagged(struct conn *c, uint64_t tag)
@@ -87,7 +75,6 @@ static int hold_or_304(struct conn *c, struct fp_hold *ho)
         fp_hold_remove(&c->held);
         return 0;
     }
-    fp_longpoll_held_now(c);
     conn_set_state(c, CONN_HELD);
     return 1;
 }
@@ -113,7 +100,7 @@ void fp_longpoll_end(struct conn *c, enum fp_stat_wake cause)
     fp_stat_wake(cause);
     fp_stat_request(c->method, FP_STAT_NOT_MODIFIED);
     conn_set_state(c, CONN_READING_HEAD);
-    c->pace_ms = fp_longpoll_held_pace(c, 0);
+    c->pace_ms = held_pace(c->h->s);
     if (conn_answer(c, 304, NULL, 0, 1) == 0)
         conn_resume_later(c);
 }
@@ -128,10 +115,10 @@ void fp_longpoll_release(struct fp_held *hd, enum fp_cache_status st,
     (void)arg;
     fp_stat_wake(cause);
     fp_stat_request(c->method, code == 200 ? FP_STAT_HIT : FP_STAT_MISS);
+    conn_set_state(c, CONN_READING_HEAD);
     c->has_tag = 1;
     c->tag = tag;
-    c->pace_ms = fp_longpoll_held_pace(c, code == 200);
-    conn_set_state(c, CONN_READING_HEAD);
+    c->pace_ms = held_pace(c->h->s);
     if (conn_answer(c, code, code == 200 ? value : NULL, code == 200 ? len : 0,
                     code == 200) == 0)
         conn_resume_later(c);

@@ -29,19 +29,8 @@ void fp_longpoll_read_starts(struct conn *c, const struct fp_hold *ho);
  * drain) or 0 (one matches and the poll may be held). Counts nothing. */
 int fp_longpoll_tagged(struct conn *c, uint64_t tag);
 
-/* Notes that c is held from now on (its first hold only): the pace of
- * its answer depends on how long it waited. */
-void fp_longpoll_held_now(struct conn *c);
-
-/* The Poll-Interval-Ms of a held poll that ends. Its wait over, or a drain
- * (changed 0): 0 plus the jitter, so that clients held together drift
- * apart. Its answer changed (changed 1): a draw of that jitter less the
- * time it was held, at least 0: a key that changes less often than that
- * is asked again at once (a room's members, woken together, re-poll
- * together, which costs the servers less than spread out), one that
- * changes faster gets at most about one answer per draw, each with every
- * change since the last (docs/api.md, "Poll-Interval-Ms"). */
-unsigned fp_longpoll_held_pace(const struct conn *c, int changed);
+/* The Poll-Interval-Ms of a held poll that ends: 0 plus the jitter. */
+unsigned fp_longpoll_held_pace(const struct conn *c);
 
 /* The cache has value for c: its ETag and pace are set. Returns 200 (the
  * answer), 304 (unchanged, not held) or 0 (unchanged and held: answered

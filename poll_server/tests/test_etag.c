@@ -211,29 +211,6 @@ static void test_pace(void **state)
     assert_true(hi - lo > 100); /* it does spread */
 }
 
-/* A held poll's pace: the jitter alone, less its wait if it changed. */
-static void test_held_pace(void **state)
-{
-    unsigned hi = 0, over = 0;
-    (void)state;
-
-    for (int i = 0; i < 2000; i++) {
-        unsigned p = fp_held_pace_ms(1000, 20, 0, 5000);
-
-        assert_true(p <= 200);   /* its wait over: spread, whatever it waited */
-        hi = p > hi ? p : hi;
-        assert_int_equal(fp_held_pace_ms(1000, 20, 1, 200), 0);
-        assert_int_equal(fp_held_pace_ms(1000, 20, 1, 60000), 0);
-        p = fp_held_pace_ms(1000, 20, 1, 100); /* a fast change: paced */
-        assert_true(p <= 100);
-        over += p > 0;
-    }
-    assert_true(hi > 100);
-    assert_true(over > 500);    /* about half the draws are over 100 */
-    assert_int_equal(fp_held_pace_ms(1000, 0, 1, 0), 0);
-    assert_int_equal(fp_held_pace_ms(0, 20, 0, 0), 0);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -243,7 +220,6 @@ int main(void)
         cmocka_unit_test(test_wait),
         cmocka_unit_test(test_wait_vectors),
         cmocka_unit_test(test_pace),
-        cmocka_unit_test(test_held_pace),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
