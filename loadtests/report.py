@@ -273,6 +273,7 @@ def latest_longpoll(results: Path) -> Path | None:
 
 
 ROOM_SIZES = (1000, 10000)  # the rooms the page reports (make bench-rooms)
+JITTER_KIND = "jitter[0-9]*-"  # rooms runs with fastpoll at another jitter_pct too
 
 
 def latest(results: Path, prefix: str) -> Path | None:
@@ -290,10 +291,12 @@ def _rooms_run(p: Path) -> bool:
         return False
 
 
-def latest_rooms(results: Path) -> list[Path]:
-    """The newest rooms run (interleaved rounds, with a summary) of each size in ROOM_SIZES."""
+def latest_rooms(results: Path, kind: str = "") -> list[Path]:
+    """The newest rooms run (interleaved rounds, with a summary) of each size in ROOM_SIZES;
+    kind "jitter[0-9]*-": the runs with fastpoll at another [poll] jitter_pct too (the page's
+    note on the re-polls' spread)."""
     found: dict[int, Path] = {}
-    for p in sorted(results.glob("rooms-[0-9]*-[0-9]*.json")):
+    for p in sorted(results.glob(f"rooms-{kind}[0-9]*-[0-9]*.json"), key=lambda p: p.name[-20:]):
         doc = json.loads(p.read_text())
         if "summary" in doc and doc.get("members") in ROOM_SIZES:
             found[doc["members"]] = p
@@ -307,6 +310,7 @@ def cited_side_runs(results: Path) -> list[Path]:
         latest(results, "plain-ab"),
         latest(results, "rooms-perf"),
         *latest_rooms(results),
+        *latest_rooms(results, JITTER_KIND),
     ]
     return [p for p in found if p is not None]
 
@@ -401,6 +405,10 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
     rooms = [
         (json.loads(p.read_text()), rel(p, out.parent)) for p in latest_rooms(json_path.parent)
     ]
+    rooms_jitter = [
+        (json.loads(p.read_text()), rel(p, out.parent))
+        for p in latest_rooms(json_path.parent, JITTER_KIND)
+    ]
     side = {}
     for prefix in ("writes", "plain-ab", "rooms-perf"):
         sp = latest(json_path.parent, prefix)
@@ -432,6 +440,7 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
         lp=json.loads(lp_path.read_text()) if lp_path else None,
         lp_rel=rel(lp_path, out.parent) if lp_path else "",
         rooms=rooms,
+        rooms_jitter=rooms_jitter,
         writes=side["writes"],
         plain_ab=side["plain-ab"],
         rooms_perf=side["rooms-perf"],

@@ -1,7 +1,8 @@
 """A room's delivery, fastpoll and Nchan side by side (issue 24, "Benchmarks").
 
     .venv/bin/python -m loadtests.rooms [--members 1000] [--seconds 30] [--rate 1]
-                                        [--rounds 2] [--clients N] [--perf DIR]
+                                        [--rounds 2] [--clients N] [--jitter-pct N]
+                                        [--perf DIR]
 
 Both systems on this machine, in interleaved rounds (fastpoll, Nchan, fastpoll, Nchan, ...: other
 work's load on a shared machine falls on both alike), each round on a fresh stack:
@@ -30,6 +31,12 @@ deliveries, of every server process: fastpoll's nginx, poll servers, app, Redis 
 Nchan's nginx), memory per 1,000 held members (Pss with them held minus before they connected) and
 errors. The clients' CPU is not counted. Every round records the load average at its start and end;
 the summary is the median of the rounds per system.
+
+`--jitter-pct N`: one more system in each round, `fastpoll-jitter<N>`: fastpoll with `[poll]
+jitter_pct` N instead of the shipped 20. A held poll that ends is paced 0 plus that jitter of the
+1 s interval, so a room's members, woken together, ask again spread over 0-200 ms; with 0 they ask
+again at once. Such a run (the page's note on the spread) is stored as
+rooms-jitter<N>-<stamp>.json, which the page's main table never takes.
 
 `--perf DIR`: fastpoll's server processes are also sampled with `perf record -g` over the publish
 window (DIR/fastpoll-r<round>.data), and the JSON gets each round's profile: the samples' shares
@@ -116,20 +123,18 @@ def git_head() -> str | None:
     return head + ("+dirty" if dirty else "")
 
 
-def start_fastpoll(run_dir: Path) -> Stack:
+def start_fastpoll(run_dir: Path, jitter_pct: int | None = None) -> Stack:
     redis_port = free_port()
-    stack = Stack(
-        run_dir=run_dir,
-        backend="memcached",
-        redis_port=redis_port,
-        extra_ini={
-            "announce": {
-                "server": f"127.0.0.1:{redis_port}",
-                "password_file": str(run_dir / "redis.pass"),
-            },
-            "server": {"max_held": "20000"},
+    ini: dict[str, dict[str, str]] = {
+        "announce": {
+            "server": f"127.0.0.1:{redis_port}",
+            "password_file": str(run_dir / "redis.pass"),
         },
-    )
+        "server": {"max_held": "20000"},
+    }
+    if jitter_pct is not None:
+        ini["poll"] = {"jitter_pct": str(jitter_pct)}
+    stack = Stack(run_dir=run_dir, backend="memcached", redis_port=redis_port, extra_ini=ini)
     stack.start()
     stack.wait_subscribed()
     return stack
@@ -353,8 +358,9 @@ async def fastpoll_run(
     rate: float,
     nproc: int,
     perf_data: Path | None = None,
+    jitter_pct: int | None = None,
 ) -> dict[str, Any]:
-    stack = start_fastpoll(run_dir)
+    stack = start_fastpoll(run_dir, jitter_pct)
     try:
         preload.preload([f"127.0.0.1:{p}" for p in stack.memcached_ports], members)
         headers = {"Authorization": f"Bearer {stack.api_token}"}
@@ -395,9 +401,21 @@ async def fastpoll_run(
                 perf_data,
             )
             out["system"] = "fastpoll"
-            return out
     finally:
         stack.stop()
+    out["poll_server_warnings"] = poller_warnings(run_dir)
+    return out
+
+
+def poller_warnings(run_dir: Path) -> list[str]:
+    """The poll servers' warnings and errors over the run (a cache connection closed as hung,
+    say), without their timestamps and pids: what a failed round's errors come from."""
+    lines: Counter[str] = Counter()
+    for log in sorted(run_dir.glob("poller-*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if " warn: " in line or " error: " in line:
+                lines[line.split("] ", 1)[-1]] += 1
+    return [f"{n} × {line}" for line, n in lines.most_common(10)]
 
 
 async def nchan_run(
@@ -475,6 +493,13 @@ def main() -> int:
         "--systems", nargs="+", default=["fastpoll", "nchan"], choices=["fastpoll", "nchan"]
     )
     ap.add_argument(
+        "--jitter-pct",
+        type=int,
+        default=None,
+        help="also run fastpoll with [poll] jitter_pct N (the shipped default is 20), as the "
+        "system fastpoll-jitter<N>; stored as rooms-jitter<N>-<stamp>.json",
+    )
+    ap.add_argument(
         "--perf",
         type=Path,
         default=None,
@@ -488,14 +513,21 @@ def main() -> int:
         args.perf.mkdir(parents=True, exist_ok=True)
     load0 = os.getloadavg()
     runs: list[dict[str, Any]] = []
+    systems = list(args.systems)
+    if args.jitter_pct is not None:
+        systems.append(f"fastpoll-jitter{args.jitter_pct}")
     for rnd in range(1, args.rounds + 1):
-        for system in args.systems:
+        for system in systems:
             d = run_dir / f"{system}-r{rnd}"
-            if system == "fastpoll":
-                perf = args.perf / f"fastpoll-r{rnd}.data" if args.perf else None
-                r = asyncio.run(fastpoll_run(d, args.members, args.seconds, args.rate, nproc, perf))
+            if system.startswith("fastpoll"):
+                perf = args.perf / f"{system}-r{rnd}.data" if args.perf else None
+                jitter = args.jitter_pct if system != "fastpoll" else None
+                r = asyncio.run(
+                    fastpoll_run(d, args.members, args.seconds, args.rate, nproc, perf, jitter)
+                )
             else:
                 r = asyncio.run(nchan_run(d, args.members, args.seconds, args.rate, nproc))
+            r["system"] = system
             r["round"] = rnd
             runs.append(r)
             print(
@@ -523,8 +555,10 @@ def main() -> int:
             f"--rounds {args.rounds} --clients {nproc}".split()
         )
         + (f" --systems {' '.join(args.systems)}" if args.systems != ["fastpoll", "nchan"] else "")
+        + (f" --jitter-pct {args.jitter_pct}" if args.jitter_pct is not None else "")
         + (" --perf DIR" if args.perf else ""),
         "members": args.members,
+        "jitter_pct": args.jitter_pct,
         "seconds": args.seconds,
         "rate": args.rate,
         "rounds": args.rounds,
@@ -543,7 +577,9 @@ def main() -> int:
         "summary": summarize(runs),
     }
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"rooms-{'perf-' if args.perf else ''}{stamp}.json"
+    kind = "perf-" if args.perf else ""
+    kind += f"jitter{args.jitter_pct}-" if args.jitter_pct is not None else ""
+    out = RESULTS / f"rooms-{kind}{stamp}.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(
         f"{'system':9} {'round':>5} {'held':>6} {'msgs':>5} {'delivered':>9} {'p50 ms':>8} "
