@@ -212,6 +212,12 @@ def test_held_poll_woken_by_the_users_own_publish(stack: Stack, client: httpx.Cl
     assert b"just for you" in answers[0][1].content
     took, r = answers[1]
     assert r.content.startswith(b'{"user":' + answers[0][1].content + b',"channels":')
+    # A wait= poll with the tag from before the publish: the answer at once, paced as a held
+    # poll that ends (0 plus the jitter of 1000 ms), not as a plain poll (1000 ms and more).
+    t0 = time.monotonic()
+    again = client.get(url + "&wait=5", headers={"If-None-Match": tags[0]})
+    assert again.status_code == 200 and again.content == r.content
+    assert time.monotonic() - t0 < 2 and int(again.headers["poll-interval-ms"]) <= 200
     # The wait ends with 304 when nothing changes.
     tag = r.headers["etag"]
     t0 = time.monotonic()

@@ -428,6 +428,22 @@ def test_recheck_is_faster_while_unsubscribed(tmp_path: Path) -> None:
         s.stop()
 
 
+def test_long_poll_answered_at_once_is_paced_as_a_held_one(held_stack: Stack) -> None:
+    """A wait= poll whose tag is not the answer's gets the answer at once, with the pace of a
+    held poll that ends (0 plus the jitter): its next poll, with the new tag, is held. A plain
+    poll's answer keeps the interval."""
+    uid, first = published(held_stack, "one")
+    publish(held_stack, uid, "two")
+    with http_client(held_stack) as c:
+        for headers in ({"If-None-Match": first.headers["etag"]}, {}):
+            t0 = time.monotonic()
+            r = c.get(f"/Poll/getMessages?user_id={uid}&wait=5", headers=headers)
+            assert r.status_code == 200 and b"two" in r.content and time.monotonic() - t0 < 2
+            assert int(r.headers["poll-interval-ms"]) <= 200, r.headers
+        r = hit(c, uid, **{"If-None-Match": first.headers["etag"]})
+        assert r.status_code == 200 and 1000 <= int(r.headers["poll-interval-ms"]) <= 1200
+
+
 def test_held_poll_ends_with_304_after_its_wait(held_stack: Stack) -> None:
     uid, first = published(held_stack, "still")
     tag = first.headers["etag"]

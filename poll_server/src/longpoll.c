@@ -50,8 +50,15 @@ int fp_longpoll_tagged(struct conn *c, uint64_t tag)
     c->has_tag = 1;
     c->tag = tag;
     c->pace_ms = fp_pace_ms(s->poll_interval_ms, s->poll_jitter_pct);
-    if (!c->cond || !fp_inm_match(&c->inm, tag))
+    if (!c->cond || !fp_inm_match(&c->inm, tag)) {
+        /* A long poll with news is answered at once, and its client asks
+         * again soon, as after a held poll's change: that poll is held.
+         * Paced by the interval, a client of a busy key would be a second
+         * behind from then on. */
+        if (c->wait_s > 0)
+            c->pace_ms = held_pace(s);
         return 200;
+    }
     return c->wait_s == 0 || c->h->draining ? 304 : 0;
 }
 

@@ -24,7 +24,8 @@ int fp_longpoll_wait(struct conn *c, const struct fp_http_head *hd,
  * is held (fp_hold_add's `since`). */
 void fp_longpoll_read_starts(struct conn *c, const struct fp_hold *ho);
 
-/* c's answer is tagged `tag`: sets its ETag and pace. Returns 200 (no
+/* c's answer is tagged `tag`: sets its ETag and pace (the interval, or for a
+ * long poll answered 200 that of a held poll that ends). Returns 200 (no
  * If-None-Match matches), 304 (one matches, not to be held: no wait= or a
  * drain) or 0 (one matches and the poll may be held). Counts nothing. */
 int fp_longpoll_tagged(struct conn *c, uint64_t tag);
