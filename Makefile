@@ -169,14 +169,16 @@ bench-longpoll: venv build
 	$(PY) -m loadtests.report $$(ls loadtests/results/bench-*.json | tail -1)
 
 # Rooms of 1,000 and 10,000 held members (own key + the room), one message a second for 30 s,
-# fastpoll and Nchan in 2 interleaved rounds each (loadtests/rooms.py, about 10 min on 2 cores):
-# loadtests/results/rooms-*.json, then docs/benchmarks.md's page again (its plots as they are)
-# from the latest full make bench run and these. Debian's Nchan module is installed (its nginx only).
+# and a busy room of 1,000 with 10 messages a second, fastpoll and Nchan in 2 interleaved rounds
+# each (loadtests/rooms.py, about 15 min on 2 cores): loadtests/results/rooms-*.json, then
+# docs/benchmarks.md's page again (its plots as they are) from the latest full make bench run and
+# these. Debian's Nchan module is installed (its nginx only).
 .PHONY: bench-rooms
 bench-rooms: venv build
 	$(call apt_install,libnginx-mod-nchan)
 	$(PY) -m loadtests.rooms --members 1000 --rounds 2
 	$(PY) -m loadtests.rooms --members 10000 --rounds 2
+	$(PY) -m loadtests.rooms --members 1000 --rate 10 --rounds 2
 	$(PY) -m loadtests.report --doc-only $$(ls loadtests/results/bench-*.json | tail -1)
 
 # The write side (loadtests/writes.py: publishes/s and CPU per message, single and batches of 100,

@@ -274,6 +274,7 @@ def latest_longpoll(results: Path) -> Path | None:
 
 ROOM_SIZES = (1000, 10000)  # the rooms the page reports (make bench-rooms)
 JITTER_KIND = "jitter[0-9]*-"  # rooms runs with fastpoll at another jitter_pct too
+BUSY_KIND = "rate[0-9]*-"  # rooms runs at more than one message a second
 
 
 def latest(results: Path, prefix: str) -> Path | None:
@@ -311,6 +312,7 @@ def cited_side_runs(results: Path) -> list[Path]:
         latest(results, "rooms-perf"),
         *latest_rooms(results),
         *latest_rooms(results, JITTER_KIND),
+        *latest_rooms(results, BUSY_KIND),
     ]
     return [p for p in found if p is not None]
 
@@ -409,6 +411,10 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
         (json.loads(p.read_text()), rel(p, out.parent))
         for p in latest_rooms(json_path.parent, JITTER_KIND)
     ]
+    rooms_busy = [
+        (json.loads(p.read_text()), rel(p, out.parent))
+        for p in latest_rooms(json_path.parent, BUSY_KIND)
+    ]
     side = {}
     for prefix in ("writes", "plain-ab", "rooms-perf"):
         sp = latest(json_path.parent, prefix)
@@ -441,6 +447,7 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
         lp_rel=rel(lp_path, out.parent) if lp_path else "",
         rooms=rooms,
         rooms_jitter=rooms_jitter,
+        rooms_busy=rooms_busy,
         writes=side["writes"],
         plain_ab=side["plain-ab"],
         rooms_perf=side["rooms-perf"],

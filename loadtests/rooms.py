@@ -38,6 +38,8 @@ jitter_pct` N instead of the shipped 20. A held poll that ends is paced 0 plus t
 again at once. Such a run (the page's note on the spread) is stored as
 rooms-jitter<N>-<stamp>.json, which the page's main table never takes.
 
+`--rate R` other than 1 (a busy room, the page's own section): stored as rooms-rate<R>-<stamp>.json.
+
 `--perf DIR`: fastpoll's server processes are also sampled with `perf record -g` over the publish
 window (DIR/fastpoll-r<round>.data), and the JSON gets each round's profile: the samples' shares
 by process and object (the kernel's share is the system calls and the network stack) and the
@@ -579,6 +581,7 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     kind = "perf-" if args.perf else ""
     kind += f"jitter{args.jitter_pct}-" if args.jitter_pct is not None else ""
+    kind += f"rate{args.rate:g}-" if args.rate != 1 else ""
     out = RESULTS / f"rooms-{kind}{stamp}.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(
