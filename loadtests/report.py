@@ -293,9 +293,9 @@ def _rooms_run(p: Path) -> bool:
 
 
 def latest_rooms(results: Path, kind: str = "") -> list[Path]:
-    """The newest rooms run (interleaved rounds, with a summary) of each size in ROOM_SIZES;
-    kind "jitter[0-9]*-": the runs with fastpoll at another [poll] jitter_pct too (the page's
-    note on the re-polls' spread)."""
+    """The newest rooms run (interleaved rounds, with a summary) of each size in ROOM_SIZES, of
+    one kind: "" (one message a second, the shipped configuration: the main table), JITTER_KIND
+    or BUSY_KIND."""
     found: dict[int, Path] = {}
     for p in sorted(results.glob(f"rooms-{kind}[0-9]*-[0-9]*.json"), key=lambda p: p.name[-20:]):
         doc = json.loads(p.read_text())
@@ -404,17 +404,10 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
     row = {(c["system"], c["scenario"], c["method"]): c for c in c50}
     abrow = {(a["system"], a["keepalive"]): a for a in ab}
     lp_path = latest_longpoll(json_path.parent)
-    rooms = [
-        (json.loads(p.read_text()), rel(p, out.parent)) for p in latest_rooms(json_path.parent)
-    ]
-    rooms_jitter = [
-        (json.loads(p.read_text()), rel(p, out.parent))
-        for p in latest_rooms(json_path.parent, JITTER_KIND)
-    ]
-    rooms_busy = [
-        (json.loads(p.read_text()), rel(p, out.parent))
-        for p in latest_rooms(json_path.parent, BUSY_KIND)
-    ]
+    rooms, rooms_jitter, rooms_busy = (
+        [(json.loads(p.read_text()), rel(p, out.parent)) for p in latest_rooms(json_path.parent, k)]
+        for k in ("", JITTER_KIND, BUSY_KIND)
+    )
     side = {}
     for prefix in ("writes", "plain-ab", "rooms-perf"):
         sp = latest(json_path.parent, prefix)

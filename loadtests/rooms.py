@@ -402,21 +402,20 @@ async def fastpoll_run(
                 rate,
                 perf_data,
             )
-            out["system"] = "fastpoll"
     finally:
         stack.stop()
-    out["poll_server_warnings"] = poller_warnings(run_dir)
+    out["poll_server_warnings"] = poller_warnings(stack)
     return out
 
 
-def poller_warnings(run_dir: Path) -> list[str]:
+def poller_warnings(stack: Stack) -> list[str]:
     """The poll servers' warnings and errors over the run (a cache connection closed as hung,
     say), without their timestamps and pids: what a failed round's errors come from."""
     lines: Counter[str] = Counter()
-    for log in sorted(run_dir.glob("poller-*.log")):
-        for line in log.read_text(errors="replace").splitlines():
-            if " warn: " in line or " error: " in line:
-                lines[line.split("] ", 1)[-1]] += 1
+    for _, raw in stack.poller_log_lines():
+        line = raw.decode(errors="replace")
+        if " warn: " in line or " error: " in line:
+            lines[line.split("] ", 1)[-1]] += 1
     return [f"{n} × {line}" for line, n in lines.most_common(10)]
 
 
@@ -434,7 +433,7 @@ async def nchan_run(
                 return r.status_code
 
             targets = {u: f"/lpm?room={ROOM}&user=u{u}" for u in range(1, members + 1)}
-            out = await measure(
+            return await measure(
                 Clients(peer.port, targets, "nchan", nproc),
                 {"nginx": tree(peer.pid)},
                 lambda: nchan_subscribers(peer.base_url),
@@ -442,8 +441,6 @@ async def nchan_run(
                 seconds,
                 rate,
             )
-            out["system"] = "nchan"
-            return out
     finally:
         peer.stop()
 

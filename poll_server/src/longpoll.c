@@ -46,19 +46,19 @@ unsigned fp_longpoll_held_pace(const struct conn *c)
 int fp_longpoll_tagged(struct conn *c, uint64_t tag)
 {
     const struct fp_settings *s = c->h->s;
+    int changed = !c->cond || !fp_inm_match(&c->inm, tag);
 
     c->has_tag = 1;
     c->tag = tag;
-    c->pace_ms = fp_pace_ms(s->poll_interval_ms, s->poll_jitter_pct);
-    if (!c->cond || !fp_inm_match(&c->inm, tag)) {
-        /* A long poll with news is answered at once, and its client asks
-         * again soon, as after a held poll's change: that poll is held.
-         * Paced by the interval, a client of a busy key would be a second
-         * behind from then on. */
-        if (c->wait_s > 0)
-            c->pace_ms = held_pace(s);
+    /* A long poll with news is answered at once, and its client asks again
+     * soon, as after a held poll's change: that poll is held. Paced by the
+     * interval, a client of a busy key would be a second behind from then
+     * on. */
+    c->pace_ms = changed && c->wait_s > 0
+                     ? held_pace(s)
+                     : fp_pace_ms(s->poll_interval_ms, s->poll_jitter_pct);
+    if (changed)
         return 200;
-    }
     return c->wait_s == 0 || c->h->draining ? 304 : 0;
 }
 

@@ -36,7 +36,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -794,14 +794,19 @@ class Stack:
         """A signed poll URL of user uid, through nginx."""
         return self.sign(f"/Poll/getMessages?user_id={uid}", ttl)
 
-    def sanitizer_reports(self) -> list[str]:
-        """Lines of the poll servers' logs where ASan, UBSan or valgrind reported something."""
-        found: list[str] = []
+    def poller_log_lines(self) -> Iterator[tuple[str, bytes]]:
+        """Every line of the poll servers' logs, with its log's name (running or stopped)."""
         for log in sorted(self.run_dir.glob("poller-*.log")):
             for line in log.read_bytes().splitlines():
-                if SANITIZER_REPORT.search(line):
-                    found.append(f"{log.name}: {line.decode(errors='replace')}")
-        return found
+                yield log.name, line
+
+    def sanitizer_reports(self) -> list[str]:
+        """Lines of the poll servers' logs where ASan, UBSan or valgrind reported something."""
+        return [
+            f"{name}: {line.decode(errors='replace')}"
+            for name, line in self.poller_log_lines()
+            if SANITIZER_REPORT.search(line)
+        ]
 
     def stop_proc(self, name: str, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
         """Stop one process we started, by pid. Returns its exit status if we could reap it."""
