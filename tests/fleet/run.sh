@@ -728,11 +728,14 @@ ini_list() { on "$1" "sed -n 's/^$2 = //p' /etc/fastpoll/fastpoll.ini" | paste -
 # mc_step TEXT: the membership drill's step, which membership_check.py reads with every poll and
 # keeps with any violation.
 mc_step() { printf '%s\n' "$1" > "$RUN/mc-step.tmp" && mv "$RUN/mc-step.tmp" "$RUN/mc-step"; }
-# step_watch STEP LOG: every 0.5 s, STEP with the play or task LOG is at and its last host result.
+# step_watch STEP LOG: every 0.5 s, STEP with the play or task LOG is at and its last host result,
+# until $RUN/mc-watch-stop exists. Stopped by that file, not killed: a killed watcher's mv could
+# outlive it and take the next step's temporary file.
 step_watch() {
     local task host
     for _ in $(seq 1 3600); do
         kill -0 "$$" 2>/dev/null || return 0
+        [ -e "$RUN/mc-watch-stop" ] && return 0
         task=$(grep -E '^(PLAY|TASK|RUNNING HANDLER) \[' "$2" 2>/dev/null | tail -1) || true
         host=$(grep -E '^(ok|changed|skipping|fatal|failed): \[' "$2" 2>/dev/null | tail -1 | cut -c1-60) || true
         mc_step "$1 | ${task%% \**} | $host" 2>/dev/null || return 0
@@ -742,10 +745,11 @@ step_watch() {
 # mc_playbook STEP LABEL [args...]: playbook LABEL [args...] with the step file following it.
 mc_playbook() {
     local step=$1 label=$2 w; shift 2
+    rm -f "$RUN/mc-watch-stop"
     step_watch "$step" "$LOGS/ansible-$((run_no + 1))-$label.log" &
     w=$!
     playbook "$label" "$@"
-    kill "$w" 2>/dev/null || true
+    touch "$RUN/mc-watch-stop"
     wait "$w" 2>/dev/null || true
     mc_step "$step: done"
 }
