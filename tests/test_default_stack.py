@@ -148,3 +148,51 @@ def test_no_older_answer_after_a_memcached_hang(default_stack: Stack) -> None:
         f"{len(stale)} of {polls} polls showed the older answer (first and last):\n"
         + ("\n".join([stale[0], stale[-1]]))
     )
+
+
+def test_a_short_stall_is_slow_not_hung(default_stack: Stack) -> None:
+    """memcached silent for 300 ms (a starved CPU, a deep pipeline) is slow, not hung: a poll
+    sent into the stall falls back to the app after the cache timeout (100 ms), a publish made
+    during it waits and lands (X-Cache-Publish: ok), and once memcached answers again the polls
+    are hits again. Before, 100 ms of silence marked the node hung: its connection was closed and,
+    for recovery_ms (5 s), every poll went to the app."""
+    s = default_stack
+    uid, other = new_uid(), new_uid()
+    url = f"/Poll/getMessages?user_id={uid}"
+    publish(s, uid, "before the stall")
+    publish(s, other, "before the stall")
+    with http_client(s, timeout=10) as c:
+        # Hits first: an earlier test's hang leaves its recovery window (5 s) behind it.
+        deadline = time.monotonic() + 10
+        while c.get(url).headers["x-poll-source"] != "cache":
+            assert time.monotonic() < deadline, "no hit 10 s after the stack's last failure"
+            time.sleep(0.1)
+
+        memcached = s.procs["memcached-0"].pid
+        during: list[httpx.Response] = []
+        freeze(memcached)
+        thaw = threading.Timer(0.3, os.kill, (memcached, signal.SIGCONT))
+        thaw.start()
+        try:
+            writer = threading.Thread(target=lambda: during.append(publish(s, uid, "during")))
+            writer.start()
+            # Another user's poll (this one's would wait for the publish, on the app's key
+            # lock): its get waits on the silent node, then nginx asks the app.
+            r = c.get(f"/Poll/getMessages?user_id={other}")
+            assert r.status_code == 200 and r.headers["x-poll-source"] != "cache", r.headers
+        finally:
+            thaw.join()
+            resumed = time.monotonic()
+        writer.join()
+        assert during[0].headers["x-cache-publish"] == "ok"
+        after = during[0].json()["id"]
+
+        time.sleep(0.2)
+        sources: list[str] = []
+        while time.monotonic() < resumed + 1.5:
+            r = c.get(url)
+            assert newest_id(r) == after
+            sources.append(r.headers["x-poll-source"])
+    assert sources and set(sources) == {"cache"}, (
+        f"{sources.count('cache')} of {len(sources)} polls from the cache after a 300 ms stall"
+    )

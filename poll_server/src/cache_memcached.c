@@ -31,8 +31,9 @@
  * - a value over MC_MAX_VALUE is read past (never buffered) and its request
  *   alone gets ERROR; CLIENT_ERROR / SERVER_ERROR fail their request alone.
  *   The connection stays.
- * - a request not answered within cache_timeout_ms: TIMEOUT alone while the
- *   server is still sending, or the server is hung (health.h).
+ * - a request not answered within cache_timeout_ms: TIMEOUT alone, unless
+ *   the server has been silent long enough to be hung (health.h); a late
+ *   request's node is checked again when that silence would be reached.
  *
  * Replicas ([memcached] replicas = 1; docs/design.md, "Replicas"):
  * the app writes every key to its ketama node and to the node ketama picks
@@ -172,6 +173,7 @@ struct mc_server {
     struct fp_node_recovery recovery; /* its window (node_health.h): its
                                        * keys are read through replicas */
     struct event *probe;            /* asks it when idle */
+    struct event *hangcheck;        /* a late request's: is it silent yet? */
 };
 
 struct fp_mc {
@@ -179,6 +181,7 @@ struct fp_mc {
     memcached_st *memc;
     const struct timeval *timeout;  /* common timeout of cache_timeout_ms */
     struct timeval timeout_tv;
+    unsigned timeout_ms;
     struct mc_server *servers;
     size_t nservers;
     memcached_st **excl;            /* [i]: ketama over every server but i
@@ -338,6 +341,8 @@ static void server_reset(struct mc_server *s, const char *why,
     }
     if (s->flush_active)
         (void)event_del(s->flush);
+    if (s->hangcheck != NULL)
+        (void)event_del(s->hangcheck);
     s->wev_added = s->flush_active = 0;
     buf_reset(&s->in, MC_IN_MIN);
     buf_reset(&s->out, MC_OUT_KEEP);
@@ -863,12 +868,40 @@ static void server_retry_cb(evutil_socket_t fd, short what, void *arg)
         server_connect(s);
 }
 
+static void server_hung(struct mc_server *s, struct mc_req *first)
+{
+    char why[128];
+
+    if (s->health.last_rx_ms == 0)
+        (void)snprintf(why, sizeof(why), "no answer within %u ms and nothing "
+                       "from it since connecting, closing", s->mc->timeout_ms);
+    else
+        (void)snprintf(why, sizeof(why), "no answer within %u ms and nothing "
+                       "from it for %llu ms, closing", s->mc->timeout_ms,
+                       (unsigned long long)(fp_mono_ms() -
+                                            s->health.last_rx_ms));
+    fp_health_bad(&s->health);
+    server_reset(s, why, first, FP_CACHE_TIMEOUT);
+}
+
+/* A stall (a starved CPU, a deep pipeline) costs its late requests, a
+ * hang the connection and the recovery window: health.h tells them apart. */
+static void server_hangcheck_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct mc_server *s = arg;
+
+    (void)fd;
+    (void)what;
+    if (s->mc->closing || s->state != MC_UP || s->npending == 0)
+        return;
+    if (fp_health_late(&s->health, s->mc->timeout_ms, s->hangcheck) != 0)
+        server_hung(s, NULL);
+}
+
 static void req_timer_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct mc_req *r = arg;
     struct mc_server *s = r->srv;
-    uint64_t timeout_ms;
-    char why[96];
 
     (void)fd;
     (void)what;
@@ -877,22 +910,17 @@ static void req_timer_cb(evutil_socket_t fd, short what, void *arg)
         req_finish(r, FP_CACHE_ERROR, NULL, 0);
         return;
     }
-    timeout_ms = (uint64_t)r->mc->timeout_tv.tv_sec * 1000u +
-                 (uint64_t)r->mc->timeout_tv.tv_usec / 1000u;
-    if (!fp_health_silent(&s->health, (unsigned)timeout_ms)) {
-        /* Answering, just not this one in time: it alone gets TIMEOUT and
-         * keeps its place in the FIFO until its answer is read. */
-        r->late = 1;
-        fp_stat_backend_done(r->srv_index, FP_CACHE_TIMEOUT, r->sent);
-        if (!fp_node_fails_over(FP_CACHE_TIMEOUT, r->failover) ||
-            req_failover(r) != 0)
-            r->cb(FP_CACHE_TIMEOUT, NULL, 0, r->arg);
+    if (fp_health_late(&s->health, r->mc->timeout_ms, s->hangcheck) != 0) {
+        server_hung(s, r);
         return;
     }
-    fp_health_bad(&s->health);
-    (void)snprintf(why, sizeof(why), "no answer within %ld ms, closing",
-                   (long)timeout_ms);
-    server_reset(s, why, r, FP_CACHE_TIMEOUT);
+    /* Answering, or silent for less than a hang: it alone gets TIMEOUT and
+     * keeps its place in the FIFO until its answer is read. */
+    r->late = 1;
+    fp_stat_backend_done(r->srv_index, FP_CACHE_TIMEOUT, r->sent);
+    if (!fp_node_fails_over(FP_CACHE_TIMEOUT, r->failover) ||
+        req_failover(r) != 0)
+        r->cb(FP_CACHE_TIMEOUT, NULL, 0, r->arg);
 }
 
 /* The last line of defence against protocol injection: keys.c only hands
@@ -1231,6 +1259,7 @@ struct fp_mc *fp_mc_create(struct event_base *base, const struct fp_settings *st
     TAILQ_INIT(&mc->failq);
     mc->timeout_tv.tv_sec = st->cache_timeout_ms / 1000;
     mc->timeout_tv.tv_usec = (suseconds_t)(st->cache_timeout_ms % 1000) * 1000;
+    mc->timeout_ms = st->cache_timeout_ms;
     /* All requests share one timeout: libevent keeps them in a queue. */
     mc->timeout = event_base_init_common_timeout(base, &mc->timeout_tv);
     if (mc->timeout == NULL)
@@ -1270,7 +1299,8 @@ struct fp_mc *fp_mc_create(struct event_base *base, const struct fp_settings *st
         fp_stats_backend_name(i, s->name);
         s->retry = evtimer_new(base, server_retry_cb, s);
         s->flush = event_new(base, -1, 0, server_flush_cb, s);
-        if (s->retry == NULL || s->flush == NULL ||
+        s->hangcheck = evtimer_new(base, server_hangcheck_cb, s);
+        if (s->retry == NULL || s->flush == NULL || s->hangcheck == NULL ||
             server_resolve(s, &st->mc_servers[i]) != 0)
             goto fail;
         {
@@ -1309,6 +1339,8 @@ void fp_mc_free(struct fp_mc *mc)
             event_free(s->retry);
         if (s->probe != NULL)
             event_free(s->probe);
+        if (s->hangcheck != NULL)
+            event_free(s->hangcheck);
         if (s->flush != NULL)
             event_free(s->flush);
         free(s->in.data);

@@ -10,8 +10,9 @@
  * timer can touch freed memory or answer twice.
  *
  * Failure model: health.h, the same as memcached's. A request not answered
- * in time gets TIMEOUT alone while replies still come; only silence for
- * timeout_ms marks Redis hung: then we redisAsyncFree() the context (not
+ * in time gets TIMEOUT alone unless Redis has been silent long enough to
+ * be hung (health.h; a late request's Redis is checked again when that
+ * silence would be reached): then we redisAsyncFree() the context (not
  * redisAsyncDisconnect(), which waits for the pending replies forever),
  * which in 0.14 runs every pending callback with a NULL reply (ERROR)
  * before it returns when not called from a hiredis callback (we never do:
@@ -84,6 +85,7 @@ struct fp_redis {
     struct event *drop;         /* drops ac from outside hiredis */
     const char *drop_why;
     struct event *retry;
+    struct event *hangcheck;    /* a late request's: is it silent yet? */
     char name[300];             /* for the log */
     char ip[64];                /* numeric, resolved at startup or given
                                  * by a sentinel */
@@ -172,6 +174,7 @@ static void drop_context(struct fp_redis *r)
 
     r->ac = NULL;               /* disconnect_cb and new gets see it down */
     (void)event_del(r->drop);
+    (void)event_del(r->hangcheck);
     if (ac != NULL)
         redisAsyncFree(ac);
     schedule_retry(r);
@@ -475,11 +478,40 @@ static void retry_cb(evutil_socket_t fd, short what, void *arg)
     do_connect(r);
 }
 
+static void hung(struct fp_redis *r)
+{
+    char why[128];
+
+    if (r->health.last_rx_ms == 0)
+        (void)snprintf(why, sizeof(why), "no reply within %u ms and nothing "
+                       "since connecting, reconnecting", r->timeout_ms);
+    else
+        (void)snprintf(why, sizeof(why), "no reply within %u ms and nothing "
+                       "for %llu ms, reconnecting", r->timeout_ms,
+                       (unsigned long long)(fp_mono_ms() -
+                                            r->health.last_rx_ms));
+    fp_health_bad(&r->health);
+    log_down(r, why);
+    drop_context(r);            /* reply_cb(q, NULL) frees what hiredis held */
+}
+
+/* A stall costs its late requests, a hang the connection (health.h). */
+static void hangcheck_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct fp_redis *r = arg;
+
+    (void)fd;
+    (void)what;
+    if (r->closing || r->ac == NULL || r->inflight == 0)
+        return;
+    if (fp_health_late(&r->health, r->timeout_ms, r->hangcheck) != 0)
+        hung(r);
+}
+
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct rd_req *q = arg;
     struct fp_redis *r = q->r;
-    char why[96];
 
     (void)fd;
     (void)what;
@@ -496,15 +528,11 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
         req_release(q);
         return;
     }
-    /* Still replying, only not to this one in time: it alone is late,
+    /* Still replying, or silent for less than a hang: it alone is late,
      * hiredis keeps it until its reply comes. */
-    if (r->ac == NULL || !fp_health_silent(&r->health, r->timeout_ms))
-        return;
-    fp_health_bad(&r->health);
-    (void)snprintf(why, sizeof(why), "no reply within %u ms, reconnecting",
-                   r->timeout_ms);
-    log_down(r, why);
-    drop_context(r);            /* reply_cb(q, NULL) frees q */
+    if (r->ac != NULL &&
+        fp_health_late(&r->health, r->timeout_ms, r->hangcheck) != 0)
+        hung(r);
 }
 
 int fp_redis_get(struct fp_redis *r, const char *key, size_t keylen,
@@ -580,7 +608,8 @@ struct fp_redis *fp_redis_create(struct event_base *base,
         r->timeout = &r->timeout_tv;
     r->retry = evtimer_new(base, retry_cb, r);
     r->drop = event_new(base, -1, 0, drop_cb, r);
-    if (r->retry == NULL || r->drop == NULL)
+    r->hangcheck = evtimer_new(base, hangcheck_cb, r);
+    if (r->retry == NULL || r->drop == NULL || r->hangcheck == NULL)
         goto fail;
     if ((st->redis_password != NULL &&
          (r->password = strdup(st->redis_password)) == NULL) ||
@@ -646,6 +675,8 @@ void fp_redis_free(struct fp_redis *r)
         event_free(r->retry);
     if (r->drop != NULL)
         event_free(r->drop);
+    if (r->hangcheck != NULL)
+        event_free(r->hangcheck);
     if (r->password != NULL) {
         explicit_bzero(r->password, strlen(r->password));
         free(r->password);

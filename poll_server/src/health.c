@@ -3,6 +3,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <event2/event.h>
+
 #include "health.h"
 
 uint64_t fp_mono_ms(void)
@@ -30,9 +32,28 @@ void fp_health_bad(struct fp_health *h)
     h->hung = 1;
 }
 
-int fp_health_silent(const struct fp_health *h, unsigned timeout_ms)
+unsigned fp_health_hung_in(const struct fp_health *h, unsigned timeout_ms)
 {
-    return h->last_rx_ms == 0 || fp_mono_ms() - h->last_rx_ms >= timeout_ms;
+    uint64_t limit = timeout_ms > FP_HUNG_MIN_MS ? timeout_ms : FP_HUNG_MIN_MS;
+    uint64_t quiet;
+
+    if (h->last_rx_ms == 0)
+        return 0;
+    quiet = fp_mono_ms() - h->last_rx_ms;
+    return quiet >= limit ? 0 : (unsigned)(limit - quiet);
+}
+
+int fp_health_late(const struct fp_health *h, unsigned timeout_ms,
+                   struct event *check)
+{
+    unsigned in = fp_health_hung_in(h, timeout_ms);
+    struct timeval tv = { (time_t)(in / 1000), (suseconds_t)(in % 1000) * 1000 };
+
+    if (in == 0)
+        return -1;
+    if (evtimer_pending(check, NULL))
+        return 0;
+    return evtimer_add(check, &tv) == 0 ? 0 : -1;
 }
 
 /* xorshift64*, seeded once per process: the jitter only has to differ

@@ -4,8 +4,10 @@
  * - A request not answered within timeout_ms fails alone (TIMEOUT) if
  *   anything came from the server during the last timeout_ms: it is slow,
  *   not gone; its answer is read and dropped when it comes.
- * - Only total silence for timeout_ms marks the server hung: the
- *   connection is dropped and retried after the backoff.
+ * - Only total silence for FP_HUNG_MIN_MS (or timeout_ms, if longer)
+ *   marks the server hung: the connection is dropped and retried after
+ *   the backoff. A shorter silence is a stall (a starved CPU, a deep
+ *   pipeline), whose late requests alone fail.
  * - A connection that was answering and drops is retried at once; every
  *   later attempt waits the backoff: 100 ms doubling to 2 s, each delay
  *   jittered (a random 50..100% of it) so that a fleet of pollers does
@@ -20,6 +22,10 @@
 
 #define FP_BACKOFF_MIN_MS 100
 #define FP_BACKOFF_MAX_MS 2000
+/* Half the app's shortest publish write timeout (MIN_PUBLISH_TIMEOUT_MS,
+ * 1 s): a silence that fails an acknowledged write is always seen as a
+ * hang, and so starts the node's recovery window (docs/design.md). */
+#define FP_HUNG_MIN_MS    500
 
 struct fp_health {
     unsigned backoff_ms;   /* the next delay before jitter; 0: at once */
@@ -39,8 +45,18 @@ void fp_health_good(struct fp_health *h);
  * refused setup, garbage, an error reply at connect). */
 void fp_health_bad(struct fp_health *h);
 
-/* 1 when nothing came from the server for timeout_ms: hung. */
-int fp_health_silent(const struct fp_health *h, unsigned timeout_ms);
+struct event;
+
+/* The ms until the server's silence marks it hung (0: hung now, or it
+ * never sent anything on this connection). */
+unsigned fp_health_hung_in(const struct fp_health *h, unsigned timeout_ms);
+
+/* A request timed out, or `check` (the server's timer) fired while requests
+ * wait: 0 when the server is not silent for a hang yet, with `check` armed
+ * for the moment it would be (so a hang is seen even if no other request
+ * comes); else hung now, or a timer that cannot be armed (taken for hung). */
+int fp_health_late(const struct fp_health *h, unsigned timeout_ms,
+                   struct event *check);
 
 /* The delay before the next connection attempt, in ms (jittered), and
  * advances the backoff. A new connection forgets last_rx_ms. */

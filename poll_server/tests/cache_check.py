@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import select
 import shlex
@@ -755,13 +756,67 @@ def scenario_batch(drv: list[str], tmp: str) -> None:
         rd.stop()
 
 
+def hits(d: Driver, key: str) -> bool:
+    return d.gets([key])[key][0] == "HIT"
+
+
+def scenario_stall(drv: list[str], tmp: str) -> None:
+    """A stall is not a hang (health.h): silent 250 ms, each backend's gets time out alone and
+    its connection stays, so the gets after it hit at once; silent 800 ms, it is hung (closed,
+    reconnected), as before."""
+    for name, srv, args, put in (
+        ("memcached", memcached(tmp), ["-s"], lambda port: mc_set(port, "/Poll/k", b"v")),
+        (
+            "redis",
+            redis(tmp),
+            ["-b", "redis", "-r"],
+            lambda port: redis_cmd(port, b"SET", b"/Poll/k", b"v"),
+        ),
+    ):
+        try:
+            put(srv.port)
+            d = Driver(drv, ["-T", str(TIMEOUT_MS), *args, f"127.0.0.1:{srv.port}"])
+            check(d.gets(["/Poll/k"])["/Poll/k"][0] == "HIT", f"{name} stall: a hit first")
+            for stall_ms, hung in ((250, False), (800, True)):
+                srv.sig(signal.SIGSTOP)
+                stopped = time.monotonic()
+                r = d.gets(["/Poll/k"])
+                check(
+                    r["/Poll/k"][0] == "TIMEOUT" and r["/Poll/k"][1] <= TIMEOUT_MS + SLACK_MS,
+                    f"{name} stall of {stall_ms} ms: the get in it times out alone ({r})",
+                )
+                while time.monotonic() < stopped + stall_ms / 1000:
+                    d.gets(["/Poll/k"])  # keeps a request pending, as traffic would
+                srv.sig(signal.SIGCONT)
+                if not hung:
+                    time.sleep(0.05)  # the late answers are read and dropped
+                    r = d.gets(["/Poll/k"])
+                    check(
+                        r["/Poll/k"][0] == "HIT" and r["/Poll/k"][1] < FAST_MS,
+                        f"{name} stall of {stall_ms} ms: a hit at once after it ({r})",
+                    )
+                else:
+                    check(
+                        wait_until(functools.partial(hits, d, "/Poll/k")),
+                        f"{name} stall of {stall_ms} ms: hits again after the reconnect",
+                    )
+            d.quit()
+            drops = [ln for ln in d.stderr.splitlines() if "closing" in ln or "reconnecting" in ln]
+            check(
+                len(drops) == 1 and "ms and nothing" in drops[0],
+                f"{name} stall: one drop, for the 800 ms silence ({drops})",
+            )
+        finally:
+            srv.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--driver", default=os.path.join(here, "..", "build", "cache_driver"))
     ap.add_argument("--wrap", default="", help="e.g. valgrind command prefix")
     ap.add_argument("--pylibmc-python", default=None)
-    ap.add_argument("--only", default="memcached,ketama,redis,protocol,protocol_meta,batch")
+    ap.add_argument("--only", default="memcached,ketama,redis,stall,protocol,protocol_meta,batch")
     a = ap.parse_args()
     drv = shlex.split(a.wrap) + [a.driver, "-q"]
     only = a.only.split(",")
@@ -772,6 +827,8 @@ def main() -> int:
             scenario_ketama(drv, tmp, a.pylibmc_python)
         if "redis" in only:
             scenario_redis(drv, tmp)
+        if "stall" in only:
+            scenario_stall(drv, tmp)
         if "protocol" in only:
             scenario_protocol(drv, tmp)  # a server without meta commands: classic gets
         if "protocol_meta" in only:

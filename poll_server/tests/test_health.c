@@ -9,6 +9,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <event2/event.h>
+
 #include "../src/health.h"
 
 /* A connection that had been answering is retried at once; the next
@@ -75,20 +77,63 @@ static void test_jitter_varies(void **state)
     assert_true(distinct > 20);
 }
 
-/* Silent: nothing for timeout_ms, or nothing since the connection. */
+/* Hung: silent for FP_HUNG_MIN_MS, or timeout_ms if longer; or nothing
+ * since the connection. A shorter silence is a stall, not a hang. */
 static void test_silence(void **state)
 {
     struct fp_health h;
+    unsigned in;
 
     (void)state;
     memset(&h, 0, sizeof(h));
-    assert_true(fp_health_silent(&h, 100));
+    assert_int_equal(fp_health_hung_in(&h, 100), 0);
     fp_health_rx(&h);
-    assert_false(fp_health_silent(&h, 100));
-    h.last_rx_ms -= 150;
-    assert_true(fp_health_silent(&h, 100));
+    in = fp_health_hung_in(&h, 100);
+    assert_true(in > FP_HUNG_MIN_MS - 50 && in <= FP_HUNG_MIN_MS);
+    h.last_rx_ms -= 150;                /* late, not hung */
+    in = fp_health_hung_in(&h, 100);
+    assert_true(in > FP_HUNG_MIN_MS - 200 && in <= FP_HUNG_MIN_MS - 150);
+    h.last_rx_ms -= FP_HUNG_MIN_MS;
+    assert_int_equal(fp_health_hung_in(&h, 100), 0);
+    fp_health_rx(&h);                   /* a longer timeout_ms rules */
+    h.last_rx_ms -= FP_HUNG_MIN_MS + 100;
+    in = fp_health_hung_in(&h, 2000);
+    assert_true(in > 1300 && in <= 1400);
     (void)fp_health_next_delay(&h); /* a new connection forgets */
     assert_int_equal(h.last_rx_ms, 0);
+}
+
+static void noop_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)arg;
+}
+
+/* Late: the check armed for the moment the silence would mark a hang. */
+static void test_late_arms_the_check(void **state)
+{
+    struct fp_health h;
+    struct event_base *base = event_base_new();
+    struct event *check;
+    struct timeval tv;
+
+    (void)state;
+    assert_non_null(base);
+    check = evtimer_new(base, noop_cb, NULL);
+    assert_non_null(check);
+    memset(&h, 0, sizeof(h));
+    assert_int_not_equal(fp_health_late(&h, 100, check), 0); /* never answered */
+    assert_false(evtimer_pending(check, NULL));
+    fp_health_rx(&h);
+    h.last_rx_ms -= 150;
+    assert_int_equal(fp_health_late(&h, 100, check), 0);
+    assert_true(evtimer_pending(check, &tv));
+    assert_int_equal(fp_health_late(&h, 100, check), 0);  /* armed once */
+    h.last_rx_ms -= FP_HUNG_MIN_MS;
+    assert_int_not_equal(fp_health_late(&h, 100, check), 0);
+    event_free(check);
+    event_base_free(base);
 }
 
 int main(void)
@@ -98,6 +143,7 @@ int main(void)
         cmocka_unit_test(test_bad_waits_from_the_first_retry),
         cmocka_unit_test(test_good_resets),
         cmocka_unit_test(test_jitter_varies),
+        cmocka_unit_test(test_late_arms_the_check),
         cmocka_unit_test(test_silence),
     };
 

@@ -499,6 +499,7 @@ class Run:
             "cache-delay-reads",
             "cache-hold-writes",
             "cache-hang",
+            "cache-stall",
             "poller-restart",
             "app-restart",
             "announce-cut",
@@ -537,6 +538,10 @@ class Run:
             p.update(length=rng.uniform(2.5, 4.5), reverse=rng.random() < 0.5)
         elif kind in ("cache-hang", "cache-kill", "redis-stop", "pg-restart"):
             p.update(length=rng.uniform(1.0, 2.5))
+        elif kind == "cache-stall":
+            # Around the poll servers' line between a stall and a hang (500 ms of silence) and
+            # under the app's publish write timeout (1 s): a publish waits and lands.
+            p.update(length=rng.uniform(0.2, 0.9))
         elif kind == "announce-cut":
             p.update(length=2.0)
         elif kind == "poller-restart":
@@ -578,7 +583,7 @@ class Run:
             self._ctl(node, "hold", True)
             time.sleep(length)
             p["released"] = self._ctl(node, "release", bool(p["reverse"]))
-        elif f.kind in ("cache-hang", "redis-stop"):
+        elif f.kind in ("cache-hang", "cache-stall", "redis-stop"):
             name = "redis" if f.kind == "redis-stop" else self._node_proc(node)
             f.target = name
             f.paths = [hist.ANNOUNCE] if name == "redis" else []
