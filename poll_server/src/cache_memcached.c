@@ -347,6 +347,7 @@ static void server_reset(struct mc_server *s, const char *why,
     buf_reset(&s->in, MC_IN_MIN);
     buf_reset(&s->out, MC_OUT_KEEP);
     s->health.last_rx_ms = 0;
+    s->health.stalled = 0;
     s->skip = 0;
     s->skipped = 0;
     s->gen++;

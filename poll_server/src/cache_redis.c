@@ -553,8 +553,9 @@ int fp_redis_get(struct fp_redis *r, const char *key, size_t keylen,
         free(q);
         return -1;
     }
+    /* Stalled (health.h): not queued behind the late ones. */
     if (keylen == 0 || keylen > FP_MAX_KEY_LEN || r->ac == NULL ||
-        r->setup_failed || r->inflight >= RD_MAX_PENDING)
+        r->setup_failed || r->inflight >= RD_MAX_PENDING || r->health.stalled)
         goto fail_fast;
     if (evtimer_add(q->timer, r->timeout) != 0)
         goto fail_fast;

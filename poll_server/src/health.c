@@ -19,6 +19,7 @@ uint64_t fp_mono_ms(void)
 void fp_health_rx(struct fp_health *h)
 {
     h->last_rx_ms = fp_mono_ms();
+    h->stalled = 0;
 }
 
 void fp_health_good(struct fp_health *h)
@@ -43,7 +44,7 @@ unsigned fp_health_hung_in(const struct fp_health *h, unsigned timeout_ms)
     return quiet >= limit ? 0 : (unsigned)(limit - quiet);
 }
 
-int fp_health_late(const struct fp_health *h, unsigned timeout_ms,
+int fp_health_late(struct fp_health *h, unsigned timeout_ms,
                    struct event *check)
 {
     unsigned in = fp_health_hung_in(h, timeout_ms);
@@ -51,6 +52,8 @@ int fp_health_late(const struct fp_health *h, unsigned timeout_ms,
 
     if (in == 0)
         return -1;
+    if (fp_mono_ms() - h->last_rx_ms >= timeout_ms)
+        h->stalled = 1;
     if (evtimer_pending(check, NULL))
         return 0;
     return evtimer_add(check, &tv) == 0 ? 0 : -1;
@@ -81,5 +84,6 @@ unsigned fp_health_next_delay(struct fp_health *h)
                     h->backoff_ms * 2 > FP_BACKOFF_MAX_MS ? FP_BACKOFF_MAX_MS :
                     h->backoff_ms * 2;
     h->last_rx_ms = 0;
+    h->stalled = 0;
     return delay * jitter_pct() / 100;
 }

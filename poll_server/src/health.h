@@ -7,7 +7,9 @@
  * - Only total silence for FP_HUNG_MIN_MS (or timeout_ms, if longer)
  *   marks the server hung: the connection is dropped and retried after
  *   the backoff. A shorter silence is a stall (a starved CPU, a deep
- *   pipeline), whose late requests alone fail.
+ *   pipeline), whose late requests alone fail; while a request is late
+ *   and nothing came for timeout_ms the server is stalled, and new
+ *   requests do not queue behind it (they fail over, or fail fast).
  * - A connection that was answering and drops is retried at once; every
  *   later attempt waits the backoff: 100 ms doubling to 2 s, each delay
  *   jittered (a random 50..100% of it) so that a fleet of pollers does
@@ -30,6 +32,8 @@
 struct fp_health {
     unsigned backoff_ms;   /* the next delay before jitter; 0: at once */
     int hung;              /* the last failure was silence or a bad answer */
+    int stalled;           /* a request is late and nothing came for
+                            * timeout_ms; cleared by any bytes */
     uint64_t last_rx_ms;   /* fp_mono_ms() when bytes last came, 0: none */
 };
 
@@ -54,8 +58,9 @@ unsigned fp_health_hung_in(const struct fp_health *h, unsigned timeout_ms);
 /* A request timed out, or `check` (the server's timer) fired while requests
  * wait: 0 when the server is not silent for a hang yet, with `check` armed
  * for the moment it would be (so a hang is seen even if no other request
- * comes); else hung now, or a timer that cannot be armed (taken for hung). */
-int fp_health_late(const struct fp_health *h, unsigned timeout_ms,
+ * comes) and `stalled` set if nothing came for timeout_ms; else hung now,
+ * or a timer that cannot be armed (taken for hung). */
+int fp_health_late(struct fp_health *h, unsigned timeout_ms,
                    struct event *check);
 
 /* The delay before the next connection attempt, in ms (jittered), and

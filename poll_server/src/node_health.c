@@ -25,7 +25,7 @@ int fp_node_recovering(struct fp_node_recovery *rw, int *ended)
 int fp_node_ready(int down, size_t npending, size_t max_pending, int replicas,
                   const struct fp_health *h)
 {
-    if (down || npending >= max_pending)
+    if (down || npending >= max_pending || h->stalled)
         return 0;
     return !(replicas && h->hung && h->last_rx_ms == 0);
 }

@@ -29,10 +29,10 @@ int fp_node_back(struct fp_node_recovery *rw, int was_down,
  * The clock is read only while a window is open (the hit path). */
 int fp_node_recovering(struct fp_node_recovery *rw, int *ended);
 
-/* The node takes gets: connected, not full, and, with replicas, not back
- * from a hang with nothing heard yet (a stopped server's kernel accepts
- * the connection): its keys go to their replicas meanwhile rather than
- * waiting for a timeout. */
+/* The node takes gets: connected, not full, not stalled (health.h), and,
+ * with replicas, not back from a hang with nothing heard yet (a stopped
+ * server's kernel accepts the connection): its keys go to their replicas
+ * meanwhile (or fail fast, without them) rather than wait for a timeout. */
 int fp_node_ready(int down, size_t npending, size_t max_pending, int replicas,
                   const struct fp_health *h);
 

@@ -126,12 +126,18 @@ static void test_late_arms_the_check(void **state)
     assert_int_not_equal(fp_health_late(&h, 100, check), 0); /* never answered */
     assert_false(evtimer_pending(check, NULL));
     fp_health_rx(&h);
-    h.last_rx_ms -= 150;
+    h.last_rx_ms -= 50;                 /* late, but bytes came lately */
     assert_int_equal(fp_health_late(&h, 100, check), 0);
+    assert_false(h.stalled);
+    h.last_rx_ms -= 100;                /* late, nothing for 150 ms */
+    assert_int_equal(fp_health_late(&h, 100, check), 0);
+    assert_true(h.stalled);
     assert_true(evtimer_pending(check, &tv));
     assert_int_equal(fp_health_late(&h, 100, check), 0);  /* armed once */
     h.last_rx_ms -= FP_HUNG_MIN_MS;
     assert_int_not_equal(fp_health_late(&h, 100, check), 0);
+    fp_health_rx(&h);                   /* any bytes end a stall */
+    assert_false(h.stalled);
     event_free(check);
     event_base_free(base);
 }

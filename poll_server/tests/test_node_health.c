@@ -45,8 +45,9 @@ static void test_window_ends_once(void **state)
     assert_false(ended);
 }
 
-/* Down or full: no gets. Back from a hang with nothing heard: no gets with
- * replicas (they read the replica), but without replicas it is asked. */
+/* Down, full or stalled: no gets. Back from a hang with nothing heard: no
+ * gets with replicas (they read the replica), but without replicas it is
+ * asked. */
 static void test_ready(void **state)
 {
     struct fp_health h;
@@ -61,6 +62,11 @@ static void test_ready(void **state)
     assert_true(fp_node_ready(0, 0, 8, 0, &h));
     h.last_rx_ms = 1; /* it answered since */
     assert_true(fp_node_ready(0, 0, 8, 1, &h));
+    h.stalled = 1;    /* a request late, nothing for timeout_ms */
+    assert_false(fp_node_ready(0, 0, 8, 1, &h));
+    assert_false(fp_node_ready(0, 0, 8, 0, &h));
+    fp_health_rx(&h); /* any bytes end the stall */
+    assert_true(fp_node_ready(0, 0, 8, 0, &h));
 }
 
 /* Only an ERROR or TIMEOUT of a primary read marked for failover retries. */
