@@ -871,16 +871,11 @@ static void server_retry_cb(evutil_socket_t fd, short what, void *arg)
 
 static void server_hung(struct mc_server *s, struct mc_req *first)
 {
-    char why[128];
+    char quiet[64], why[128];
 
-    if (s->health.last_rx_ms == 0)
-        (void)snprintf(why, sizeof(why), "no answer within %u ms and nothing "
-                       "from it since connecting, closing", s->mc->timeout_ms);
-    else
-        (void)snprintf(why, sizeof(why), "no answer within %u ms and nothing "
-                       "from it for %llu ms, closing", s->mc->timeout_ms,
-                       (unsigned long long)(fp_mono_ms() -
-                                            s->health.last_rx_ms));
+    fp_health_silence(&s->health, quiet, sizeof(quiet));
+    (void)snprintf(why, sizeof(why), "no answer within %u ms and %s, closing",
+                   s->mc->timeout_ms, quiet);
     fp_health_bad(&s->health);
     server_reset(s, why, first, FP_CACHE_TIMEOUT);
 }

@@ -480,16 +480,11 @@ static void retry_cb(evutil_socket_t fd, short what, void *arg)
 
 static void hung(struct fp_redis *r)
 {
-    char why[128];
+    char quiet[64], why[128];
 
-    if (r->health.last_rx_ms == 0)
-        (void)snprintf(why, sizeof(why), "no reply within %u ms and nothing "
-                       "since connecting, reconnecting", r->timeout_ms);
-    else
-        (void)snprintf(why, sizeof(why), "no reply within %u ms and nothing "
-                       "for %llu ms, reconnecting", r->timeout_ms,
-                       (unsigned long long)(fp_mono_ms() -
-                                            r->health.last_rx_ms));
+    fp_health_silence(&r->health, quiet, sizeof(quiet));
+    (void)snprintf(why, sizeof(why), "no reply within %u ms and %s, "
+                   "reconnecting", r->timeout_ms, quiet);
     fp_health_bad(&r->health);
     log_down(r, why);
     drop_context(r);            /* reply_cb(q, NULL) frees what hiredis held */

@@ -1,4 +1,5 @@
 /* health.c -- the failure model both cache backends share (health.h). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,10 +34,15 @@ void fp_health_bad(struct fp_health *h)
     h->hung = 1;
 }
 
+/* The silence that marks a server hung. */
+static unsigned hung_limit(unsigned timeout_ms)
+{
+    return timeout_ms > FP_HUNG_MIN_MS ? timeout_ms : FP_HUNG_MIN_MS;
+}
+
 unsigned fp_health_hung_in(const struct fp_health *h, unsigned timeout_ms)
 {
-    uint64_t limit = timeout_ms > FP_HUNG_MIN_MS ? timeout_ms : FP_HUNG_MIN_MS;
-    uint64_t quiet;
+    uint64_t limit = hung_limit(timeout_ms), quiet;
 
     if (h->last_rx_ms == 0)
         return 0;
@@ -52,11 +58,20 @@ int fp_health_late(struct fp_health *h, unsigned timeout_ms,
 
     if (in == 0)
         return -1;
-    if (fp_mono_ms() - h->last_rx_ms >= timeout_ms)
+    if (hung_limit(timeout_ms) - in >= timeout_ms) /* the silence so far */
         h->stalled = 1;
     if (evtimer_pending(check, NULL))
         return 0;
     return evtimer_add(check, &tv) == 0 ? 0 : -1;
+}
+
+void fp_health_silence(const struct fp_health *h, char *buf, size_t len)
+{
+    if (h->last_rx_ms == 0)
+        (void)snprintf(buf, len, "nothing from it since connecting");
+    else
+        (void)snprintf(buf, len, "nothing from it for %llu ms",
+                       (unsigned long long)(fp_mono_ms() - h->last_rx_ms));
 }
 
 /* xorshift64*, seeded once per process: the jitter only has to differ

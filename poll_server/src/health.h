@@ -20,6 +20,7 @@
 #ifndef FP_HEALTH_H
 #define FP_HEALTH_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define FP_BACKOFF_MIN_MS 100
@@ -62,6 +63,10 @@ unsigned fp_health_hung_in(const struct fp_health *h, unsigned timeout_ms);
  * or a timer that cannot be armed (taken for hung). */
 int fp_health_late(struct fp_health *h, unsigned timeout_ms,
                    struct event *check);
+
+/* The server's silence, for the log: "nothing from it for 503 ms", or
+ * "nothing from it since connecting". */
+void fp_health_silence(const struct fp_health *h, char *buf, size_t len);
 
 /* The delay before the next connection attempt, in ms (jittered), and
  * advances the backoff. A new connection forgets last_rx_ms. */
