@@ -9,6 +9,7 @@ checker"), or check a saved history again.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -47,6 +48,11 @@ def main() -> int:
         choices=sorted(RULES),
         help="exit 0 only if this rule found a violation (testing the tester)",
     )
+    ap.add_argument(
+        "--summary",
+        type=Path,
+        help="write the violations per rule (over every configuration) to this JSON file",
+    )
     args = ap.parse_args()
     params = Params(held_bound_s=args.held_bound_ms / 1000)
 
@@ -63,6 +69,8 @@ def main() -> int:
     print(f"contract: seed {seed}, {seconds:.0f} s on each of {', '.join(configs)}", flush=True)
     failed: list[str] = []
     expected_found = False
+    found = dict.fromkeys(RULES, 0)
+    finished = True
     for name in configs:
         run_dir = (args.run_dir / f"{name}-{seed}").resolve()
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -81,6 +89,7 @@ def main() -> int:
             traceback.print_exc()
             print(f"contract: {name} did not finish (seed {seed}); logs in {run_dir}")
             failed.append(name)
+            finished = False
             continue
         finally:
             run.close()
@@ -95,8 +104,12 @@ def main() -> int:
         )
         if not rep.ok:
             failed.append(name)
+        for rule, res in rep.rules.items():
+            found[rule] += len(res.violations)
         if args.expect and any(rep.rules[r].violations for r in args.expect):
             expected_found = True
+    if args.summary:
+        args.summary.write_text(json.dumps({"finished": finished, "violations": found}))
     if args.expect:
         print(
             f"contract: rules {', '.join(args.expect)}: "

@@ -3,7 +3,9 @@ one fixed defect back. For each, a copy of the committed tree (git archive HEAD)
 its poll server is built, and the checker's short run goes on the copy: the kit, the app, the
 nginx templates and the poll server all come from the copy (PYTHONPATH ahead of the editable
 installs; the copy's .venv is a link to this one). The run must find a violation of the rules
-that defect breaks; the command fails if any defect goes unnoticed.
+that defect breaks, which the patch names in its header (a line `Expect: 2-nothing-lost`); a patch
+without one is refused before anything runs (exit 2). The command fails if any defect goes
+unnoticed.
 
 Interrupted (SIGINT, SIGTERM), it stops every process it started, by pid: the build or the run
 first (SIGTERM: the run stops its stack), then anything still running under it (it is their
@@ -15,7 +17,9 @@ subreaper, so even a process whose parent died is found), and removes the copy.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -27,20 +31,61 @@ from typing import Any
 
 from fastpoll_testkit import procs
 from fastpoll_testkit.contract import interrupt
+from fastpoll_testkit.contract.checker import RULES
 from fastpoll_testkit.stack import ROOT
 
 DEFECTS = ROOT / "tests" / "contract" / "defects"
 # How long a run has to stop its stack once interrupted (a fault in progress ends first).
 STOP_GRACE_S = 60.0
+# A patch names the rules it breaks (docs/api.md, "The contract, as checked") in its header,
+# before the diff: a line `Expect: 2-nothing-lost, 3-held-bound`.
+EXPECT_RE = re.compile(r"^Expect:\s*(.*?)\s*$", re.MULTILINE)
 
-# What each defect breaks (docs/api.md, "The contract, as checked"), by the patch's number.
-EXPECT = {
-    "1": ["5-nginx-poller", "6-hostile"],  # a hostile wait marks pollers failed
-    # A late cache write overwrites a newer answer and nothing repairs it: the closing hold
-    # leaves it for rule 2 (rule 1 alone would not tell it from a pending write's stale reads).
-    "2": ["2-nothing-lost"],
-    "5": ["3-held-bound"],  # an announcement during a poll's first cache read is lost
-}
+
+class NoExpectation(ValueError):
+    """A patch that does not say which rules it breaks: refused (a run that found nothing would
+    otherwise pass for a found defect)."""
+
+
+def expected_rules(patch_text: str, name: str = "patch") -> list[str]:
+    """The rules of the patch's `Expect:` line (in the header, before its first diff), each a
+    rule of checker.RULES. NoExpectation if there is none, it is empty, or it names another."""
+    header = patch_text.split("\ndiff --git ", 1)[0]
+    if patch_text.startswith("diff --git "):
+        header = ""
+    m = EXPECT_RE.search(header)
+    if m is None:
+        raise NoExpectation(f"{name}: no `Expect: <rule>, ...` line in its header")
+    rules = [r.strip() for r in m.group(1).split(",") if r.strip()]
+    if not rules:
+        raise NoExpectation(f"{name}: its `Expect:` line names no rule")
+    unknown = [r for r in rules if r not in RULES]
+    if unknown:
+        raise NoExpectation(
+            f"{name}: `Expect:` names {', '.join(unknown)}, not rules (known: {', '.join(RULES)})"
+        )
+    return rules
+
+
+def verdict(expect: list[str], found: dict[str, int] | None) -> tuple[bool, str]:
+    """(passed, the summary's words) for one run. expect: the patch's rules ([] for the
+    baseline, HEAD unpatched); found: violations per rule over the run's configurations, None if
+    the run did not finish (no summary). A patch passes only if one of its rules was violated;
+    the baseline's verdict is informative (it passes either way)."""
+    if found is None:
+        return (not expect, "did not finish (see above)")
+    hits = [(r, n) for r, n in found.items() if n]
+    if not expect:
+        if not hits:
+            return True, "nothing found"
+        return True, "violations: " + ", ".join(f"rule {r}: {n}" for r, n in hits)
+    wanted = [(r, found.get(r, 0)) for r in expect if found.get(r, 0)]
+    if not wanted:
+        also = [f"rule {r}: {n}" for r, n in hits]
+        words = f"NOT FOUND (no violation of {', '.join(expect)})"
+        return False, words + (f"; other violations: {', '.join(also)}" if also else "")
+    words = "FOUND (" + ", ".join(f"rule {r}: {n} violations" for r, n in wanted) + ")"
+    return True, words
 
 
 def run_child(argv: list[str], **kw: Any) -> int:
@@ -83,7 +128,8 @@ def copy_tree(top: Path, patch: Path | None) -> None:
         raise subprocess.CalledProcessError(1, argv)
 
 
-def run_on(top: Path, seed: int, expect: list[str]) -> int:
+def run_on(top: Path, seed: int, summary: Path) -> dict[str, int] | None:
+    """The short run on the copy; the violations per rule it found (None: it did not finish)."""
     env = {
         **os.environ,
         "PYTHONPATH": f"{top / 'testkit'}:{top / 'fallback_app'}",
@@ -98,10 +144,17 @@ def run_on(top: Path, seed: int, expect: list[str]) -> int:
         str(seed),
         "--run-dir",
         str(ROOT / "run" / "contract-defects" / top.name),
+        "--summary",
+        str(summary),
     ]
-    for rule in expect:
-        argv += ["--expect", rule]
-    return run_child(argv, env=env, cwd=top)
+    run_child(argv, env=env, cwd=top)
+    try:
+        doc = json.loads(summary.read_text())
+    except (OSError, ValueError):
+        return None
+    if not doc.get("finished"):
+        return None
+    return {str(k): int(v) for k, v in doc["violations"].items()}
 
 
 def main() -> int:
@@ -117,40 +170,52 @@ def main() -> int:
     if not patches:
         print(f"no patches in {DEFECTS}", file=sys.stderr)
         return 2
+    expects: dict[Path, list[str]] = {}
+    try:
+        for patch in patches:
+            if patch is not None:
+                expects[patch] = expected_rules(patch.read_text(), patch.name)
+    except (NoExpectation, OSError) as e:
+        print(f"contract defects: refused: {e}", file=sys.stderr)
+        return 2
     interrupt.adopt_orphans()
     interrupt.install()
     try:
-        results = run_all(patches, seed)
+        results = run_all(patches, expects, seed)
     except interrupt.Interrupted as e:
         print(
             f"\ncontract defects: interrupted ({e}); every process started is stopped", flush=True
         )
         return 128 + e.signum
     print(f"\ncontract defects (seed {seed}):")
-    for name, verdict in results:
-        print(f"  {name:<28} {verdict}")
-    return 1 if any(v == "NOT FOUND" for _, v in results) else 0
+    for name, _passed, words in results:
+        print(f"  {name:<32} {words}")
+    return 0 if all(passed for _, passed, _ in results) else 1
 
 
-def run_all(patches: list[Path | None], seed: int) -> list[tuple[str, str]]:
-    results: list[tuple[str, str]] = []
+def run_all(
+    patches: list[Path | None], expects: dict[Path, list[str]], seed: int
+) -> list[tuple[str, bool, str]]:
+    results: list[tuple[str, bool, str]] = []
     for patch in patches:
         name = patch.name if patch else "HEAD (no patch)"
-        expect = EXPECT.get(patch.name.split("-")[0], []) if patch else []
+        expect = expects[patch] if patch else []
         print(
-            f"\n=== {name}: expecting a violation of {expect or 'nothing'} (seed {seed})",
+            f"\n=== {name}: expecting a violation of {', '.join(expect) or 'nothing'} "
+            f"(seed {seed})",
             flush=True,
         )
         top = Path(tempfile.mkdtemp(prefix="fastpoll-defect-"))
+        summary = top.with_name(top.name + ".summary.json")
         try:
             copy_tree(top, patch)
-            code = run_on(top, seed, expect)
+            found = run_on(top, seed, summary)
         finally:
             shutil.rmtree(top, ignore_errors=True)
-        if patch is None:
-            results.append((name, "passed" if code == 0 else "violations (see above)"))
-        else:
-            results.append((name, "FOUND" if code == 0 else "NOT FOUND"))
+            summary.unlink(missing_ok=True)
+        passed, words = verdict(expect, found)
+        print(f"=== {name}: {words}", flush=True)
+        results.append((name, passed, words))
     return results
 
 
