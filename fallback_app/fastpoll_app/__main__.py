@@ -2,11 +2,13 @@
 
 python -m fastpoll_app --config FILE [--host H] [--port N] [--workers N] [--check]
 python -m fastpoll_app migrate [--config FILE]   (create or upgrade the database's schema)
+python -m fastpoll_app --version                 (the installed package's version)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import shutil
 import sys
@@ -60,6 +62,16 @@ def metrics_dir() -> tuple[Path, bool]:
     return path, not given
 
 
+def version() -> str:
+    """The installed distribution's version (its metadata, as pip shows it)."""
+    try:
+        return importlib.metadata.version("fastpoll-app")
+    except importlib.metadata.PackageNotFoundError:  # run from a tree that was never installed
+        from . import __version__
+
+        return f"{__version__} (not installed)"
+
+
 def _add_config_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config",
@@ -109,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["migrate"]:
         return migrate(argv[1:])
     p = argparse.ArgumentParser(prog="fastpoll_app", description=__doc__)
+    p.add_argument("--version", action="version", version=f"fastpoll_app {version()}")
     _add_config_arg(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)

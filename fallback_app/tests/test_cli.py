@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import httpx
@@ -11,7 +12,7 @@ import pytest
 
 from fastpoll_app.accesslog import mask_target
 
-from .conftest import Server, app_process, free_port
+from .conftest import REPO_ROOT, Server, app_process, free_port
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -21,6 +22,15 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=30,
     )
+
+
+def test_version_is_the_package_version() -> None:
+    """--version prints the version pip installed (fallback_app/pyproject.toml's), needs no
+    config and starts nothing."""
+    project = tomllib.loads((REPO_ROOT / "fallback_app" / "pyproject.toml").read_text())
+    r = run_cli("--version", "--config", "/nonexistent.ini")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"fastpoll_app {project['project']['version']}\n"
 
 
 def test_check_ok_and_bad(tmp_path: Path) -> None:
