@@ -46,7 +46,7 @@ from .store import (
 log = logging.getLogger(__name__)
 
 MOUNT = b"/Poll"
-MAX_TEXT_CHARS = 2000
+MAX_TEXT_CHARS = config.MAX_TEXT_CHARS  # a room's size is bounded by it (config.channel_value_max)
 MAX_USER_ID = 2**63 - 1
 MAX_BATCH = 1000
 # The app's publish must reach the cache even when the poll server's read

@@ -46,6 +46,21 @@ WAIT_PARAM = "wait"
 CH_PARAM = "ch"
 MAX_CHANNELS = 255
 MAX_HISTORY = 1000
+# A room's answer must fit one cache item (docs/channels.md, "A room's size"). memcached's
+# default item size (-I) is 1 MiB, and the poll server reads no value over 1 MiB on either
+# backend (a larger one is a failed read: the poll falls back), so the bound is 1 MiB at most.
+ITEM_MAX_BYTES = 1024 * 1024
+ITEM_MIN_BYTES = 1024
+# memcached's own bytes in an item besides the value: the item header (48 bytes on 64-bit), the
+# CAS unique (8), the key (a channel's: at most 64 + 1 + 64 bytes) and its NUL, the flags, the
+# value's CRLF; rounded up.
+ITEM_OVERHEAD = 512
+# The longest text of a message the API takes, in characters (app.py), and the most bytes one
+# character takes in a room's JSON answer (written with ensure_ascii=False: a control character
+# is \u0001, 6 bytes; any other character 4 bytes of UTF-8 at most).
+MAX_TEXT_CHARS = 2000
+MAX_CHAR_BYTES = 6
+_MAX_ID_DIGITS = len(str(2**63 - 1))  # message ids are 64-bit
 MAX_WAIT = 300
 MAX_INTERVAL_MS = 3600 * 1000
 
@@ -75,6 +90,8 @@ class CacheSettings:
     timeout_ms: int = 100
     content_type: str = "application/json"
     ttl: int = 300
+    # The largest value the cache stores (memcached -I): a room's answer must fit.
+    item_max_bytes: int = ITEM_MAX_BYTES
 
 
 # [memcached] recovery_ms: how long a poll server reads a node that came back from down or hung
@@ -211,7 +228,13 @@ class _Reader:
 # Per section: key -> may it be repeated (values appended).
 _KNOWN: dict[str, dict[str, bool]] = {
     "keys": {"prefix": False, "params": False},
-    "cache": {"backend": False, "timeout_ms": False, "content_type": False, "ttl": False},
+    "cache": {
+        "backend": False,
+        "timeout_ms": False,
+        "content_type": False,
+        "ttl": False,
+        "item_max_bytes": False,
+    },
     "memcached": {
         "servers": True,
         "previous_servers": True,
@@ -353,7 +376,11 @@ def _cache(sec: dict[str, list[_Entry]], rd: _Reader) -> CacheSettings:
         content_type = e.value
     if e := _one(sec, "ttl"):
         ttl = _int(e, rd, "[cache] ttl", 0, MAX_TTL)
-    return CacheSettings(backend, timeout_ms, content_type, ttl)
+    item_max_bytes = d.item_max_bytes
+    if e := _one(sec, "item_max_bytes"):
+        name = "[cache] item_max_bytes"
+        item_max_bytes = _int(e, rd, name, ITEM_MIN_BYTES, ITEM_MAX_BYTES)
+    return CacheSettings(backend, timeout_ms, content_type, ttl, item_max_bytes)
 
 
 def _server_list(
@@ -626,6 +653,36 @@ def _channels(sec: dict[str, list[_Entry]], rd: _Reader) -> ChannelSettings:
     return ChannelSettings(max_, history)
 
 
+def channel_value_max(history: int) -> int:
+    """The longest cached value of a room under [channels] history: that many messages of the
+    longest text, every character one JSON writes longest, under the longest ids, as
+    channels.encode_channel writes them: {"messages":[{"id":N,"text":"..."},...]}."""
+    message = len('{"id":,"text":""}') + _MAX_ID_DIGITS + MAX_TEXT_CHARS * MAX_CHAR_BYTES
+    return len('{"messages":[]}') + history * message + (history - 1)
+
+
+def _room_fits(secs: dict[str, dict[str, list[_Entry]]], rd: _Reader, s: Settings) -> None:
+    """Refuse a [channels] history whose room answer cannot fit [cache] item_max_bytes: the
+    cache would refuse the room's write and keep serving its older answer (docs/channels.md,
+    "A room's size"). The error names history's line, or item_max_bytes' if history is unset."""
+    history, item = s.channels.history, s.cache.item_max_bytes
+    need = channel_value_max(history) + ITEM_OVERHEAD
+    if need <= item:
+        return
+    fits = max(
+        (n for n in range(1, MAX_HISTORY + 1) if channel_value_max(n) + ITEM_OVERHEAD <= item),
+        default=0,
+    )
+    e = _one(secs.get("channels", {}), "history") or _one(secs.get("cache", {}), "item_max_bytes")
+    line = e.line if e else 0
+    raise rd.error(
+        line,
+        f"[channels] history = {history}: a room's answer can reach {need} bytes ({history} "
+        f"messages of up to {MAX_TEXT_CHARS} characters, {ITEM_OVERHEAD} bytes of item "
+        f"overhead), over [cache] item_max_bytes = {item}; at most {fits} fit",
+    )
+
+
 def _one(sec: dict[str, list[_Entry]], key: str) -> _Entry | None:
     entries = sec.get(key)
     return entries[-1] if entries else None
@@ -636,7 +693,7 @@ def parse(text: str, source: str = "<string>", sha256: str | None = None) -> Set
     rd = _Reader(source)
     secs = _parse_lines(text, rd)
     cache = _cache(secs.get("cache", {}), rd)
-    return Settings(
+    settings = Settings(
         keys=_keys(secs.get("keys", {}), rd),
         cache=cache,
         memcached=_memcached(secs.get("memcached", {}), rd, cache.backend),
@@ -649,6 +706,8 @@ def parse(text: str, source: str = "<string>", sha256: str | None = None) -> Set
         source=source,
         sha256=sha256 or hashlib.sha256(text.encode("utf-8")).hexdigest(),
     )
+    _room_fits(secs, rd, settings)
+    return settings
 
 
 def load(path: str | os.PathLike[str] | None = None) -> Settings:

@@ -147,3 +147,69 @@ def test_example_config_parses() -> None:
     if not example.exists():
         pytest.skip("etc/fastpoll.ini.example not written yet")
     config.load(example)
+
+
+# A room's answer must fit the cache's item size ([cache] item_max_bytes, docs/channels.md).
+
+
+def _refusal(text: str) -> str:
+    with pytest.raises(ConfigError) as exc:
+        parse(text, "f.ini")
+    return str(exc.value)
+
+
+def test_item_max_bytes_default_and_range() -> None:
+    assert parse("").cache.item_max_bytes == 1048576
+    assert parse("[cache]\nitem_max_bytes = 524288\n").cache.item_max_bytes == 524288
+    for bad in ("0", "1023", "1048577", "1m", ""):
+        msg = _refusal(f"[cache]\nitem_max_bytes = {bad}\n")
+        assert msg.startswith("f.ini:2:") and "item_max_bytes" in msg, msg
+
+
+def test_a_room_larger_than_the_item_size_is_refused_at_start() -> None:
+    # 200 (or 1,000) of the largest messages cannot fit memcached's 1 MiB item.
+    for history in (200, 1000):
+        msg = _refusal(f"[keys]\nprefix = /Poll\n[channels]\nhistory = {history}\n")
+        assert msg.startswith("f.ini:4:"), msg
+        assert "[channels] history" in msg and "[cache] item_max_bytes" in msg, msg
+    # A smaller item size refuses the default history, naming its own line.
+    msg = _refusal("[cache]\nbackend = redis\nitem_max_bytes = 65536\n")
+    assert msg.startswith("f.ini:3:") and "[cache] item_max_bytes" in msg, msg
+
+
+def test_the_largest_room_accepted_fits_the_item_size() -> None:
+    """The largest history accepted, filled with the largest messages the API takes (every
+    character one that JSON writes longest) under the largest ids, fits the item size with
+    memcached's per-item overhead; one more message is refused."""
+    from fastpoll_app import app, channels
+
+    for item in (1048576, 262144, 20000):
+        ok = 1
+        while ok < config.MAX_HISTORY:
+            try:
+                parse(f"[cache]\nitem_max_bytes = {item}\n[channels]\nhistory = {ok + 1}\n")
+            except ConfigError:
+                break
+            ok += 1
+        worst = [(2**63 - 1, "\x01" * app.MAX_TEXT_CHARS)] * ok
+        size = len(channels.encode_channel(worst))
+        assert size + config.ITEM_OVERHEAD <= item
+        assert size + len(channels.encode_channel(worst[:1])) + 1 + config.ITEM_OVERHEAD > item
+    assert parse("").channels.history == 20  # the defaults fit
+
+
+def test_no_character_is_longer_in_a_rooms_answer_than_the_bound_assumes() -> None:
+    import json.encoder
+
+    from fastpoll_app import channels
+
+    # Every character, as the JSON encoder of a room's answer writes it (ensure_ascii=False).
+    chars = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    longest = max(len(json.encoder.encode_basestring(c).encode()) - 2 for c in chars)
+    assert longest == config.MAX_CHAR_BYTES == 6
+    # ... and encode_channel writes each as that encoder does.
+    one = len(channels.encode_channel([(1, "")]))
+    text = "".join(chars)
+    assert len(channels.encode_channel([(1, text)])) - one == sum(
+        len(json.encoder.encode_basestring(c).encode()) - 2 for c in chars
+    )

@@ -1036,8 +1036,9 @@ static int set_level(struct fp_settings *s, const struct option_def *o,
 
 #define F(field) offsetof(struct fp_settings, field)
 
-/* Every key of the sections the poll server reads. [cache] ttl belongs to
- * the app but lives in a shared section: checked the same way, not used.
+/* Every key of the sections the poll server reads. [cache] ttl and
+ * item_max_bytes belong to the app but live in a shared section: checked
+ * the same way, not used.
  * [channels] history is the app's alone (its range too: config.json's
  * app-only cases): any integer, not used. */
 static const struct option_def options[] = {
@@ -1062,6 +1063,7 @@ static const struct option_def options[] = {
     { "cache", "timeout_ms", set_uint, F(cache_timeout_ms), 1, 60000, false },
     { "cache", "content_type", set_content_type, 0, 0, 0, false },
     { "cache", "ttl", set_uint, NO_FIELD, 0, 2592000, false },
+    { "cache", "item_max_bytes", set_uint, NO_FIELD, 1024, 1048576, false },
     { "memcached", "servers", set_servers, 0, 0, 0, true },
     { "memcached", "previous_servers", set_previous_servers, 0, 0, 0, true },
     { "memcached", "replicas", set_replicas, 0, 0, 1, false },
