@@ -1034,6 +1034,18 @@ static int set_level(struct fp_settings *s, const struct option_def *o,
     return -1;
 }
 
+static int set_log_format(struct fp_settings *s, const struct option_def *o,
+                          const char *v, char *why, size_t whylen)
+{
+    (void)o;
+    if (strcmp(v, "text") == 0 || strcmp(v, "json") == 0) {
+        s->log_format = v[0] == 'j' ? FP_LOG_JSON : FP_LOG_TEXT;
+        return 0;
+    }
+    fmt(why, whylen, "not text or json");
+    return -1;
+}
+
 #define F(field) offsetof(struct fp_settings, field)
 
 /* Every key of the sections the poll server reads. [cache] ttl and
@@ -1089,6 +1101,7 @@ static const struct option_def options[] = {
     { "admin", "port", set_uint, F(admin_port), 0, 65535, false },
     { "log", "level", set_level, 0, 0, 0, false },
     { "log", "file", set_log_file, 0, 0, 0, false },
+    { "log", "format", set_log_format, 0, 0, 0, false },
 };
 
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
@@ -1189,6 +1202,7 @@ int fp_config_defaults(struct fp_settings *s, char *err, size_t errlen)
     s->mc_recovery_ms = 5000;
     s->redis_db = 0;
     s->log_level = FP_LOG_INFO;
+    s->log_format = FP_LOG_TEXT;
     for (size_t i = 0; i < sizeof(defs) / sizeof(defs[0]); i++) {
         if (fp_config_set(s, defs[i].section, defs[i].name, defs[i].value,
                           err, errlen) < 0) {

@@ -184,6 +184,7 @@ int main(int argc, char **argv)
         goto out;
     }
     fp_log_set_level(s.log_level);
+    fp_log_set_format(s.log_format);
     if (fp_log_open(s.log_file) != 0)
         goto out;
     event_set_log_callback(fp_log_libevent);

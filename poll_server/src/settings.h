@@ -102,6 +102,7 @@ struct fp_settings {
     /* [log] */
     int log_level;               /* FP_LOG_DEBUG .. FP_LOG_ERROR, default info */
     char *log_file;              /* append here (reopened on SIGHUP), or NULL: stderr */
+    int log_format;              /* FP_LOG_TEXT (default) or FP_LOG_JSON */
 
     /* Not a key: the hex SHA-256 of the config file's bytes as loaded
      * ("" without a file), for /metrics (fastpoll_config_info). */

@@ -76,6 +76,7 @@ static void test_defaults(void **state)
     assert_null(s.redis_password);
     assert_int_equal(s.redis_db, 0);
     assert_int_equal(s.log_level, FP_LOG_INFO);
+    assert_int_equal(s.log_format, FP_LOG_TEXT);
     fp_config_free(&s);
 }
 
@@ -212,6 +213,8 @@ static void test_bad_values(void **state)
                  "password_file", "cannot read");
     expect_error("[log]\nlevel = verbose\n", ":2:", "level", "debug, info");
     expect_error("[log]\nfile = relative.log\n", ":2:", "file", "absolute");
+    expect_error("[log]\nformat = yaml\n", ":2:", "format", "text or json");
+    expect_error("[log]\nformat = JSON\n", ":2:", "format", "text or json");
     expect_error("[redis]\nusername = has space\n", ":2:", "username", "printable");
     expect_error("[redis]\nsentinels = 127.0.0.1\n", ":2:", "sentinels", "host:port");
     expect_error("[redis]\nmaster_name = m\n", ":2:", "master_name", "sentinels");
@@ -252,12 +255,13 @@ static void test_redis_sentinel_and_log_file(void **state)
     (void)state;
     assert_int_equal(load(&s, "[redis]\nsentinels = 127.0.0.1:26379, "
                               "10.0.0.2:26380\nmaster_name = mymaster\n"
-                              "[log]\nfile = /var/log/fp.log\n"), 0);
+                              "[log]\nfile = /var/log/fp.log\nformat = json\n"), 0);
     assert_int_equal(s.nredis_sentinels, 2);
     assert_string_equal(s.redis_sentinels[1].host, "10.0.0.2");
     assert_int_equal(s.redis_sentinels[1].port, 26380);
     assert_string_equal(s.redis_master_name, "mymaster");
     assert_string_equal(s.log_file, "/var/log/fp.log");
+    assert_int_equal(s.log_format, FP_LOG_JSON);
     assert_null(s.redis_username);
     assert_string_equal(s.config_sha256, ""); /* a stream: no file, no hash */
     fp_config_free(&s);
@@ -572,6 +576,7 @@ static void test_example_file(void **state)
     assert_int_equal(s.redis.port, d.redis.port);
     assert_int_equal(s.redis_db, d.redis_db);
     assert_int_equal(s.log_level, d.log_level);
+    assert_int_equal(s.log_format, d.log_format);
     assert_int_equal(s.max_held, d.max_held);
     assert_int_equal(s.recheck_ms, d.recheck_ms);
     assert_int_equal(s.recheck_subscribed_ms, d.recheck_subscribed_ms);
