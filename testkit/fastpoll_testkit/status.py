@@ -54,16 +54,24 @@ if ENDPOINTS is None:
         print(json.dumps({"error": f"cannot read {__FILE__}: {e}"}))
         raise SystemExit(0)
 
+def why(e):
+    # What failed, in words: "connection refused", not "<urlopen error [Errno 111] ...>".
+    r = getattr(e, "reason", e)
+    if isinstance(r, TimeoutError) or "timed out" in str(r):
+        return "no answer within 2 s"
+    text = r.strerror if isinstance(r, OSError) and r.strerror else str(r) or type(r).__name__
+    return text[:1].lower() + text[1:]
+
 def get(where, path):
     # where: a port on 127.0.0.1, or "host:port" (the app binds the host's private address)
     addr = where if isinstance(where, str) else f"127.0.0.1:{where}"
     try:
         with urllib.request.urlopen(f"http://{addr}{path}", timeout=2) as r:
-            return {"status": r.status, "body": r.read().decode("utf-8", "replace")}
+            return {"status": r.status, "body": r.read().decode("utf-8", "replace"), "addr": addr}
     except urllib.error.HTTPError as e:
-        return {"status": e.code, "body": ""}
-    except OSError as e:
-        return {"status": 0, "body": "", "error": str(e)}
+        return {"status": e.code, "body": "", "addr": addr, "error": f"HTTP {e.code}"}
+    except (OSError, ValueError) as e:
+        return {"status": 0, "body": "", "addr": addr, "error": why(e)}
 
 def scrape():
     out = {"t": time.monotonic(), "pollers": {}}
@@ -140,8 +148,34 @@ def pct(num: float, den: float) -> str:
     return f"{100 * num / den:5.1f}%" if den > 0 else "    -"
 
 
-def report_pollers(s0: dict[str, Any], s1: dict[str, Any], rep: Report) -> None:
+# Under the poll servers' table: what its less obvious columns mean.
+ATR_LEGEND = (
+    "  (ATR: the event loop's active-to-total ratio over the interval, descriptors ready per "
+    "descriptor watched; towards 1: the loop is busy on most of them, docs/operations.md)"
+)
+
+
+def down_pages(s0: dict[str, Any], s1: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The poll servers whose admin endpoint did not answer 200 in either scrape: the failed
+    page (the later one if both failed)."""
+    out = {}
+    for name, page1 in s1["pollers"].items():
+        page0 = s0["pollers"].get(name, {})
+        if page1.get("status") != 200 or page0.get("status") != 200:
+            out[name] = page1 if page1.get("status") != 200 else page0
+    return out
+
+
+def report_pollers(
+    s0: dict[str, Any],
+    s1: dict[str, Any],
+    rep: Report,
+    gone: dict[str, str] | None = None,
+) -> None:
+    """gone: for the local stack, a poll server's process that is no longer running -> how
+    its line says so (its pid and poll port)."""
     dt = s1["t"] - s0["t"]
+    down = down_pages(s0, s1)
     rep.add(
         f"  {'poller':10} {'state':7} {'req/s':>8} {'hit(1s)':>7} {'hit(all)':>8} "
         f"{'err/s':>6} {'tmo/s':>6} {'errors':>7} {'timeouts':>8} {'conns':>5} "
@@ -149,9 +183,14 @@ def report_pollers(s0: dict[str, Any], s1: dict[str, Any], rep: Report) -> None:
     )
     for name, page1 in s1["pollers"].items():
         page0 = s0["pollers"].get(name, {})
-        if page1.get("status") != 200 or page0.get("status") != 200:
-            why = page1.get("error") or f"HTTP {page1.get('status')}"
-            rep.bad(f"  {name:10} {'DOWN':7} ({why})")
+        if name in down:
+            page = down[name]
+            what = page.get("error") or f"HTTP {page.get('status')}"
+            addr = page.get("addr", "?")
+            if gone is not None:
+                proc = gone.get(name, "process running but not answering (hung or draining)")
+                what = f"{what}; {proc}"
+            rep.bad(f"  {name:10} {'DOWN':7} admin http://{addr}/metrics: {what}")
             continue
         a, b = parse_metrics(page0["body"]), parse_metrics(page1["body"])
         req = "fastpoll_requests_total"
@@ -181,6 +220,7 @@ def report_pollers(s0: dict[str, Any], s1: dict[str, Any], rep: Report) -> None:
                     rep.add(f"  {'':10} cache {labels.get('server', '?')} DOWN (seen by {name})")
         else:
             rep.add(line)
+    rep.add(ATR_LEGEND)
 
 
 def report_nginx(s0: dict[str, Any], s1: dict[str, Any], rep: Report) -> None:
@@ -196,7 +236,8 @@ def report_nginx(s0: dict[str, Any], s1: dict[str, Any], rep: Report) -> None:
     rep.add(
         f"  nginx      up      {rps:8.1f} req/s  connections {n1['active']} "
         f"(reading {n1['reading']}, writing {n1['writing']}, idle {n1['waiting']}), "
-        f"{n1['requests']} requests, accepted-handled {n1['accepts'] - n1['handled']}"
+        f"{n1['requests']} requests, {n1['accepts'] - n1['handled']} connections dropped "
+        "(accepted, never handled: worker_connections full)"
     )
 
 
@@ -227,14 +268,16 @@ def report_app(s0: dict[str, Any], s1: dict[str, Any], rep: Report) -> None:
         rep.add(line)
 
 
-def report_host(host: str, data: dict[str, Any], rep: Report) -> None:
+def report_host(
+    host: str, data: dict[str, Any], rep: Report, gone: dict[str, str] | None = None
+) -> None:
     if "error" in data:
         rep.bad(f"{host}: DOWN ({data['error']})")
         return
     s0, s1 = data["scrapes"]
     rep.add(f"{host}:")
     if s1["pollers"]:
-        report_pollers(s0, s1, rep)
+        report_pollers(s0, s1, rep, gone)
     else:
         rep.add("  (no poll servers listed, or their admin ports are off)")
     report_nginx(s0, s1, rep)
@@ -266,26 +309,47 @@ def collect(source: str, argv: list[str] | None) -> dict[str, Any]:
         return {"error": f"unreadable answer: {r.stdout[:200]!r}"}
 
 
-def start_time(pid: int) -> int:
-    """Field 22 of /proc/PID/stat (after the parenthesised command, which may hold spaces): with
-    the pid, what identifies a process the stack harness started."""
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields from the third on (after the parenthesised command, which may
+    hold spaces): [state, ppid, ...]; [] if there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return 0
-    return int(stat.rsplit(")", 1)[1].split()[19])
+        return []
+    return stat.rsplit(")", 1)[1].split()
 
 
-def report_processes(run_dir: Path, rep: Report) -> None:
+def start_time(pid: int) -> int:
+    """Field 22 of /proc/PID/stat: with the pid, what identifies a process the stack harness
+    started."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else 0
+
+
+def running(pid: int, started: int) -> bool:
+    """The process the harness started still runs: same pid, same start time, and not a zombie
+    (a killed child its parent has not reaped yet still has its /proc entry)."""
+    fields = _stat(pid)
+    return bool(started) and bool(fields) and fields[0] not in "ZX" and int(fields[19]) == started
+
+
+def gone_processes(run_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The local stack's processes (run/stack.json), and those no longer running -> a phrase
+    for a poll server's line: 'process 1234 gone (poll port 8101)'."""
+    procs: dict[str, Any] = json.loads((run_dir / "stack.json").read_text()).get("procs", {})
+    gone = {
+        n: f"process {p['pid']} gone (poll port {p.get('port')})"
+        for n, p in procs.items()
+        if not running(p["pid"], p.get("started", 0))
+    }
+    return procs, gone
+
+
+def report_processes(procs: dict[str, Any], gone: dict[str, str], rep: Report) -> None:
     """Every process the local stack started, by pid: the check `make status` always made."""
-    state = json.loads((run_dir / "stack.json").read_text())
-    procs = state.get("procs", {})
-    down = [
-        n for n, p in procs.items() if not p.get("started") or start_time(p["pid"]) != p["started"]
-    ]
-    if down:
+    if gone:
         rep.bad(
-            f"  processes  {len(procs) - len(down)}/{len(procs)} running; gone: {', '.join(down)}"
+            f"  processes  {len(procs) - len(gone)}/{len(procs)} running; gone: {', '.join(gone)}"
         )
     else:
         rep.add(f"  processes  {len(procs)}/{len(procs)} running ({', '.join(procs)})")
@@ -326,10 +390,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fastpoll: not running (no {args.run_dir}/stack.json); `make up` first")
             return 2
         rep.add(f"fastpoll status: local stack ({endpoints.get('backend')} backend)")
-        report_processes(args.run_dir, rep)
+        data = None
         if endpoints["pollers"]:
-            src = collector_source(endpoints, args.interval)
-            report_host("localhost", collect(src, None), rep)
+            data = collect(collector_source(endpoints, args.interval), None)
+        # After the scrapes, so the process list and the poll servers' lines see one moment.
+        procs, gone = gone_processes(args.run_dir)
+        report_processes(procs, gone, rep)
+        if data is not None:
+            report_host("localhost", data, rep, gone)
         else:
             rep.add("  (started without admin listeners: no metrics to read)")
     else:
