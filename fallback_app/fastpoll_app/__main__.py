@@ -167,7 +167,8 @@ def _run(args: argparse.Namespace, settings: config.Settings) -> int:
     if args.config:
         os.environ[config.CONFIG_ENV] = os.path.abspath(args.config)
     uvicorn.run(
-        "fastpoll_app.app:create_app",
+        # The app, its header names spelled as the poll server's (X-Poll-Source, ETag).
+        "fastpoll_app.headercase:create_app",
         factory=True,
         host=args.host,
         port=args.port,
@@ -176,6 +177,7 @@ def _run(args: argparse.Namespace, settings: config.Settings) -> int:
         access_log=args.access_log,
         proxy_headers=False,
         server_header=False,
+        date_header=False,  # the app's own Date header (headercase.py), spelled so
         http=NoDelayH11Protocol,
         # Above nginx's keepalive_timeout to the app (55 s, nginx/fastpoll.conf.j2): nginx, not
         # the app, closes an idle connection, so it never sends on one the app just closed.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import subprocess
 import sys
 import tomllib
@@ -88,6 +89,41 @@ def test_serves_with_two_workers(tmp_path: Path, memcached: Server) -> None:
             assert c.post("/api/messages", json={"user_id": 3, "text": f"t{i}"}).status_code == 201
         r = c.get("/Poll/getMessages?user_id=3")
         assert r.content.startswith(b'{"unread":20,')
+
+
+def _head(base: str, method: str, target: str, body: str | None = None) -> list[str]:
+    """The answer's header lines as they came on the wire (http.client keeps their case)."""
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        headers = {"Content-Type": "application/json", "Idempotency-Key": "k-1"} if body else {}
+        conn.request(method, target, body=body, headers=headers)
+        r = conn.getresponse()
+        r.read()
+        return [f"{n}: {v}" for n, v in r.getheaders()]
+    finally:
+        conn.close()
+
+
+def test_header_names_spelled_as_the_poll_server(tmp_path: Path, memcached: Server) -> None:
+    """The app's own headers on the wire as poll_server/src/response.c writes them
+    (X-Poll-Source: app, not x-poll-source: app), and the API's as docs/api.md does."""
+    ini = tmp_path / "f.ini"
+    ini.write_text(
+        f"[memcached]\nservers = {memcached.addr}\n[app]\ndatabase = {tmp_path / 'db'}\n"
+        "open_api = true\n"
+    )
+    with app_process(ini) as base:
+        head = _head(base, "GET", "/Poll/getMessages?user_id=5")
+        assert "X-Poll-Source: app" in head, head
+        names = [line.split(":")[0] for line in head]
+        assert {"Content-Type", "ETag", "Poll-Interval-Ms", "Content-Length"} <= set(names), head
+        assert names.count("Date") == 1 and all(n[0].isupper() for n in names), head
+        body = '{"user_id": 5, "text": "hi"}'
+        first = _head(base, "POST", "/api/messages", body)
+        assert "X-Cache-Publish: ok" in first and "Idempotent-Replayed: true" not in first, first
+        again = _head(base, "POST", "/api/messages", body)
+        assert "Idempotent-Replayed: true" in again, again
 
 
 def test_access_log_masks_the_signature(tmp_path: Path, memcached: Server) -> None:
