@@ -16,7 +16,11 @@ tier"):
   minus a channel's id (table ``channels``, name -> id). A channel's messages, version and outbox
   row are stored under its owner id, its order is the owner id's lock, and its answer is its
   newest ``history`` messages (``Store.history``, [channels] history). Channel messages are never
-  read (no mark-read), so the unread indexes serve their newest-first reads too.
+  read (no mark-read), so the unread indexes serve their newest-first reads too. A channel's
+  outbox row lives in its own table (``channel_outbox``): a release from before channels,
+  running beside this one during a rolling upgrade, repairs the rows of ``outbox`` and would take
+  a channel's owner id for a user's. Rows an earlier channels release left in ``outbox`` are
+  still repaired and settled there.
 
 The schema is versioned (table ``schema_version``) and created by ``migrate()``
 (``python -m fastpoll_app migrate``). SQLite migrates itself when opened; PostgreSQL refuses
@@ -54,7 +58,7 @@ OUTBOX_GRACE = 2.0
 # The claim itself is the lease: while one worker repairs a user, the row is not due for others.
 OUTBOX_BACKOFF_BASE = 0.5
 OUTBOX_BACKOFF_MAX = 1.0
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # How long a request waits for its user's order (the in-process gate, then PostgreSQL's advisory
 # lock: lock_timeout), and how many of one user's requests may wait in one process. The order is
 # held for one write, up to the publish timeout per cache node when a node hangs; a user whose
@@ -198,11 +202,31 @@ _BUMP_VERSION = (
     "DO UPDATE SET version = users.version + 1 RETURNING version"
 )
 _RECORD_OUTBOX = (
-    "INSERT INTO outbox (user_id, version, due, attempts) VALUES (?, ?, ?, 0) "
+    "INSERT INTO {} (user_id, version, due, attempts) VALUES (?, ?, ?, 0) "
     "ON CONFLICT (user_id) DO UPDATE SET version = excluded.version, "
     "due = excluded.due, attempts = 0"
 )
-_SETTLE_OUTBOX = "DELETE FROM outbox WHERE user_id = ? AND version <= ?"
+_SETTLE_OUTBOX = "DELETE FROM {} WHERE user_id = ? AND version <= ?"
+# The outbox tables (the module's docstring): the users', then the channels'.
+OUTBOXES = ("outbox", "channel_outbox")
+
+
+def outbox_of(owner: int) -> str:
+    return OUTBOXES[0] if owner >= 0 else OUTBOXES[1]
+
+
+def settle_outbox(
+    executemany: Callable[[str, list[tuple[int, int]]], Any],
+    sql: Callable[[str], str],
+    pairs: list[tuple[int, int]],
+) -> None:
+    """Drop the outbox rows of [(owner, version)] up to each version: a channel's from both
+    tables (an earlier channels release recorded it in the users')."""
+    users = [p for p in pairs if p[0] >= 0]
+    rooms = [p for p in pairs if p[0] < 0]
+    for table, rows in ((OUTBOXES[0], pairs if rooms else users), (OUTBOXES[1], rooms)):
+        if rows:
+            executemany(sql(_SETTLE_OUTBOX.format(table)), rows)
 
 
 def _pg_sql(sql: str) -> str:
@@ -263,7 +287,10 @@ class Tx:
     def bump(self) -> Snapshot:
         """Increment the user's version, record the outbox row, return the new answer."""
         (version,) = self._run(_BUMP_VERSION, (self._uid,)).fetchone()
-        self._run(_RECORD_OUTBOX, (self._uid, version, time.time() + OUTBOX_GRACE))
+        self._run(
+            _RECORD_OUTBOX.format(outbox_of(self._uid)),
+            (self._uid, version, time.time() + OUTBOX_GRACE),
+        )
         return read_snapshot(self._conn, self._sql, self._uid, self._history)
 
     # A batch (Store.users): a few set-wise statements for any number of messages and owners.
@@ -292,11 +319,14 @@ class Tx:
             ).fetchall()
         )
         due = time.time() + OUTBOX_GRACE
-        rows = ", ".join(["(?, ?, ?, 0)"] * len(owners))
-        self._run(
-            _RECORD_OUTBOX.replace("VALUES (?, ?, ?, 0)", f"VALUES {rows}"),
-            tuple(v for o in owners for v in (o, versions[o], due)),
-        )
+        for table in OUTBOXES:
+            mine = [o for o in owners if outbox_of(o) == table]
+            if mine:
+                rows = ", ".join(["(?, ?, ?, 0)"] * len(mine))
+                self._run(
+                    _RECORD_OUTBOX.format(table).replace("VALUES (?, ?, ?, 0)", f"VALUES {rows}"),
+                    tuple(v for o in mine for v in (o, versions[o], due)),
+                )
         users = [o for o in owners if o >= 0]
         out: dict[int, Snapshot] = {}
         if users:
@@ -408,6 +438,17 @@ CREATE TABLE channels (
     id   INTEGER PRIMARY KEY,
     name TEXT NOT NULL UNIQUE
 );
+""",
+    4: """
+CREATE TABLE channel_outbox (
+    user_id  INTEGER PRIMARY KEY,
+    version  INTEGER NOT NULL,
+    due      REAL    NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX channel_outbox_due ON channel_outbox (attempts, due);
+INSERT INTO channel_outbox SELECT user_id, version, due, attempts FROM outbox WHERE user_id < 0;
+DELETE FROM outbox WHERE user_id < 0;
 """,
 }
 
@@ -595,32 +636,41 @@ class SqliteStore:
         conn = self.conn()
         # A read first: the write lock is taken only when something is due or to be deleted.
         try:
-            due = conn.execute("SELECT 1 FROM outbox WHERE due <= ? LIMIT 1", (now,)).fetchone()
+            due = any(
+                conn.execute(f"SELECT 1 FROM {t} WHERE due <= ? LIMIT 1", (now,)).fetchone()
+                for t in OUTBOXES
+            )
         except sqlite3.Error as exc:
             raise StoreError(str(exc)) from exc
         with self._settled_lock:
             settling = bool(self._settled)
-        if due is None and not settling:
+        if not due and not settling:
             return []
+        claimed: list[int] = []
         with self._settling() as taken, self.transaction() as c:
-            c.executemany(_SETTLE_OUTBOX, taken)  # first: a settled row is not claimed
-            rows = c.execute(
-                "SELECT user_id, attempts FROM outbox WHERE due <= ? "
-                "ORDER BY attempts, due LIMIT ?",
-                (now, limit),
-            ).fetchall()
-            for uid, attempts in rows:
-                c.execute(
-                    "UPDATE outbox SET due = ?, attempts = attempts + 1 WHERE user_id = ?",
-                    (now + min(OUTBOX_BACKOFF_BASE * 2.0**attempts, OUTBOX_BACKOFF_MAX), uid),
-                )
-        return [int(r[0]) for r in rows]
+            settle_outbox(c.executemany, _same_sql, taken)  # first: a settled row is not claimed
+            for table in OUTBOXES:
+                rows = c.execute(
+                    f"SELECT user_id, attempts FROM {table} WHERE due <= ? "
+                    "ORDER BY attempts, due LIMIT ?",
+                    (now, limit),
+                ).fetchall()
+                for uid, attempts in rows:
+                    c.execute(
+                        f"UPDATE {table} SET due = ?, attempts = attempts + 1 WHERE user_id = ?",
+                        (now + min(OUTBOX_BACKOFF_BASE * 2.0**attempts, OUTBOX_BACKOFF_MAX), uid),
+                    )
+                claimed += [int(r[0]) for r in rows]
+        return claimed
 
     def outbox_backlog(self) -> int:
         """The rows still pending: the deferred deletions are made first."""
         self._flush_settled()
         try:
-            return int(self.conn().execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+            conn = self.conn()
+            return sum(
+                int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]) for t in OUTBOXES
+            )
         except sqlite3.Error as exc:
             raise StoreError(str(exc)) from exc
 
@@ -629,7 +679,7 @@ class SqliteStore:
             if not self._settled:
                 return
         with self._settling() as taken, self.transaction() as c:
-            c.executemany(_SETTLE_OUTBOX, taken)
+            settle_outbox(c.executemany, _same_sql, taken)
 
     def ping(self) -> None:
         try:
@@ -705,6 +755,17 @@ CREATE TABLE channels (
     name TEXT NOT NULL UNIQUE
 );
 """,
+    4: """
+CREATE TABLE channel_outbox (
+    user_id  BIGINT PRIMARY KEY,
+    version  BIGINT NOT NULL,
+    due      DOUBLE PRECISION NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX channel_outbox_due ON channel_outbox (attempts, due);
+INSERT INTO channel_outbox SELECT user_id, version, due, attempts FROM outbox WHERE user_id < 0;
+DELETE FROM outbox WHERE user_id < 0;
+""",
 }
 # Serialises concurrent `migrate` runs (two-int advisory keys never meet the users' bigint ones).
 _PG_MIGRATE_LOCK = (0x66707031, 1)
@@ -776,7 +837,8 @@ class _PgSession:
             with self._conn.transaction():
                 # Need not be durable: a lost deletion costs one more verification.
                 self._conn.execute("SET LOCAL synchronous_commit TO off")
-                self._conn.execute(_pg_sql(_SETTLE_OUTBOX), (self._uid, version))
+                with self._conn.cursor() as cur:
+                    settle_outbox(cur.executemany, _pg_sql, [(self._uid, version)])
         except _pg_errors() as exc:
             raise _pg_error(exc, self._conn) from exc
 
@@ -787,7 +849,7 @@ class _PgBatch(_PgSession):
             with self._conn.transaction():
                 self._conn.execute("SET LOCAL synchronous_commit TO off")
                 with self._conn.cursor() as cur:
-                    cur.executemany(_pg_sql(_SETTLE_OUTBOX), list(versions.items()))
+                    settle_outbox(cur.executemany, _pg_sql, list(versions.items()))
         except _pg_errors() as exc:
             raise _pg_error(exc, self._conn) from exc
 
@@ -922,26 +984,31 @@ class PgStore:
         now = time.time()
         # SKIP LOCKED: the repair workers of every app host share the outbox without waiting
         # on each other; the new `due` is the lease (and the back-off if the repair fails).
+        claimed: list[int] = []
         with self._conn() as conn, conn.transaction():
-            rows = conn.execute(
-                "UPDATE outbox o"
-                "  SET due = %(now)s + LEAST(%(base)s * power(2, o.attempts), %(cap)s),"
-                "  attempts = o.attempts + 1 FROM ("
-                "  SELECT user_id FROM outbox WHERE due <= %(now)s"
-                "  ORDER BY attempts, due LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
-                ") d WHERE o.user_id = d.user_id RETURNING o.user_id",
-                {
-                    "now": now,
-                    "base": OUTBOX_BACKOFF_BASE,
-                    "cap": OUTBOX_BACKOFF_MAX,
-                    "limit": limit,
-                },
-            ).fetchall()
-        return [int(r[0]) for r in rows]
+            for table in OUTBOXES:
+                rows = conn.execute(
+                    f"UPDATE {table} o"
+                    "  SET due = %(now)s + LEAST(%(base)s * power(2, o.attempts), %(cap)s),"
+                    "  attempts = o.attempts + 1 FROM ("
+                    f"  SELECT user_id FROM {table} WHERE due <= %(now)s"
+                    "  ORDER BY attempts, due LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+                    ") d WHERE o.user_id = d.user_id RETURNING o.user_id",
+                    {
+                        "now": now,
+                        "base": OUTBOX_BACKOFF_BASE,
+                        "cap": OUTBOX_BACKOFF_MAX,
+                        "limit": limit,
+                    },
+                ).fetchall()
+                claimed += [int(r[0]) for r in rows]
+        return claimed
 
     def outbox_backlog(self) -> int:
         with self._conn() as conn:
-            return int(conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+            return sum(
+                int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]) for t in OUTBOXES
+            )
 
     def ping(self) -> None:
         with self._conn(timeout=2.0) as conn:

@@ -178,7 +178,9 @@ class PgServer:
         import psycopg
 
         with psycopg.connect(self.pg.url, password=self.pg.password, autocommit=True) as conn:
-            conn.execute("TRUNCATE messages, users, outbox, channels RESTART IDENTITY")
+            conn.execute(
+                "TRUNCATE messages, users, outbox, channel_outbox, channels RESTART IDENTITY"
+            )
 
 
 @contextmanager

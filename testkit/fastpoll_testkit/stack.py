@@ -310,6 +310,10 @@ class Stack:
     # (a throwaway server, see Postgres); `apps` app processes share it behind nginx.
     db: str = "sqlite"
     apps: int = 1
+    # App i runs the fallback_app package found in this directory instead of the installed one:
+    # an earlier release beside the new one, as during a rolling upgrade (git archive REV
+    # fallback_app | tar -x -C DIR gives DIR/fallback_app: pass that).
+    app_trees: dict[int, Path] = field(default_factory=dict)
     app_ports: list[int] = field(default_factory=list)
     pg_port: int = 0
     pg_dir: Path | None = None
@@ -603,8 +607,10 @@ class Stack:
         ]
         # The workers' metrics files live in run_dir, not in a temporary directory of the
         # app's own that an app stopped with SIGKILL (the fault drills) would leave behind.
-        metrics = {"PROMETHEUS_MULTIPROC_DIR": str(self.run_dir / f"{name}-metrics")}
-        self._spawn(name, argv, port, env=metrics)
+        env = {"PROMETHEUS_MULTIPROC_DIR": str(self.run_dir / f"{name}-metrics")}
+        if i in self.app_trees:
+            env["PYTHONPATH"] = str(self.app_trees[i])
+        self._spawn(name, argv, port, env=env)
         url = f"http://127.0.0.1:{port}/healthz"
         wait_for(
             name,

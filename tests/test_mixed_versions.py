@@ -1,0 +1,193 @@
+"""A rolling upgrade keeps the previous release correct, not only running (docs/deploy.md, "A
+rolling upgrade"): during an app rollout an earlier release's app shares the database with the
+new one, after the new one migrated the schema, and both write and repair. Each release named in
+RELEASES runs here beside this tree's app on one PostgreSQL, and its repair loop takes every
+outbox row it can see while this tree's app is stopped: what it repairs must be right, and what
+it cannot repair must stay for this tree's app.
+
+Every schema change adds the release before it to RELEASES.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fastpoll_app import channels, keys
+from fastpoll_testkit.stack import ROOT, Stack, memcached_ask, wait_for
+
+# The last release before each schema change: its app must stay correct beside the newest.
+RELEASES = {
+    "before-channels": "cc9fbe0",  # schema 2: owners are users only
+    "before-channel-outbox": "b78c6df",  # schema 3: a room's outbox row among the users'
+}
+HAS_CHANNELS = {"before-channel-outbox"}
+ROOM = "lobby"
+
+
+def extract(rev: str, into: Path) -> Path:
+    """The release's fallback_app package directory (for Stack.app_trees)."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "fallback_app"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "fallback_app"
+
+
+@pytest.fixture(scope="module", params=sorted(RELEASES))
+def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    tree = extract(RELEASES[request.param], tmp_path_factory.mktemp(f"release-{request.param}"))
+    s = Stack(
+        run_dir=tmp_path_factory.mktemp(f"mixed-{request.param}"),
+        n_pollers=1,
+        db="postgresql",
+        apps=2,
+        app_trees={1: tree},
+    )
+    s.release = request.param  # type: ignore[attr-defined]
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()
+
+
+def cached(stack: Stack, key: bytes) -> bytes | None:
+    raw = memcached_ask(stack.memcached_ports[0], b"get " + key)
+    if not raw.startswith(b"VALUE "):
+        return None
+    head, _, rest = raw.partition(b"\r\n")
+    size = int(head.split()[3])
+    return rest[:size]
+
+
+def newest_id(stack: Stack, key: bytes) -> int:
+    value = cached(stack, key)
+    if not value:
+        return 0
+    doc = json.loads(value)
+    if "messages" in doc:
+        return max(m["id"] for m in doc["messages"])
+    return int(doc["newest"]["id"]) if doc.get("newest") else 0
+
+
+def newest_room_id(stack: Stack) -> int:
+    value = cached(stack, channels.channel_key(b"/Poll", ROOM.encode()))
+    if not value:
+        return 0
+    return max(m["id"] for m in json.loads(value)["messages"])
+
+
+def outbox_rows(stack: Stack) -> int:
+    """Rows waiting in every outbox table of the schema."""
+    import psycopg
+
+    url = stack.ini_sections()["app"]["database"]
+    password = (stack.run_dir / "pg.pass").read_text().strip()
+    with psycopg.connect(url, password=password) as conn:
+        tables = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE tablename LIKE '%outbox'"
+        ).fetchall()
+        return sum(
+            int(conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0])  # noqa: S608
+            for (t,) in tables
+        )
+
+
+def signal_group(stack: Stack, name: str, sig: int) -> None:
+    """The app's process group: its master and its workers (started in a session of their own)."""
+    os.killpg(stack.procs[name].pid, sig)
+
+
+def test_a_room_repaired_beside_an_earlier_release_is_fresh(stack: Stack) -> None:
+    with stack.api(0) as api:
+        r = api.post(f"/api/channels/{ROOM}/messages", json={"text": "first"})
+        assert r.status_code == 201, r.text
+    memcached = stack.procs["memcached-0"].pid
+    os.kill(memcached, signal.SIGSTOP)
+    try:
+        with stack.api(0, timeout=30) as api:
+            r = api.post(f"/api/channels/{ROOM}/messages", json={"text": "while the cache hangs"})
+        assert r.status_code == 201, r.text
+        assert r.headers.get("x-cache-publish") == "pending", r.headers
+        newest = r.json()["id"]
+        # This tree's app stops before its repair loop may take the row (OUTBOX_GRACE):
+        # only the earlier release's loop runs now.
+        signal_group(stack, "app", signal.SIGSTOP)
+    finally:
+        os.kill(memcached, signal.SIGCONT)
+    try:
+        # Long enough for the earlier release to claim and repair every row it sees
+        # (grace 2 s, back-off up to 1 s, its loop every 1 s).
+        time.sleep(6)
+        wrong = keys.derive_key(b"/Poll", b"/getMessages?user_id=-1", [b"user_id"])
+        assert cached(stack, wrong) is None, "the earlier release wrote a room as a user's key"
+    finally:
+        signal_group(stack, "app", signal.SIGCONT)
+    wait_for(
+        "the room's cached answer to hold the newest message",
+        lambda: newest_room_id(stack) == newest,
+        timeout=15,
+    )
+    wait_for("the outbox to drain", lambda: outbox_rows(stack) == 0, timeout=15)
+
+
+def test_an_earlier_release_publishes_and_the_new_one_serves_it(stack: Stack) -> None:
+    """Writes through the earlier release's app are answered through nginx, fresh."""
+    uid = 7
+    with stack.api(1) as api:
+        r = api.post("/api/messages", json={"user_id": uid, "text": "from the earlier release"})
+        assert r.status_code in (200, 201), r.text
+    url = stack.poll_url(uid)
+    with httpx.Client(base_url=stack.base_url, timeout=10) as client:
+        body = client.get(url).content
+    assert b"from the earlier release" in body
+
+
+def test_rows_an_earlier_release_left_are_repaired_by_the_new_one(stack: Stack) -> None:
+    """The earlier release's writes that missed the cache, repaired by this tree's app alone."""
+    uid = 11
+    targets = [
+        (
+            "/api/messages",
+            {"user_id": uid},
+            keys.derive_key(b"/Poll", f"/getMessages?user_id={uid}".encode(), [b"user_id"]),
+        )
+    ]
+    if stack.release in HAS_CHANNELS:  # type: ignore[attr-defined]
+        room = "patio"
+        targets.append(
+            (f"/api/channels/{room}/messages", {}, channels.channel_key(b"/Poll", room.encode()))
+        )
+    memcached = stack.procs["memcached-0"].pid
+    newest: list[int] = []
+    os.kill(memcached, signal.SIGSTOP)
+    try:
+        with stack.api(1, timeout=30) as api:
+            for path, body, _ in targets:
+                r = api.post(path, json={**body, "text": "while the cache hangs"})
+                assert r.status_code == 201, r.text
+                newest.append(r.json()["id"])
+        signal_group(stack, "app-1", signal.SIGSTOP)
+    finally:
+        os.kill(memcached, signal.SIGCONT)
+    try:
+        for (_, _, key), want in zip(targets, newest, strict=True):
+            wait_for(
+                f"{key!r} repaired by this tree's app",
+                lambda key=key, want=want: newest_id(stack, key) == want,
+                timeout=15,
+            )
+        wait_for("the outbox to drain", lambda: outbox_rows(stack) == 0, timeout=15)
+    finally:
+        signal_group(stack, "app-1", signal.SIGCONT)
