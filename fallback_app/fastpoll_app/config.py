@@ -65,6 +65,8 @@ MAX_WAIT = 300
 MAX_INTERVAL_MS = 3600 * 1000
 
 _IGNORED_SECTIONS = frozenset({"server", "admin", "log"})
+# Keys the app reads in a section it otherwise leaves to the poll server: its own log's format.
+_READ_IN_IGNORED = {("log", "format")}
 _PARAM_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _HOST_RE = re.compile(r"[A-Za-z0-9.-]+")
 # libinih's whitespace (isspace in the C locale); list items are separated as config.c is_sep does.
@@ -205,6 +207,7 @@ class Settings:
     poll: PollSettings = field(default_factory=PollSettings)
     announce: AnnounceSettings = field(default_factory=AnnounceSettings)
     channels: ChannelSettings = field(default_factory=ChannelSettings)
+    log_format: str = "text"  # [log] format: text or json (one JSON object a line)
     source: str = "(defaults)"
     # Hex SHA-256 of the file's bytes as read (of b"" without a file): /healthz and /metrics
     # report it so a deploy can tell a running app whose config differs from the file.
@@ -266,6 +269,7 @@ _KNOWN: dict[str, dict[str, bool]] = {
     },
     "announce": {"server": False, "password_file": False, "username": False, "channel": False},
     "channels": {"max": False, "history": False},
+    "log": {"format": False},
 }
 
 
@@ -302,7 +306,7 @@ def _parse_lines(text: str, rd: _Reader) -> dict[str, dict[str, list[_Entry]]]:
         key, value = m.group(1).strip(_WS), _strip_comment(m.group(2).lstrip(_WS))
         if section is None:
             raise rd.error(lineno, f"key '{key}' outside of any [section]")
-        if section in _IGNORED_SECTIONS:
+        if section in _IGNORED_SECTIONS and (section, key) not in _READ_IN_IGNORED:
             continue
         known = _KNOWN[section]
         if key not in known:
@@ -688,6 +692,12 @@ def _one(sec: dict[str, list[_Entry]], key: str) -> _Entry | None:
     return entries[-1] if entries else None
 
 
+def _log_format(sec: dict[str, list[_Entry]], rd: _Reader) -> str:
+    if (e := _one(sec, "format")) and e.value not in ("text", "json"):
+        raise rd.error(e.line, f"[log] format must be text or json, got {e.value!r}")
+    return e.value if e else Settings.log_format
+
+
 def parse(text: str, source: str = "<string>", sha256: str | None = None) -> Settings:
     """Parse config text; raise ConfigError naming line and key on any problem."""
     rd = _Reader(source)
@@ -703,6 +713,7 @@ def parse(text: str, source: str = "<string>", sha256: str | None = None) -> Set
         poll=_poll(secs.get("poll", {}), rd),
         announce=_announce(secs.get("announce", {}), rd),
         channels=_channels(secs.get("channels", {}), rd),
+        log_format=_log_format(secs.get("log", {}), rd),
         source=source,
         sha256=sha256 or hashlib.sha256(text.encode("utf-8")).hexdigest(),
     )
