@@ -21,7 +21,7 @@ from fastpoll_testkit.contract.history import (
     History,
     Op,
 )
-from fastpoll_testkit.contract.run import HOSTILE, Run, Settings
+from fastpoll_testkit.contract.run import CONFIGS, HOSTILE, Run, Settings
 
 ONE = '{"unread":1,"newest":{"id":1,"text":"one"}}'
 TWO = '{"unread":1,"newest":{"id":2,"text":"two"}}'
@@ -136,8 +136,10 @@ def test_a_held_poll_waits_for_the_outbox_after_a_pending_write() -> None:
     h = history(Op("held", 1, 2.5, 5.0, 200, TWO, inm_body="", wait=5))
     h.ops = [pending if o.kind == "publish" and o.index == 3 else o for o in h.ops]
     assert violations(h, "3-held-bound") == 0
-    h.ops = [o if o.kind != "held" else Op("held", 1, 2.5, 6.6, 200, TWO, inm_body="", wait=8)
-             for o in h.ops]
+    h.ops = [
+        o if o.kind != "held" else Op("held", 1, 2.5, 6.6, 200, TWO, inm_body="", wait=8)
+        for o in h.ops
+    ]
     assert violations(h, "3-held-bound") == 1
 
 
@@ -322,3 +324,49 @@ def test_a_pending_write_may_be_missed_while_only_the_apps_path_fails() -> None:
     ops[1].headers = {"x-cache-publish": "pending"}
     hang = Fault("cache-hang", "memcached-0", 1.5, 2.3, [CACHE, CACHE_DOWN])
     assert violations(History(ops=[*ops, stale], faults=[hang]), "1-no-stale") == 1
+
+
+def bad(status: int, body: str, took: float = 0.1) -> Op:
+    return Op("bad-api", 1, 5.0, 5.0 + took, status, body, expect=[400], wait=5, note="POST bad")
+
+
+def test_bad_input_refused_with_a_json_error_passes() -> None:
+    assert violations(history(bad(400, '{"error": "user_id: not an integer"}')), "7-bad-input") == 0
+
+
+def test_bad_input_taken_or_refused_badly_is_found() -> None:
+    for op in (
+        bad(201, '{"id": 9}'),  # taken
+        bad(400, "Bad Request"),  # not the documented body
+        bad(400, '{"detail": "x"}'),
+        bad(400, '{"error": "x"}', took=6.0),  # too late
+    ):
+        assert violations(history(op), "7-bad-input") == 1, op
+
+
+def test_bad_input_answered_500_is_rule_4s() -> None:
+    h = history(bad(500, "Internal Server Error"))
+    assert violations(h, "7-bad-input") == 0
+    assert violations(h, "4-5xx") == 1
+
+
+def test_a_user_body_counts_the_unread_and_shows_the_newest() -> None:
+    from fastpoll_testkit.contract.run import _user_body
+
+    assert _user_body([]) == ""
+    assert _user_body([(3, "a"), (5, "b")]) == '{"unread":2,"newest":{"id":5,"text":"b"}}'
+
+
+def test_the_room_is_numbered_by_its_messages_ids(tmp_path: Path) -> None:
+    run = Run(CONFIGS["mc1-sqlite"], Settings(seed=1, seconds=1), tmp_path)
+    ops = [
+        Op("publish", 0, 1.0, 1.2, 201, index=0, ids=[12]),
+        Op("publish", 0, 1.1, 1.3, 201, index=0, ids=[11]),
+        Op("publish", 0, 1.4, 1.5, 0, index=-1),
+    ]
+    run.room_texts = {11: "a", 12: "b"}
+    run.history.ops = ops
+    run.renumber_room()
+    assert [o.index for o in ops] == [2, 1, -1]
+    assert ops[1].body == '{"messages":[{"id":11,"text":"a"}]}'
+    assert ops[0].body == '{"messages":[{"id":11,"text":"a"},{"id":12,"text":"b"}]}'

@@ -12,6 +12,7 @@ part of composed answers (docs/channels.md), so every rule judges it as a user.
 from __future__ import annotations
 
 import bisect
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -41,6 +42,7 @@ RULES = {
     "4-5xx": "5xx only where the docs say",
     "5-nginx-poller": "nginx marks no poller failed outside a poller/cache fault",
     "6-hostile": "refused or ignored requests get the documented answer",
+    "7-bad-input": "bad input to the API is refused with a well-formed 4xx",
 }
 
 
@@ -156,6 +158,7 @@ def check(h: History, p: Params | None = None) -> Report:
     _rule4(h, p, rules["4-5xx"])
     _rule5(h, p, rules["5-nginx-poller"])
     _rule6(h, rules["6-hostile"])
+    _rule7(h, rules["7-bad-input"])
     return Report(h.seed, h.config, rules, t0)
 
 
@@ -398,7 +401,7 @@ def _rule4(h: History, p: Params, r: RuleResult) -> None:
             if app_cannot:
                 what += " (no app could answer, but its key was in the cache and no cache fault)"
             r.violations.append(Violation("4-5xx", what, [op], [*db, *shed]))
-        elif op.kind == "api":
+        elif op.kind in ("api", "bad-api"):
             r.checked += 1
             if op.status and op.status < 500:
                 continue
@@ -445,6 +448,27 @@ def _rule6(h: History, r: RuleResult) -> None:
         what = f"{op.note}: answered {op.status or 'nothing'} in {op.end - op.start:.2f} s, "
         what += f"documented: {op.expect}" + (f" within {op.wait} s" if op.wait > 0 else "")
         r.violations.append(Violation("6-hostile", what, [op]))
+
+
+def _rule7(h: History, r: RuleResult) -> None:
+    """Bad input to the private API: one of the documented statuses, within the bound (op.wait),
+    with a JSON object {"error": "<what is wrong>"} as its body. 5xx and no answer: rule 4. That
+    nothing was stored is rules 1 and 2's: each request names a real user of the model."""
+    for op in h.ops:
+        if op.kind != "bad-api" or op.status == 0 or op.status >= 500:
+            continue
+        r.checked += 1
+        try:
+            doc = json.loads(op.body or "")
+            well_formed = isinstance(doc, dict) and isinstance(doc.get("error"), str)
+        except ValueError:
+            well_formed = False
+        took = op.end - op.start
+        if op.status in op.expect and well_formed and took <= op.wait:
+            continue
+        what = f"{op.note}: answered {op.status} in {took:.2f} s with {op.body!r}, documented: "
+        what += f"{op.expect} with {{\"error\": ...}} within {op.wait} s"
+        r.violations.append(Violation("7-bad-input", what, [op]))
 
 
 def _fmt_op(op: Op, t0: float) -> str:

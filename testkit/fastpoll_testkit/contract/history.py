@@ -26,8 +26,9 @@ APP = "app:"  # + index: that app process restarting
 
 @dataclass
 class Op:
-    """One client operation. kind: publish, read (mark-read), api (one attempt of either),
-    poll, cond, held, hostile, final-nginx, final-app. For writes, `index` is the model's state
+    """One client operation. kind: publish, read (mark-read), api (one attempt of either, or a
+    poll URL asked for), bad-api (bad input to the private API), poll, cond, held, hostile,
+    final-nginx, final-app. For writes, `index` is the model's state
     number after this write and `body` the poll answer it makes; for polls `body` is the answer
     the poll shows (a 304's is the body of the tag it sent)."""
 
@@ -43,8 +44,9 @@ class Op:
     headers: dict[str, str] = field(default_factory=dict)
     index: int = -1
     target: str = ""
-    expect: list[int] = field(default_factory=list)  # hostile: the documented statuses
+    expect: list[int] = field(default_factory=list)  # hostile, bad-api: the documented statuses
     note: str = ""
+    ids: list[int] = field(default_factory=list)  # publishes: the ids of the messages stored
 
 
 @dataclass

@@ -79,6 +79,55 @@ HOSTILE: list[tuple[str, str | None, list[int], float]] = [
     ("&ch=", None, [400, 403], 4.0),
 ]
 
+
+# Bad input to the private API (docs/api.md, "API", "Limits"; docs/channels.md, the batch): the
+# path, the Content-Type, the body (from a real user's id: a request wrongly taken would change
+# that user's answer, which rules 1 and 2 then see), the documented statuses. Each answer must be
+# one of them with a JSON {"error": ...} body, and nothing stored.
+def _bad_inputs(uid: int) -> list[tuple[str, str, bytes, list[int]]]:
+    j = "application/json"
+    item = f'{{"user_id":{uid},"text":"bad batch item"}}'
+    return [
+        ("/api/messages", j, b'{"user_id": %d, "text": ' % uid, [400]),  # truncated JSON
+        ("/api/messages", j, b'{"user_id": "%d", "text": "x"}' % uid, [400]),  # a string id
+        ("/api/messages", j, b'{"user_id": true, "text": "x"}', [400]),
+        ("/api/messages", j, b'{"user_id": %d.0, "text": "x"}' % uid, [400]),
+        ("/api/messages", j, b'{"user_id": 9223372036854775808, "text": "x"}', [400]),
+        ("/api/messages", j, b'{"user_id": -1, "text": "x"}', [400]),
+        ("/api/messages", j, b'{"user_id": %d, "text": "%s"}' % (uid, b"y" * 2001), [400]),
+        ("/api/messages", j, b'{"user_id": %d, "text": "  "}' % uid, [400]),
+        ("/api/messages", j, b'{"user_id": %d, "text": "a\\u0000b"}' % uid, [400]),
+        ("/api/messages", j, b'{"user_id": %d, "text": "a", "text": "b"}' % uid, [400]),
+        ("/api/messages", j, b'{"user_id": %d, "text": "a", "extra": 1}' % uid, [400]),
+        ("/api/messages", j, b"[1, 2]", [400]),
+        ("/api/messages", j, b"\xff\xfe", [400]),
+        ("/api/messages", "text/plain", b'{"user_id": %d, "text": "x"}' % uid, [415]),
+        ("/api/messages", j, b'{"user_id": %d, "text": "%s"}' % (uid, b"z" * 70000), [413]),
+        ("/api/messages/read", j, b'{"user_id": %d}' % uid, [400]),
+        ("/api/messages/read", j, b'{"user_id": %d, "up_to_id": "5"}' % uid, [400]),
+        ("/api/messages/read", j, b'{"user_id": %d, "up_to_id": -5}' % uid, [400]),
+        ("/api/poll-url", j, b'{"user_id": "x"}', [400]),
+        ("/api/messages/batch", j, b'{"items": []}', [400]),
+        ("/api/messages/batch", j, f'{{"items": [{",".join([item] * 1001)}]}}'.encode(), [400]),
+        (  # one bad item refuses the whole batch: the good one is not stored either
+            "/api/messages/batch",
+            j,
+            f'{{"items": [{item}, {{"user_id": {uid}, "text": "{"w" * 2001}"}}]}}'.encode(),
+            [400],
+        ),
+        (
+            "/api/messages/batch",
+            j,
+            b'{"items": [{"user_id": %d, "channel": "room.c", "text": "x"}]}' % uid,
+            [400],
+        ),
+        ("/api/messages/batch", j, b'{"items": [{"channel": "bad name!", "text": "x"}]}', [400]),
+        ("/api/messages/batch", j, b'{"items": {"user_id": %d}}' % uid, [400]),
+    ]
+
+
+BAD_INPUT_BOUND_S = 5.0  # the longest a refusal may take (it is decided before the database)
+
 # The room (docs/channels.md): one writer publishes to it; some users' pollers poll their own key
 # and the room on one URL. In the history and the model it is "user" ROOM_USER: its writes are
 # the room's publishes, its polls' bodies the room's part of each composed answer.
@@ -87,6 +136,8 @@ ROOM_USER = 0
 ROOM_HISTORY = 5  # [channels] history of the run's stack: the room's answer keeps 5 messages
 ROOM_POLLERS = (1, 2)  # users whose room pollers run (held, and plain/conditional)
 _ROOM_MARK = f',"channels":{{"{ROOM}":'
+ROOM_WRITERS = 2  # threads publishing to the room, besides the batches' room items
+BATCH_USERS = 3  # users written by batches only
 
 
 @dataclass
@@ -100,10 +151,14 @@ class Settings:
     priority: tuple[str, ...] = ("cache-delay-reads", "cache-delay-reads", "cache-hold-writes")
 
 
-def _body_of(uid: int, msg_id: int, text: str) -> str:
-    """The poll answer of a user with one unread message (docs/api.md, "The poll answer")."""
+def _user_body(unread: list[tuple[int, str]]) -> str:
+    """The poll answer of a user with these unread messages (docs/api.md, "The poll answer"): their
+    count and the newest; empty when nothing is unread."""
+    if not unread:
+        return ""
+    msg_id, text = max(unread)
     return json.dumps(
-        {"unread": 1, "newest": {"id": msg_id, "text": text}},
+        {"unread": len(unread), "newest": {"id": msg_id, "text": text}},
         separators=(",", ":"),
         ensure_ascii=False,
     )
@@ -136,8 +191,12 @@ class Run:
         self.nemesis_stop = threading.Event()
         self.nemesis_thread: threading.Thread | None = None
         self.finishing = threading.Event()  # writers: one last publish and mark-read, then end
-        # The writers (the room's too) and finish().
-        self.ready = threading.Barrier(settings.users + 2, timeout=60)
+        # Users written by batches only (POST /api/messages/batch), after the single writers'.
+        self.batch_users = list(range(settings.users + 1, settings.users + 1 + BATCH_USERS))
+        self.batch_index = dict.fromkeys(self.batch_users, 0)  # their writes so far
+        self.room_texts: dict[int, str] = {}  # the room's messages by id (renumber_room)
+        # The writers (the users', the batches', the room's) and finish().
+        self.ready = threading.Barrier(settings.users + 1 + ROOM_WRITERS + 1, timeout=60)
         self.room_urls: dict[int, str] = {}
         self.final_hold = threading.Event()
         self.held_at: dict[int, float] = {}  # when each user's latest held poll was sent
@@ -240,40 +299,67 @@ class Run:
         return random.Random(f"{self.s.seed}/{self.config.name}/" + "/".join(map(str, salt)))
 
     def writer(self, uid: int) -> None:
+        """The user's writes, one at a time (or, with two app processes, sometimes two
+        publishes at once, one on each: their order is their ids'): one to three publishes,
+        then a mark-read up to the newest id shown or, sometimes, the one before it (a message
+        stays unread). At the end, once nothing is unread, one publish and one mark-read while
+        the cache writes are held (finish())."""
         rng = self._rng("writer", uid)
         clients = [self.stack.api(i, timeout=10) for i in range(self.config.apps)]
+        unread: list[tuple[int, str]] = []
         index = 0
-        last_id = 0
         try:
             last_pair = 0  # writes left once the run is finishing (see finish())
             while not self.stop.is_set():
-                if self.finishing.is_set() and last_pair == 0 and index % 2 == 0:
+                if self.finishing.is_set() and last_pair == 0 and not unread:
                     # Nothing unread, the cache written: wait for the final hold (finish()),
                     # then a last publish and mark-read.
                     with contextlib.suppress(threading.BrokenBarrierError):
                         self.ready.wait()
                     self.final_hold.wait(60)
                     last_pair = 2
-                index += 1
-                app = index % self.config.apps
-                if index % 2 == 1:
-                    text = f"u{uid} n{index} {rng.getrandbits(32):08x}" + rng.choice(["", " ☃"])
-                    kind, path, note = "publish", "/api/messages", text
-                    req: dict[str, object] = {"user_id": uid, "text": text}
-                    headers = {"Idempotency-Key": f"k{uid}-{index}"}
+                publish = (last_pair == 2 or not unread) or (
+                    not self.finishing.is_set() and len(unread) < 3 and rng.random() < 0.5
+                )
+                if publish and last_pair == 0 and self.config.apps > 1 and rng.random() < 0.25:
+                    ops = self._publish_pair(uid, clients, rng, index, unread)
+                elif publish:
+                    app = (index + 1) % self.config.apps
+                    text = f"u{uid} n{index + 1} {rng.getrandbits(32):08x}" + rng.choice(["", " ☃"])
+                    op = Op("publish", uid, time.monotonic(), target=str(app), note=text)
+                    ok, got = self._write(
+                        clients,
+                        app,
+                        op,
+                        "/api/messages",
+                        {"user_id": uid, "text": text},
+                        {"Idempotency-Key": f"k{uid}-{index + 1}"},
+                    )
+                    if ok:
+                        op.ids = [int(got["id"])]
+                        unread.append((op.ids[0], text))
+                    ops = [(op, ok)]
                 else:
-                    kind, path, note = "read", "/api/messages/read", f"up_to {last_id}"
-                    req, headers = {"user_id": uid, "up_to_id": last_id}, {}
-                op = Op(kind, uid, time.monotonic(), target=str(app), note=note)
-                ok, got = self._write(clients, app, op, path, req, headers)
-                op.body = ""
-                if ok and kind == "publish":
-                    last_id = int(got["id"])
-                    op.body = _body_of(uid, last_id, text)
-                op.end = time.monotonic()
-                op.index = index if ok else -1
-                self.history.add(op)
-                if not ok:
+                    app = (index + 1) % self.config.apps
+                    partial = len(unread) > 1 and not self.finishing.is_set() and rng.random() < 0.4
+                    up_to = unread[-2][0] if partial else unread[-1][0]
+                    op = Op("read", uid, time.monotonic(), target=str(app), note=f"up_to {up_to}")
+                    req: dict[str, object] = {"user_id": uid, "up_to_id": up_to}
+                    ok, got = self._write(clients, app, op, "/api/messages/read", req, {})
+                    if ok:
+                        marked = [m for m in unread if m[0] <= up_to]
+                        unread[:] = [m for m in unread if m[0] > up_to]
+                        if got.get("marked_read") != len(marked):
+                            op.note += f" marked_read {got.get('marked_read')} of {len(marked)}"
+                    ops = [(op, ok)]
+                for op, ok in ops:
+                    index += 1
+                    op.end = op.end or time.monotonic()
+                    op.index = index if ok else -1
+                    if ok:
+                        op.body = _user_body(self._unread_at(unread, op))
+                    self.history.add(op)
+                if not all(ok for _, ok in ops):
                     return  # the model of this user is no longer exact: stop writing
                 if last_pair:
                     last_pair -= 1
@@ -285,7 +371,7 @@ class Run:
                 # Half the time the next write races the user's next held poll: sent just after
                 # that poll (whose first cache read may be slow), else after a pause.
                 if rng.random() < 0.5:
-                    self._after_next_held(uid, op.end)
+                    self._after_next_held(uid, ops[-1][0].end)
                     self.stop.wait(rng.uniform(0.0, 0.01))
                 else:
                     self.stop.wait(rng.uniform(0.3, 1.2))
@@ -293,12 +379,61 @@ class Run:
             for c in clients:
                 c.close()
 
-    def room_writer(self) -> None:
-        """Publishes to the room, one message at a time, with pauses; at the end one last
-        publish while the cache writes are held (finish())."""
-        rng = self._rng("room-writer")
+    @staticmethod
+    def _unread_at(unread: list[tuple[int, str]], op: Op) -> list[tuple[int, str]]:
+        """The unread messages right after op (unread: after the last of the writes just
+        made; a publish of a pair made before the other one sees only the lower ids)."""
+        if op.kind != "publish" or not op.ids:
+            return unread
+        return [m for m in unread if m[0] <= op.ids[0]]
+
+    def _publish_pair(
+        self,
+        uid: int,
+        clients: list[httpx.Client],
+        rng: random.Random,
+        index: int,
+        unread: list[tuple[int, str]],
+    ) -> list[tuple[Op, bool]]:
+        """Two publishes of the user at once, one on each app process: two app hosts writing one
+        user. Both commit in the user's order, so their states follow their ids; the ops are
+        returned in that order (a failed one last)."""
+        texts = [f"u{uid} n{index + 1 + i} {rng.getrandbits(32):08x} pair" for i in range(2)]
+        ops = [Op("publish", uid, 0.0, target=str(i), note=texts[i]) for i in range(2)]
+        res: list[tuple[bool, dict[str, object]]] = [(False, {}), (False, {})]
+
+        def one(i: int, client_list: list[httpx.Client]) -> None:
+            ops[i].start = time.monotonic()
+            res[i] = self._write(
+                client_list,
+                i,
+                ops[i],
+                "/api/messages",
+                {"user_id": uid, "text": texts[i]},
+                {"Idempotency-Key": f"k{uid}-{index + 1 + i}"},
+            )
+            ops[i].end = time.monotonic()
+
+        other = threading.Thread(target=one, args=(1, clients))  # httpx clients are thread-safe
+        other.start()
+        one(0, clients)
+        other.join()
+        for i in range(2):
+            if res[i][0]:
+                ops[i].ids = [int(str(res[i][1]["id"]))]
+                unread.append((ops[i].ids[0], texts[i]))
+        unread.sort()
+        pairs = [(ops[i], res[i][0]) for i in range(2)]
+        pairs.sort(key=lambda p: (not p[1], p[0].ids[0] if p[0].ids else 0))
+        return pairs
+
+    def room_writer(self, n: int) -> None:
+        """Publishes to the room, one message at a time, with pauses, starting on app process n
+        (two such writers, and the batches' room items: several writers on the room); at the end
+        one last publish while the cache writes are held (finish()). The room's states follow
+        its messages' ids: numbered once the run is over (renumber_room)."""
+        rng = self._rng("room-writer", n)
         clients = [self.stack.api(i, timeout=10) for i in range(self.config.apps)]
-        msgs: list[tuple[int, str]] = []
         index = 0
         try:
             while not self.stop.is_set():
@@ -308,8 +443,8 @@ class Run:
                         self.ready.wait()
                     self.final_hold.wait(60)
                 index += 1
-                app = index % self.config.apps
-                text = f"room n{index} {rng.getrandbits(32):08x}" + rng.choice(["", " ☃"])
+                app = (index + n) % self.config.apps
+                text = f"room w{n} n{index} {rng.getrandbits(32):08x}" + rng.choice(["", " ☃"])
                 op = Op("publish", ROOM_USER, time.monotonic(), target=str(app), note=text)
                 ok, got = self._write(
                     clients,
@@ -317,21 +452,225 @@ class Run:
                     op,
                     f"/api/channels/{ROOM}/messages",
                     {"text": text},
-                    {"Idempotency-Key": f"room-{index}"},
+                    {"Idempotency-Key": f"room-{n}-{index}"},
                 )
                 if ok:
-                    msgs.append((int(got["id"]), text))
-                op.body = _room_body(msgs) if ok else ""
+                    op.ids = [int(got["id"])]
+                    self.room_texts[op.ids[0]] = text
                 op.end = time.monotonic()
-                op.index = index if ok else -1
+                op.index = 0 if ok else -1
                 self.history.add(op)
                 if not ok or last:
                     return
                 if not self.finishing.is_set():
-                    self.stop.wait(rng.uniform(0.2, 1.0))
+                    self.stop.wait(rng.uniform(0.4, 2.0))
         finally:
             for c in clients:
                 c.close()
+
+    def renumber_room(self) -> None:
+        """The room's writes in the order of their messages' ids (several writers: each
+        publish commits in the room's order), each with the room's answer after it."""
+        ops = sorted(
+            (o for o in self.history.ops if o.user == ROOM_USER and o.kind == "publish"),
+            key=lambda o: o.ids[0] if o.ids else 0,
+        )
+        msgs: list[tuple[int, str]] = []
+        for i, op in enumerate(o for o in ops if o.index >= 0):
+            msgs.append((op.ids[0], self.room_texts[op.ids[0]]))
+            op.index = i + 1
+            op.body = _room_body(msgs)
+
+    def batch_writer(self) -> None:
+        """POST /api/messages/batch: each batch publishes to two or three of the batch users
+        (and, half the time, the room) in one transaction; each item is a write of its owner in
+        the model, as a single publish is, acknowledged by the batch's answer. Between batches,
+        mark-reads of the batch users (up to the newest, or the one before). At the end, once
+        nothing is unread, one batch of every batch user and the room while the cache writes are
+        held, then a mark-read of each (finish())."""
+        rng = self._rng("batch-writer")
+        clients = [self.stack.api(i, timeout=10) for i in range(self.config.apps)]
+        unread: dict[int, list[tuple[int, str]]] = {u: [] for u in self.batch_users}
+        n = 0
+        try:
+            last = False
+            while not self.stop.is_set():
+                if self.finishing.is_set() and not last:
+                    if any(unread.values()):
+                        for u in self.batch_users:
+                            if unread[u] and not self._read_batch_user(clients, u, unread, False):
+                                return
+                    with contextlib.suppress(threading.BrokenBarrierError):
+                        self.ready.wait()
+                    self.final_hold.wait(60)
+                    last = True
+                n += 1
+                if last:
+                    owners: list[int] = list(self.batch_users) + [ROOM_USER]
+                else:
+                    owners = rng.sample(self.batch_users, rng.choice([2, len(self.batch_users)]))
+                    if rng.random() < 0.5:
+                        owners.append(ROOM_USER)
+                    rng.shuffle(owners)
+                if not self._batch(clients, n, owners, rng, unread):
+                    return
+                if last:
+                    for u in self.batch_users:
+                        if not self._read_batch_user(clients, u, unread, False):
+                            return
+                    return
+                if not self.finishing.is_set():
+                    for u in self.batch_users:
+                        if unread[u] and rng.random() < 0.4:
+                            partial = len(unread[u]) > 1 and rng.random() < 0.5
+                            if not self._read_batch_user(clients, u, unread, partial):
+                                return
+                    self.stop.wait(rng.uniform(0.3, 1.2))
+        finally:
+            for c in clients:
+                c.close()
+
+    def _read_batch_user(
+        self,
+        clients: list[httpx.Client],
+        uid: int,
+        unread: dict[int, list[tuple[int, str]]],
+        partial: bool,
+    ) -> bool:
+        up_to = unread[uid][-2][0] if partial else unread[uid][-1][0]
+        app = uid % self.config.apps
+        op = Op("read", uid, time.monotonic(), target=str(app), note=f"up_to {up_to}")
+        ok, _ = self._write(
+            clients, app, op, "/api/messages/read", {"user_id": uid, "up_to_id": up_to}, {}
+        )
+        op.end = time.monotonic()
+        self.batch_index[uid] += 1
+        op.index = self.batch_index[uid] if ok else -1
+        if ok:
+            unread[uid] = [m for m in unread[uid] if m[0] > up_to]
+            op.body = _user_body(unread[uid])
+        self.history.add(op)
+        return ok
+
+    def _batch(
+        self,
+        clients: list[httpx.Client],
+        n: int,
+        owners: list[int],
+        rng: random.Random,
+        unread: dict[int, list[tuple[int, str]]],
+    ) -> bool:
+        """One batch; its items' writes recorded. A batch has no Idempotency-Key, so it is not
+        retried blindly: without a definite answer each owner's answer is read from the app
+        (nothing else writes these users) to learn whether the batch was stored. False when
+        that cannot be told (the owners' models are no longer exact)."""
+        texts = {
+            o: f"b{n} {'room' if o == ROOM_USER else 'u' + str(o)} {rng.getrandbits(32):08x}"
+            for o in owners
+        }
+        items: list[dict[str, object]] = [
+            {"channel": ROOM, "text": texts[o]}
+            if o == ROOM_USER
+            else {"user_id": o, "text": texts[o]}
+            for o in owners
+        ]
+        app = n % self.config.apps
+        start = time.monotonic()
+        ops = {
+            o: Op("publish", o, start, target=str(app), note=f"{texts[o]} (batch {n})")
+            for o in owners
+        }
+        att = Op("api", owners[0], start, target=str(app), note=f"batch {n} {owners}")
+        got: dict[str, object] = {}
+        try:
+            r = clients[app].post("/api/messages/batch", json={"items": items})
+            att.status = r.status_code
+            att.headers = {
+                k: v for k, v in r.headers.items() if k.startswith("x-") or k == "retry-after"
+            }
+            att.body = r.text[:200]
+            if r.status_code == 201:
+                got = r.json()
+        except httpx.HTTPError as e:
+            att.note += f" {type(e).__name__}"
+        att.end = time.monotonic()
+        self.history.add(att)
+        ids: dict[int, int] = {}
+        if att.status == 201:
+            got_ids = got.get("ids")
+            if not isinstance(got_ids, list) or len(got_ids) != len(owners):
+                self.history.notes.append(f"batch {n}: answer {att.body!r}")
+                return False
+            ids = {o: int(i) for o, i in zip(owners, got_ids, strict=True)}
+        elif 400 <= att.status < 500:
+            self.history.notes.append(f"batch {n} refused {att.status}: {att.body}")
+            return True  # nothing stored
+        else:
+            if att.status == 0:
+                time.sleep(3.0)  # an attempt the client gave up on may still be committing
+            probed = self._probe_batch(owners, texts)
+            if probed is None:
+                for o in owners:
+                    ops[o].index, ops[o].end = -1, time.monotonic()
+                    ops[o].note += " no definite answer"
+                    self.history.add(ops[o])
+                return False
+            if not probed:
+                return True  # not stored: the attempt alone is recorded (rule 4)
+            if len(probed) != len(owners):
+                self.history.notes.append(f"batch {n}: only {sorted(probed)} stored of {owners}")
+                for o in owners:
+                    ops[o].index, ops[o].end = -1, time.monotonic()
+                    self.history.add(ops[o])
+                return False
+            ids = probed
+        end = time.monotonic()
+        for o in owners:
+            op = ops[o]
+            op.end, op.status, op.headers, op.ids = end, 201, att.headers, [ids[o]]
+            if o == ROOM_USER:
+                op.index = 0  # numbered with the room's other writes (renumber_room)
+                self.room_texts[ids[o]] = texts[o]
+            else:
+                unread[o].append((ids[o], texts[o]))
+                self.batch_index[o] += 1
+                op.index = self.batch_index[o]
+                op.body = _user_body(unread[o])
+            self.history.add(op)
+        return True
+
+    def _probe_batch(self, owners: list[int], texts: dict[int, str]) -> dict[int, int] | None:
+        """After a batch without a definite answer: which owners got its message, and its id,
+        read from an app's own listener (its answer comes from the database) until one answers
+        (60 s at most). None if no app answered."""
+        deadline = time.monotonic() + 60
+        with httpx.Client(timeout=5) as client:
+            while time.monotonic() < deadline:
+                found: dict[int, int] = {}
+                try:
+                    for o in owners:
+                        url = (
+                            self.room_urls[ROOM_POLLERS[0]]
+                            if o == ROOM_USER
+                            else (self.stack.poll_url(o))
+                        )
+                        app = next((i for i, e in enumerate(self.app_up) if e.is_set()), 0)
+                        r = client.get(self.stack.app_url(app) + url)
+                        r.raise_for_status()
+                        body = r.text
+                        doc = json.loads(room_part(body) if o == ROOM_USER else body or "{}")
+                        msgs = (
+                            doc.get("messages", [])
+                            if o == ROOM_USER
+                            else ([doc["newest"]] if "newest" in doc else [])
+                        )
+                        for m in msgs:
+                            if m.get("text") == texts[o]:
+                                found[o] = int(m["id"])
+                    return found
+                except (httpx.HTTPError, ValueError, KeyError):
+                    time.sleep(0.5)
+        return None
 
     def _after_next_held(self, uid: int, since: float) -> None:
         """Returns once a held poll of the user was sent after `since` (at most 1 s)."""
@@ -436,8 +775,15 @@ class Run:
         url = self.stack.base_url + (self.room_urls[uid] if room else self.stack.poll_url(uid))
         etag: str | None = None
         body: str | None = None
+        refresh = rng.randrange(5, 30)  # polls until the URL is asked for again
         with httpx.Client() as client:
             while not self.stop.is_set():
+                refresh -= 1
+                if refresh <= 0:
+                    # The site's backend hands out a new URL during the run (POST /api/poll-url,
+                    # on either app process); the poll goes on with it, its tag kept.
+                    refresh = rng.randrange(5, 30)
+                    url = self._poll_url(client, uid, room, rng.randrange(self.config.apps)) or url
                 if held and etag is not None:
                     if not room:
                         with self.held_sent:
@@ -455,6 +801,59 @@ class Run:
                     self.stop.wait(0.2)
                 if not held:
                     self.stop.wait(rng.uniform(0.05, 0.4))
+
+    def _poll_url(self, client: httpx.Client, uid: int, room: bool, app: int) -> str | None:
+        """The user's signed poll URL from app process `app` (with the room if `room`), through
+        nginx; None without a good answer (the attempt is an api op: rule 4)."""
+        req: dict[str, object] = {"user_id": uid, **({"channels": [ROOM]} if room else {})}
+        att = Op("api", ROOM_USER if room else uid, time.monotonic(), target=str(app))
+        att.note = "poll-url"
+        url = None
+        try:
+            r = client.post(
+                self.stack.app_url(app) + "/api/poll-url",
+                json=req,
+                headers={"Authorization": f"Bearer {self.stack.api_token}"},
+                timeout=10,
+            )
+            att.status = r.status_code
+            att.headers = {k: v for k, v in r.headers.items() if k == "retry-after"}
+            if r.status_code == 200:
+                url = self.stack.base_url + str(r.json()["url"])
+            else:
+                att.body = r.text[:200]
+        except (httpx.HTTPError, ValueError, KeyError) as e:
+            att.note += f" {type(e).__name__}"
+        att.end = time.monotonic()
+        self.history.add(att)
+        return url
+
+    def bad_input(self) -> None:
+        """Every 1-3 s one bad request to the private API (_bad_inputs), on either app process,
+        about a real user (the single writers' or the batches')."""
+        rng = self._rng("bad-input")
+        users = [*range(1, self.s.users + 1), *self.batch_users]
+        clients = [self.stack.api(i, timeout=20) for i in range(self.config.apps)]
+        try:
+            while not self.stop.wait(rng.uniform(1.0, 3.0)):
+                uid = rng.choice(users)
+                path, ctype, body, expect = rng.choice(_bad_inputs(uid))
+                app = rng.randrange(self.config.apps)
+                what = body[:60].decode("utf-8", "replace") + ("..." if len(body) > 60 else "")
+                op = Op("bad-api", uid, time.monotonic(), target=str(app), expect=expect)
+                op.note, op.wait = f"POST {path} ({ctype}) {what!r}", int(BAD_INPUT_BOUND_S)
+                try:
+                    r = clients[app].post(path, content=body, headers={"Content-Type": ctype})
+                    op.status = r.status_code
+                    op.headers = {k: v for k, v in r.headers.items() if k == "retry-after"}
+                    op.body = r.text[:300]
+                except httpx.HTTPError as e:
+                    op.note += f" {type(e).__name__}"
+                op.end = time.monotonic()
+                self.history.add(op)
+        finally:
+            for c in clients:
+                c.close()
 
     def hostile(self) -> None:
         rng = self._rng("hostile")
@@ -685,13 +1084,14 @@ class Run:
         # The poll servers read replicas while a node recovers (recovery_ms) and the repairs land.
         time.sleep(self.s.params.cache_settle_s)
         with httpx.Client(timeout=10) as client:
-            targets = [(uid, self.stack.poll_url(uid)) for uid in range(1, self.s.users + 1)]
+            users = [*range(1, self.s.users + 1), *self.batch_users]
+            targets = [(uid, self.stack.poll_url(uid)) for uid in users]
             targets.append((ROOM_USER, self.room_urls[ROOM_POLLERS[0]]))
             for uid, target in targets:
-                for kind, base in (
-                    ("final-nginx", self.stack.base_url),
-                    ("final-app", self.stack.app_url(0)),
-                ):
+                bases = [("final-nginx", self.stack.base_url)] + [
+                    ("final-app", self.stack.app_url(i)) for i in range(self.config.apps)
+                ]
+                for kind, base in bases:
                     op = Op(kind, uid, time.monotonic(), target=base)
                     try:
                         r = client.get(base + target)
@@ -772,14 +1172,19 @@ class Run:
 
     def run(self) -> Report:
         self.start()
-        threads = [
+        writers = [
             threading.Thread(target=self.writer, args=(u,), name=f"writer-{u}")
             for u in range(1, self.s.users + 1)
         ]
-        for u in range(1, self.s.users + 1):
+        writers.append(threading.Thread(target=self.batch_writer, name="batch-writer"))
+        writers += [
+            threading.Thread(target=self.room_writer, args=(n,), name=f"room-writer-{n}")
+            for n in range(ROOM_WRITERS)
+        ]
+        threads = list(writers)
+        for u in [*range(1, self.s.users + 1), *self.batch_users]:
             threads.append(threading.Thread(target=self.poller, args=(u, True), name=f"held-{u}"))
             threads.append(threading.Thread(target=self.poller, args=(u, False), name=f"poll-{u}"))
-        threads.insert(self.s.users, threading.Thread(target=self.room_writer, name="room-writer"))
         for u in ROOM_POLLERS:
             for held in (True, False):
                 name = f"room-{'held' if held else 'poll'}-{u}"
@@ -787,6 +1192,7 @@ class Run:
                     threading.Thread(target=self.poller, args=(u, held, True), name=name)
                 )
         threads.append(threading.Thread(target=self.hostile, name="hostile"))
+        threads.append(threading.Thread(target=self.bad_input, name="bad-input"))
         t0 = time.monotonic()
         nemesis = threading.Thread(target=self.nemesis, args=(t0,), name="nemesis")
         self.nemesis_thread = nemesis
@@ -795,11 +1201,12 @@ class Run:
         self.stop.wait(self.s.seconds)
         self.nemesis_stop.set()
         nemesis.join()
-        self.finish(threads[: self.s.users + 1])  # the writers, the room's included
+        self.finish(writers)
         self.stop.set()
         self.heal()
         for t in threads:
             t.join(timeout=90)
+        self.renumber_room()
         self.drain()
         self.final_reads()
         self.nginx_errors()
