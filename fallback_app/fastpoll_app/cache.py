@@ -14,6 +14,13 @@ Callers hold the user's order (store.user) around both.
 
 Values are raw bytes (memcached flags 0), exactly what the poll server serves: the version never
 enters the value. Every failure is raised as CacheError; callers decide what it means.
+
+A value a memcached node refuses for size (SERVER_ERROR object too large for cache: a room's
+answer over its item size, -I) cannot be cached there, and a `cas` that fails so leaves the older
+answer in place: put deletes the key on that node instead, so polls miss and the app answers them
+from the database (docs/channels.md, "A room's size"); a put that deleted it has succeeded (no
+stale answer is cached), so the outbox does not retry it. Counted in
+fastpoll_app_cache_too_large_total.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from .config import (
     read_password,
     read_sentinel_password,
 )
+from .metrics import CACHE_TOO_LARGE
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +203,8 @@ class _NodeGuard:
         try:
             yield
         except pylibmc.Error as exc:
-            failed = not isinstance(exc, pylibmc.NotFound)  # NOT_FOUND is an answer
+            # NOT_FOUND and "object too large" are answers, not a failing node.
+            failed = not isinstance(exc, (pylibmc.NotFound, pylibmc.TooBig))
             raise
         finally:
             with self._lock:
@@ -248,6 +257,7 @@ class MemcachedCache:
                 self._masters[addr] = mc
                 self._pools[addr] = pylibmc.ThreadMappedPool(mc)
                 self._guards[addr] = _NodeGuard(addr)
+        self._warn = RateLimitedLog(log)
 
     @contextmanager
     def _client(self, addr: str) -> Iterator[pylibmc.Client]:
@@ -273,6 +283,10 @@ class MemcachedCache:
             try:
                 with self._client(addr) as mc:
                     done = bool(mc.add(key, value, time=self._ttl))
+            except pylibmc.TooBig:
+                CACHE_TOO_LARGE.labels("fill").inc()
+                failed.append(f"{addr}: {len(value)} bytes, over the node's item size")
+                continue
             except (pylibmc.Error, CacheError) as exc:
                 failed.append(f"{addr}: {exc}")
                 continue
@@ -284,21 +298,37 @@ class MemcachedCache:
 
     def _put_one(self, addr: str, key: bytes, value: bytes) -> None:
         with self._client(addr) as mc:
-            for _ in range(PUT_TRIES):
-                current, unique = mc.gets(key)
-                if current is None:
-                    if mc.add(key, value, time=self._ttl):
-                        return
-                    continue  # added in between: read it again
-                # Written even when the bytes are already the answer: the `cas` moves the
-                # key's unique, so an older write still in flight (a `cas` on the unique read
-                # before ours) fails. Skipping it let such a write land after the caller had
-                # settled the outbox, and stay until the TTL (issue 20, item 2).
-                try:
-                    if mc.cas(key, value, unique, time=self._ttl):
-                        return
-                except pylibmc.NotFound:
-                    continue  # evicted or expired since the `gets`: `add` it
+            try:
+                self._put_tries(mc, addr, key, value)
+            except pylibmc.TooBig:
+                # The node keeps the older answer of a refused `cas`: the key goes, so polls
+                # miss and the app answers them. A failed delete raises: the outbox retries.
+                mc.delete(key)
+                CACHE_TOO_LARGE.labels("put").inc()
+                self._warn.warning(
+                    "too-large",
+                    f"memcached {addr} refused {key[:80]!r} ({len(value)} bytes) as too large "
+                    "for its item size: deleted it there, the app answers its polls; keep "
+                    "[cache] item_max_bytes at or below memcached's -I",
+                )
+
+    def _put_tries(self, mc: pylibmc.Client, addr: str, key: bytes, value: bytes) -> None:
+        """put's read-and-retry loop on one node; pylibmc.TooBig if the node refuses the value."""
+        for _ in range(PUT_TRIES):
+            current, unique = mc.gets(key)
+            if current is None:
+                if mc.add(key, value, time=self._ttl):
+                    return
+                continue  # added in between: read it again
+            # Written even when the bytes are already the answer: the `cas` moves the
+            # key's unique, so an older write still in flight (a `cas` on the unique read
+            # before ours) fails. Skipping it let such a write land after the caller had
+            # settled the outbox, and stay until the TTL (issue 20, item 2).
+            try:
+                if mc.cas(key, value, unique, time=self._ttl):
+                    return
+            except pylibmc.NotFound:
+                continue  # evicted or expired since the `gets`: `add` it
         raise CacheError(f"memcached cas on {addr}: lost the race {PUT_TRIES} times")
 
     def put(self, key: bytes, value: bytes, version: int) -> None:

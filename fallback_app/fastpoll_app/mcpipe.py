@@ -6,7 +6,9 @@ Two round trips for any number of keys: every key's `gets` in one request, then 
 `cas` with the unique it returned for each key present (an `add` for each key absent). A key
 whose `cas` or `add` was not STORED (another write came in between, or the key was evicted) is
 returned, for the caller to write alone with its read-and-retry loop; so each key's write stays
-conditional on what it read, as MemcachedCache.put's is."""
+conditional on what it read, as MemcachedCache.put's is. So is a key whose value the node refused
+as too large for its item size (the node read the value past and answers the next one): the
+caller's own write then meets the refusal and deals with it (cache.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from collections.abc import Sequence
 
 # Keys per `gets` request: 100 keys of up to 250 bytes stay far below any line limit.
 GETS_CHUNK = 100
+# memcached's answer to a value over its item size (-I).
+TOO_LARGE = b"SERVER_ERROR object too large for cache"
 
 
 class PipeError(OSError):
@@ -64,7 +68,7 @@ def put_node(
         lost: list[bytes] = []
         for key in keys:
             reply = _line(f)
-            if reply in (b"EXISTS", b"NOT_FOUND", b"NOT_STORED"):
+            if reply in (b"EXISTS", b"NOT_FOUND", b"NOT_STORED", TOO_LARGE):
                 lost.append(key)
             elif reply != b"STORED":
                 raise PipeError(f"memcached cas/add: {reply[:60]!r}")

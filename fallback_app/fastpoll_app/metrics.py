@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -78,6 +79,22 @@ REPAIR_PENDING = Gauge(
     "(rows in the database's outbox, as counted by the last repair round). Alert if it grows.",
     multiprocess_mode="livemax",
 )
+CACHE_TOO_LARGE = Counter(
+    "fastpoll_app_cache_too_large",
+    "Cache writes a memcached node refused as too large for its item size (-I), by op: put (a "
+    "publish or a repair; the key is deleted on that node instead, so polls miss and the app "
+    "answers them from the database) or fill (answered, not cached). Keep [cache] "
+    "item_max_bytes at or below memcached's -I (docs/channels.md, \"A room's size\").",
+    ["op"],
+)
+REPAIR_STUCK = Gauge(
+    "fastpoll_app_repair_stuck_seconds",
+    "Age of the oldest outbox row this process has seen fail its repairs without a success "
+    "since (0: none): how long a cached answer has stayed possibly stale. A row no longer seen "
+    "failing for REPAIR_STUCK_FORGET seconds (another host repaired it, or its publish did) is "
+    "forgotten. Alert when it grows (docs/runbook.md).",
+    multiprocess_mode="livemax",
+)
 ANNOUNCEMENTS = Counter(
     "fastpoll_app_announcements",
     "Announcements of a written poll key on Redis pub/sub (docs/api.md): sent, or failed "
@@ -138,6 +155,48 @@ def _drop_dead_workers(path: str) -> None:
             pass  # alive, another user's: not ours to judge
 
 
+# A row this process no longer sees failing for this long is forgotten: another host repaired
+# it, or a later publish wrote the answer. A failing row is claimed again at most 1 s after each
+# try (store.OUTBOX_BACKOFF_MAX) by one of the hosts sharing the outbox, so 30 s of silence
+# means it is gone.
+REPAIR_STUCK_FORGET = 30.0
+
+
+class StuckRepairs:
+    """The outbox rows whose repairs keep failing here, for fastpoll_app_repair_stuck_seconds:
+    owner -> (first failure seen, last failure seen), on the monotonic clock."""
+
+    def __init__(self, forget: float = REPAIR_STUCK_FORGET) -> None:
+        self._forget = forget
+        self._lock = threading.Lock()
+        self._rows: dict[int, tuple[float, float]] = {}
+
+    def failed(self, owner: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            first = self._rows.get(owner, (now, now))[0]
+            self._rows[owner] = (first, now)
+
+    def repaired(self, owner: int) -> None:
+        with self._lock:
+            self._rows.pop(owner, None)
+
+    def age(self, backlog: int) -> float:
+        """Seconds the oldest row still failing has failed; `backlog` is the outbox's row count
+        (0: every row is gone, whoever settled it)."""
+        now = time.monotonic()
+        with self._lock:
+            if backlog == 0:
+                self._rows.clear()
+            for owner, (_, last) in list(self._rows.items()):
+                if now - last > self._forget:
+                    del self._rows[owner]
+            return now - min((f for f, _ in self._rows.values()), default=now)
+
+    def observe(self, backlog: int) -> None:
+        REPAIR_STUCK.set(self.age(backlog))
+
+
 _config_sha256 = ""
 
 
@@ -173,6 +232,7 @@ def started() -> None:
     """Called once per worker at start-up."""
     BUILD_INFO.labels(__version__).set(1)
     REPAIR_PENDING.set(0)
+    REPAIR_STUCK.set(0)
 
 
 Scope = MutableMapping[str, Any]

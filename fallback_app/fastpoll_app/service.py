@@ -17,7 +17,15 @@ from .cache import Cache, CacheError, RateLimitedLog
 from .channels import channel_key, compose
 from .config import Settings
 from .keys import InvalidKey, derive_key
-from .metrics import CACHE_FILLS, CACHE_SECONDS, PUBLISHES, REPAIR_PENDING, REPAIRS, Timer
+from .metrics import (
+    CACHE_FILLS,
+    CACHE_SECONDS,
+    PUBLISHES,
+    REPAIR_PENDING,
+    REPAIRS,
+    StuckRepairs,
+    Timer,
+)
 from .store import (
     ConnectionLost,
     Message,
@@ -64,6 +72,7 @@ class FastPoll:
         self._thread: threading.Thread | None = None
         self._repairers: ThreadPoolExecutor | None = None
         self._names: dict[int, str] = {}  # channel id -> name (never changes)
+        self._stuck = StuckRepairs()  # fastpoll_app_repair_stuck_seconds
 
     # -- keys -------------------------------------------------------------
 
@@ -310,9 +319,11 @@ class FastPoll:
                 session.settled(snap.version)
         except (CacheError, StoreError, ValueError) as exc:
             REPAIRS.labels("failed").inc()
+            self._stuck.failed(user_id)
             self._warn.warning("repair", f"cache repair failed, will retry: {exc}")
             return "failed"
         REPAIRS.labels("rewritten").inc()
+        self._stuck.repaired(user_id)
         # The write whose cache write failed was not announced: polls held on the old answer
         # learn of it now.
         self.announce(user_id)
@@ -345,6 +356,7 @@ class FastPoll:
             self._warn.warning("claim", f"outbox count failed: {exc}")
             return -1
         REPAIR_PENDING.set(backlog)
+        self._stuck.observe(backlog)
         return backlog
 
     # -- lifecycle ----------------------------------------------------------

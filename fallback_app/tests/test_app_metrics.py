@@ -109,3 +109,37 @@ def test_workers_share_their_counts(memcached: Server, tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(30)
     assert not list(tmp_path.glob("fastpoll-app-metrics-*"))
+
+
+def test_a_stuck_outbox_row_shows_its_age(tmp_path: Path) -> None:
+    """fastpoll_app_repair_stuck_seconds: the age of a row whose repairs keep failing (the cache
+    stopped under a publish), back to 0 once a repair writes it."""
+    from fastpoll_app.app import create_app
+
+    from .conftest import make_settings, start_memcached
+
+    srv = start_memcached()
+    try:
+        s = make_settings(tmp_path, f"[memcached]\nservers = {srv.addr}\n")
+        with TestClient(create_app(s)) as c:
+
+            def stuck() -> float:
+                return samples(c.get("/metrics").text)[("fastpoll_app_repair_stuck_seconds", ())]
+
+            assert stuck() == 0
+            srv.stop()
+            r = c.post("/api/messages", json={"user_id": 77, "text": "while down"})
+            assert r.headers["x-cache-publish"] == "pending"
+            end = time.monotonic() + 20
+            while stuck() < 1.5:  # claimed after the outbox's grace, then failing each second
+                assert time.monotonic() < end, "the stuck row's age never showed"
+                time.sleep(0.2)
+            first = stuck()
+            time.sleep(1.5)
+            assert stuck() > first  # it grows while the row stays stuck
+            srv.start()
+            while stuck() != 0:
+                assert time.monotonic() < end + 10, "the age stayed after the repair"
+                time.sleep(0.2)
+    finally:
+        srv.stop()
