@@ -40,6 +40,7 @@ from .store import (
     StoreError,
     Unavailable,
     UserBusy,
+    WritesRefused,
     open_store,
 )
 
@@ -398,7 +399,8 @@ async def poll_url(request: Request) -> Response:
 
 
 async def healthz(request: Request) -> Response:
-    # Asks the database each time: an app that cannot reach it is not healthy.
+    # Asks the database each time: an app that cannot reach it, or whose database refuses
+    # writes (WritesRefused), is not healthy.
     ctx = _ctx(request)
     try:
         await run_in_threadpool(ctx.store.ping)
@@ -430,11 +432,12 @@ async def unavailable(request: Request, exc: Exception) -> Response:
     _ctx(request).warn.warning(
         type(exc).__name__, f"503 on {request.method} {request.url.path}: {exc}"
     )
-    what = (
-        "this user's messages are busy, try again"
-        if isinstance(exc, UserBusy)
-        else "the database is unavailable, try again"
-    )
+    if isinstance(exc, UserBusy):
+        what = "this user's messages are busy, try again"
+    elif isinstance(exc, WritesRefused):
+        what = "the database refuses writes now (read-only), try again"
+    else:
+        what = "the database is unavailable, try again"
     return JSONResponse({"error": what}, status_code=503, headers={"Retry-After": "1"})
 
 

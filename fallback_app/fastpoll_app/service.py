@@ -53,6 +53,18 @@ STORE_TRIES = 3
 T = TypeVar("T")
 
 
+def is_the_same(found: Message | None, inserted: Message) -> bool:
+    """Whether `found`, read by id, is the message an earlier attempt inserted. An id can come
+    back for another message (SQLite reuses a rolled-back rowid, a failover may lose the
+    sequence's last steps), so the owner, text and time must match too."""
+    return found is not None and (found.id, found.user_id, found.text, found.created) == (
+        inserted.id,
+        inserted.user_id,
+        inserted.text,
+        inserted.created,
+    )
+
+
 class FastPoll:
     def __init__(
         self,
@@ -185,12 +197,11 @@ class FastPoll:
         def change(tx: Tx) -> Message:
             if stored:
                 # An earlier attempt's connection broke, maybe after its COMMIT reached the
-                # server: if its message is there, it is this publish's (ids are never reused);
-                # the cache write it did not make is made now.
+                # server: if its message is there, the cache write it did not make is made now.
                 earlier = tx.get_message(stored[0].id)
-                if earlier is not None:
+                if is_the_same(earlier, stored[0]):
                     replay[0] = False
-                    return earlier
+                    return stored[0]
             msg, replay[0] = tx.add_message(text, idem_key)
             if not replay[0]:
                 stored[:] = [msg]
@@ -218,7 +229,7 @@ class FastPoll:
                     # A retry after a broken connection: if the first message is there, the
                     # whole transaction committed; its cache write is made now.
                     earlier = tx.get_message(stored[0].id) if stored else None
-                    if earlier is not None:
+                    if stored and is_the_same(earlier, stored[0]):
                         msgs = list(stored)
                     else:
                         msgs = tx.add_messages(items)

@@ -6,7 +6,10 @@ tier"):
 
 - ``store.user(uid)`` holds the user's **order**: writes, fills and repairs of one user never
   overlap, across threads, worker processes and (PostgreSQL) hosts. SQLite: a striped fcntl lock
-  next to the database file (locks.py). PostgreSQL: a session advisory lock on the user id.
+  next to the database file (locks.py). PostgreSQL: a session advisory lock on the user's slot
+  (owner id mod PG_ORDER_SLOTS), held across the write's COMMIT and the cache write after it; a
+  batch takes its owners' slots in ascending order, so it holds at most PG_ORDER_SLOTS locks
+  whatever its size, and lets go of every one it took on any failure.
   Cache I/O happens under this per-user lock only, never inside a database transaction.
 - Every write increments the user's ``version`` (table ``users``) and records an **outbox** row
   (user, version) in the same transaction; the row is deleted once the cache holds that version.
@@ -81,6 +84,13 @@ PG_KEEPALIVES = {
 }
 # Waiting for a free pooled connection (or for the pool to reconnect): then 503.
 PG_POOL_TIMEOUT_S = 5.0
+# The users' orders on PostgreSQL: one session advisory lock per slot (owner id mod this), the
+# two-int key (PG_ORDER_CLASS, slot). PostgreSQL's lock table is shared by every session and
+# sized for about 64 locks per connection, so a batch of 1,000 owners must not take 1,000 locks:
+# it takes its owners' slots, at most this many. As SQLite's stripes (locks.py): two users share
+# a slot's order with a chance of 1 in 1,024.
+PG_ORDER_SLOTS = 1024
+PG_ORDER_CLASS = 0x66707032
 
 
 class StoreError(Exception):
@@ -105,6 +115,12 @@ class ConnectionLost(Unavailable):
 
 class NotMigrated(StoreError):
     """The database's schema is older than this app's: run `python -m fastpoll_app migrate`."""
+
+
+class WritesRefused(Unavailable):
+    """The database refuses writes (SQLSTATE 25006: a standby, or default_transaction_read_only
+    during maintenance): 503, and the connection is dropped so the pool reconnects until a
+    server takes writes."""
 
 
 class IdempotencyConflict(StoreError):
@@ -780,12 +796,16 @@ def _pg_errors() -> tuple[type[Exception], ...]:
 
 def _pg_error(exc: Exception, conn: Any = None) -> StoreError:
     """What a psycopg or pool error means to the caller (500, 503, or retry on a new
-    connection)."""
+    connection). `conn`, if given, is still checked out (it may be closed here)."""
     import psycopg
     import psycopg_pool
     from psycopg import errors
 
     msg = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, errors.ReadOnlySqlTransaction):
+        if conn is not None:
+            conn.close()  # this session stays read-only: the pool replaces it
+        return WritesRefused(msg)
     if isinstance(exc, errors.LockNotAvailable):  # lock_timeout: the user's order stayed taken
         return UserBusy(f"the user's order was not free within {USER_WAIT_S:g} s")
     if isinstance(exc, psycopg_pool.PoolTimeout):
@@ -799,6 +819,44 @@ def _pg_error(exc: Exception, conn: Any = None) -> StoreError:
     if isinstance(exc, psycopg.OperationalError):
         return Unavailable(msg)
     return StoreError(msg)
+
+
+def order_slot(owner: int) -> int:
+    """The advisory lock slot that holds the owner's order on PostgreSQL."""
+    return owner % PG_ORDER_SLOTS
+
+
+@contextmanager
+def _orders_held(conn: Any, slots: list[int]) -> Iterator[None]:
+    """The slots' session advisory locks (`slots` ascending: two batches wait for each other
+    instead of deadlocking), held across the body's transactions. Released on every way out,
+    the lock statement's own failure included: a lock_timeout on one slot leaves the slots
+    before it taken. If the release fails, the connection is closed: its session ends, its
+    locks with it, and the pool drops it."""
+    import psycopg
+
+    try:
+        conn.execute(
+            "SELECT count(pg_advisory_lock(%s, s)) FROM unnest(%s::int[]) AS s",
+            (PG_ORDER_CLASS, slots),
+        )
+        yield
+    finally:
+        try:
+            conn.execute("SELECT pg_advisory_unlock_all()")
+        except psycopg.Error:
+            conn.close()
+
+
+def _refuse_standby(conn: Any) -> None:
+    """The pool's check of a new connection: a standby (a VIP pointing at the wrong server) is
+    not kept, its answers may be older than the primary's. A primary that is read-only for
+    maintenance is kept for reads; its writes get WritesRefused."""
+    import psycopg
+
+    if conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
+        conn.close()
+        raise psycopg.OperationalError("connected to a standby (in recovery): not kept")
 
 
 class _PgSession:
@@ -857,7 +915,7 @@ class _PgBatch(_PgSession):
 class PgStore:
     """PostgreSQL through a psycopg 3 connection pool (per worker process). Autocommit
     connections: transactions are explicit (conn.transaction()), the per-user order is a
-    session advisory lock held on the connection for the whole operation."""
+    session advisory lock (the user's slot) held on the connection for the whole operation."""
 
     kind = "postgresql"
 
@@ -887,6 +945,7 @@ class PgStore:
             # Each connection is checked (an empty query) as it is handed out: one that died
             # with its server (a restart, pg_terminate_backend) is replaced, not used.
             check=psycopg_pool.ConnectionPool.check_connection,
+            configure=_refuse_standby,
             timeout=PG_POOL_TIMEOUT_S,  # waiting for a connection; then 503 (Unavailable)
             open=False,
             name="fastpoll",
@@ -910,27 +969,24 @@ class PgStore:
 
     @contextmanager
     def _conn(self, timeout: float | None = None) -> Iterator[Any]:
-        conn = None
         try:
             with self._pool.connection(timeout) as conn:
-                yield conn
-        except _pg_errors() as exc:
-            raise _pg_error(exc, conn) from exc
+                try:
+                    yield conn
+                except _pg_errors() as exc:  # mapped while still checked out (_pg_error)
+                    raise _pg_error(exc, conn) from exc
+        except _pg_errors() as exc:  # the pool's own: no connection
+            raise _pg_error(exc) from exc
 
     @contextmanager
     def user(self, user_id: int) -> Iterator[_PgSession]:
-        import psycopg
-
         # The gate first: the user's other requests wait there, not on a pooled connection.
-        with self._gate.hold(user_id), self._conn() as conn:
-            conn.execute("SELECT pg_advisory_lock(%s)", (user_id,))  # waits up to lock_timeout
-            try:
-                yield _PgSession(conn, user_id, self.history)
-            finally:
-                try:
-                    conn.execute("SELECT pg_advisory_unlock(%s)", (user_id,))
-                except psycopg.Error:
-                    conn.close()  # the session ends, and its locks with it; the pool drops it
+        with (
+            self._gate.hold(user_id),
+            self._conn() as conn,
+            _orders_held(conn, [order_slot(user_id)]),  # waits up to lock_timeout
+        ):
+            yield _PgSession(conn, user_id, self.history)
 
     def poll_answer(self, user_id: int) -> bytes:
         with self._conn() as conn, Timer(DB_SECONDS, "read"):
@@ -938,29 +994,15 @@ class PgStore:
 
     @contextmanager
     def users(self, owners: list[int]) -> Iterator[_PgBatch]:
-        """Every owner's order: the gates, then the advisory locks in one statement, ascending
-        (a single user's holder takes one lock, so no cycle)."""
-        import psycopg
-
+        """Every owner's order: the gates, ascending, then the owners' slots in one statement,
+        ascending (a single user's holder takes one slot, so no cycle)."""
         order = sorted(set(owners))
         with ExitStack() as stack:
             for owner in order:
                 stack.enter_context(self._gate.hold(owner))
             conn = stack.enter_context(self._conn())
-            try:
-                conn.execute(
-                    "SELECT pg_advisory_lock(o) FROM unnest(%s::bigint[]) AS o ORDER BY o",
-                    (order,),
-                )
-            except _pg_errors() as exc:
-                raise _pg_error(exc, conn) from exc
-            try:
-                yield _PgBatch(conn, owners[0], self.history)
-            finally:
-                try:
-                    conn.execute("SELECT pg_advisory_unlock_all()")
-                except psycopg.Error:
-                    conn.close()
+            stack.enter_context(_orders_held(conn, sorted({order_slot(o) for o in order})))
+            yield _PgBatch(conn, owners[0], self.history)
 
     def channel_id(self, name: str) -> int:
         with self._conn() as conn:
@@ -1012,7 +1054,11 @@ class PgStore:
 
     def ping(self) -> None:
         with self._conn(timeout=2.0) as conn:
-            conn.execute("SELECT 1")
+            # One round trip, as SELECT 1 was: a database that answers but refuses writes (a
+            # standby, maintenance) is not healthy either.
+            if conn.execute("SHOW transaction_read_only").fetchone()[0] == "on":
+                conn.close()  # its session stays read-only: the pool opens another
+                raise WritesRefused("the database refuses writes (transaction_read_only on)")
 
     def schema_version(self) -> int:
         with self._conn() as conn:
