@@ -1138,7 +1138,9 @@ class Run:
         polls are not answered from it meanwhile. Recorded as observed faults (rule 3 excuses
         them as it does the nemesis' cache faults; rule 5 does not)."""
         pat = re.compile(
-            r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+) \[\d+\] warn: (memcached|redis) "
+            # local time, with its UTC offset (poll_server/src/log.c), which mktime reads as local
+            r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)(?:[+-]\d\d:\d\d)? "
+            r"\[\d+\] warn: (memcached|redis) "
         )
         for i in range(len(self.stack.poller_ports)):
             log = self.stack.run_dir / f"poller-{i}.log"
