@@ -18,21 +18,20 @@ from typing import Any
 
 import uvicorn
 
-from . import config
+from . import config, logformat
 
 # Read by prometheus_client when it is first imported: set it before anything imports
 # fastpoll_app.metrics (store, service, app do), so every worker shares one directory.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"
 
-
-def log_config(level: str) -> dict[str, Any]:
-    """logging.dictConfig for uvicorn: applied in every worker process too."""
+def log_config(level: str, log_format: str = "text") -> dict[str, Any]:
+    """logging.dictConfig for uvicorn: applied in every worker process too. log_format:
+    [log] format, text or json (fastpoll_app/logformat.py)."""
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"plain": {"format": _FORMAT}},
+        "formatters": {"plain": logformat.formatter(log_format)},
         "filters": {"mask_sig": {"()": "fastpoll_app.accesslog.MaskSignature"}},
         "handlers": {
             "stderr": {
@@ -173,7 +172,7 @@ def _run(args: argparse.Namespace, settings: config.Settings) -> int:
         host=args.host,
         port=args.port,
         workers=args.workers,
-        log_config=log_config(args.log_level),
+        log_config=log_config(args.log_level, settings.log_format),
         access_log=args.access_log,
         proxy_headers=False,
         server_header=False,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import http.client
+import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -140,6 +142,34 @@ def test_access_log_masks_the_signature(tmp_path: Path, memcached: Server) -> No
     log = (tmp_path / "app.log").read_text()
     assert "SECRETSIG" not in log
     assert '"GET /Poll/getMessages?user_id=3&exp=9&sig=- HTTP/1.1" 200' in log, log
+
+
+ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d")
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_log_format_of_the_app(tmp_path: Path, memcached: Server, log_format: str) -> None:
+    """[log] format, as the poll server reads it: json gives one JSON object a line (time with
+    its UTC offset, pid, level, logger, msg), text the poll server's time and the rest."""
+    ini = tmp_path / "f.ini"
+    ini.write_text(
+        f"[memcached]\nservers = {memcached.addr}\n[app]\ndatabase = {tmp_path / 'db'}\n"
+        f"open_api = true\n[log]\nlevel = warn\nformat = {log_format}\n"
+    )
+    with app_process(ini, args=("--access-log",)) as base:
+        assert httpx.get(f'{base}/Poll/getMessages?user_id=3&q="x"', timeout=10).is_success
+    lines = (tmp_path / "app.log").read_text().splitlines()
+    access = [ln for ln in lines if "GET /Poll/getMessages" in ln]
+    assert len(access) == 1, lines
+    if log_format == "text":
+        assert all(ISO_TIME.match(ln) for ln in lines), lines
+        return
+    docs = [json.loads(ln) for ln in lines]
+    assert all(set(d) == {"time", "pid", "level", "logger", "msg"} for d in docs), docs
+    assert all(ISO_TIME.fullmatch(d["time"]) and isinstance(d["pid"], int) for d in docs), docs
+    [hit] = [d for d in docs if "GET /Poll/getMessages" in d["msg"]]
+    assert hit["logger"] == "uvicorn.access" and hit["level"] == "info", hit
+    assert '"GET /Poll/getMessages?user_id=3&q=%22x%22 HTTP/1.1" 200' in hit["msg"], hit
 
 
 @pytest.mark.parametrize(
