@@ -19,10 +19,10 @@ Traffic goes only to the addresses given, which run.sh has checked route through
 Evidence: every violation (a stale answer, a failed poll) is printed to stderr when seen and kept
 in OUT_JSON's "violations": the user, the poller, the poll's send and receive times, its status,
 X-Poll-Source and ETag, the newest id expected and the one served, the rollout step running at
-send and at receipt (STEP_FILE, written by run.sh), the publish that set the expectation (app
-host, start and return, every attempt with its error) and any publish to that user still in
-flight. Publishes carry an Idempotency-Key, so a retried one (the app host restarting) stores one
-message, whichever attempt committed it. nginx names the instance that answered only in its
+send and at receipt (STEP_FILE, written by the fleet test's membership scenario), the publish that
+set the expectation (app host, start and return, every attempt with its error) and any publish to
+that user still in flight. Publishes carry an Idempotency-Key, so a retried one (the app host
+restarting) stores one message, whichever attempt committed it. nginx names the instance that answered only in its
 access log (ua=, the upstream address); `--annotate` adds each violation's access-log lines
 (the user's requests within a second of it, on the poller that answered) to OUT_JSON.
 """
@@ -53,7 +53,7 @@ def stamp(t: float) -> str:
 
 
 class Step:
-    """The rollout step run.sh is in (STEP_FILE's first line; "-" without one)."""
+    """The rollout step the membership scenario is in (STEP_FILE's first line; "-" without one)."""
 
     def __init__(self, path: str | None) -> None:
         self._path = Path(path) if path else None

@@ -1,9 +1,9 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2154  # seed_user: set by run.sh
 # Monitoring checks of the fleet test (issue 14), sourced by tests/fleet/run.sh after the deploy,
-# which then calls fleet_monitoring_checks. It uses run.sh's helpers (on, assert_route, expect,
-# say, die) and arrays (IP, FLEET, POLLERS, APPS), and the inventory settings run.sh gives the
+# which then calls fleet_monitoring_checks. It uses lib.sh's helpers (on, assert_route, expect,
+# say, die) and arrays (IP, FLEET, POLLERS, APPS), and the inventory settings lib.sh gives the
 # fleet for this: fastpoll_prometheus_clients (the control node may query Prometheus), a 2 s scrape
-# and evaluation interval (run.sh's sc_monitoring plays the monitoring hosts with it first; the
+# and evaluation interval (scenarios/monitoring.sh's sc_monitoring plays the monitoring hosts with it first; the
 # inventory's 10 s holds until then), and PollerDown's `for` at 10 s (monitoring_alert_for).
 #
 #   1. Prometheus on fp-mon1 answers on its private address, and every target of every job is up:
@@ -17,7 +17,7 @@
 #   4. One poll server instance stopped: PollerDown fires within its `for` window (not before it),
 #      and clears after the instance is started again.
 #   5. Paging drills (issue 21; docs/operations.md, "Alerting"), against a webhook receiver on the
-#      control node (fastpoll_testkit.webhook, on the bridge address; run.sh's inventory points
+#      control node (fastpoll_testkit.webhook, on the bridge address; lib.sh's inventory points
 #      Alertmanager's page and ticket webhooks at it, runs the SLO rules 30 times faster,
 #      monitoring_slo_time_divisor, and shortens the cache alerts' `for` and Alertmanager's
 #      group_wait and group_interval), under plain poll load from the control node (ab):
@@ -29,7 +29,7 @@
 #         alerts (PollerDown of each instance) are inhibited in Alertmanager and no ticket of
 #         theirs goes out after the page; then everything is started again, polls are answered,
 #         and the page's resolved notification arrives.
-#      The test's certificate is made for 2 days (run.sh), so CertificateExpiresSoon's page
+#      The test's certificate is made for 2 days (lib.sh), so CertificateExpiresSoon's page
 #      (under 2 days, for 10 min) is silenced first, as an operator silences a known cause.
 
 MON_HOST=fp-mon1
@@ -90,14 +90,14 @@ now() { date +%s.%N; }
 secs_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 # webhook_start: the receiver on the address the inventory's alertmanager_page_webhook_url names
-# (the bridge address, a port run.sh picked), until webhook_stop or the end of this run. Then
+# (the bridge address, a port lib.sh's inventory_head picked), until webhook_stop or the end of this run. Then
 # fp-mon1 must reach it: its firewall (role firewall) filters inbound traffic only.
 webhook_start() {
     local url listen i
     url=$(sed -n 's/^ *alertmanager_page_webhook_url: *//p' "$RUN/inventory.yml" | head -1)
     listen=${url#http://}; listen=${listen%%/*}
     [ "${listen%:*}" = "$BRIDGE_ADDR" ] \
-        || die "alertmanager_page_webhook_url ('$url') is not a receiver on $BRIDGE_ADDR (run.sh's inventory_head sets it)"
+        || die "alertmanager_page_webhook_url ('$url') is not a receiver on $BRIDGE_ADDR (lib.sh's inventory_head sets it)"
     rm -f "$RUN/webhook.pid" "$WEBHOOK_OUT"
     "$REPO/.venv/bin/python" -m fastpoll_testkit.webhook serve --listen "$listen" --out "$WEBHOOK_OUT" \
         --pid-file "$RUN/webhook.pid" --while-pid $$ --max-seconds 1800 2> "$LOGS/webhook.log" &
@@ -337,7 +337,7 @@ fleet_monitoring_checks() {
             no_answer control "${IP[$n]}" "$port"
         done
         no_answer fp-data1 "${IP[$n]}" 9201
-        # The admin listener itself stays on loopback (run.sh checks it from the control node too).
+        # The admin listener itself stays on loopback (the metrics scenario checks it from the control node too).
         no_answer "$MON_HOST" "${IP[$n]}" 9101
     done
     no_answer control "${IP[fp-data1]}" 9121

@@ -1,4 +1,4 @@
-"""Publish and poll load across a PostgreSQL failover, for tests/fleet/postgres_ha.sh.
+"""Publish and poll load across a PostgreSQL failover, for tests/fleet/scenarios/postgres-ha.sh.
 
 Load mode: publishers (one user each) POST "pgha <user> <seq>" with an Idempotency-Key through the
 app hosts in turn, one at a time per user, each answer recorded (start, end, status, replayed); a

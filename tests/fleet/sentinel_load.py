@@ -1,4 +1,4 @@
-"""Poll and publish load across a Redis failover, for tests/fleet/sentinel.sh.
+"""Poll and publish load across a Redis failover, for tests/fleet/scenarios/redis-sentinel.sh.
 
 Load mode: plain polls (no If-None-Match) on the first two users' signed paths against both
 pollers, publishes of "sntl <seq>" to the other users through the app hosts every 0.25 s, and one
@@ -6,7 +6,7 @@ held poll (wait=20 with the current ETag) per such user, each recording which pu
 carry and when. It runs until the events file says `stop` (or --max-seconds) and writes every
 observation to --out as JSON.
 
-Check mode (--check OUT --events FILE): splits the run at the events sentinel.sh wrote (kill,
+Check mode (--check OUT --events FILE): splits the run at the events redis-sentinel.sh wrote (kill,
 promoted, restarted, replica: wall-clock seconds) and prints the figures; exits 1 when a poll
 answered 5xx or failed to connect (more than 1 % of the polls), a publish did not answer 201, no
 poll was a cache hit after the failover, or a publish after the failover did not wake its held

@@ -1,10 +1,10 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2154  # redis_pass: set by run.sh
 # Redis behind Sentinel in the fleet test (issue 21): the scenario redis-sentinel, sc_redis_sentinel,
 # for tests/fleet/run.sh to source and list last in SCENARIOS (it leaves Redis failed over). It uses
-# run.sh's helpers (on, assert_route, playbook, recap_changed, signed, publish, expect, say, die,
+# lib.sh's helpers (on, assert_route, playbook, recap_changed, signed, publish, expect, say, die,
 # phase) and arrays (IP, POLLERS, APPS).
 #
-#   1. Deploy (its own inventory, run.sh's plus): Redis on fp-data1 (the master on the first run)
+#   1. Deploy (its own inventory, lib.sh's plus): Redis on fp-data1 (the master on the first run)
 #      and fp-app2 (a replica), three sentinels on fp-data1, fp-app2 and fp-db1, the Redis backend;
 #      fastpoll.ini then names the sentinels, the master's name and the sentinels' password file, no
 #      Redis server and no announcement server (the announcements go to the master too). The
@@ -51,7 +51,7 @@ EOF
 sc_redis_sentinel() {
     local inv=$RUN/sentinel.yml pass role i line
     local pass_args=()
-    # The inventory: run.sh's, with a replica and the sentinels.
+    # The inventory: the fleet's (lib.sh), with a replica and the sentinels.
     "$REPO/.venv/bin/python" - "$RUN/inventory.yml" "$inv" <<'PY' || die "cannot write the Sentinel inventory"
 import sys
 import yaml

@@ -1,5 +1,5 @@
-# shellcheck shell=bash
-# The gated-release scenario of tests/fleet/run.sh (sourced by it; uses its helpers): a release
+# shellcheck shell=bash disable=SC2154  # seed_user: set by run.sh
+# The gated-release scenario of tests/fleet/run.sh (sourced by it; uses lib.sh's helpers): a release
 # that starts healthy but cannot reach the cache stops at the first batch of pollers, by the
 # rollout gate (ansible/roles/rollout_gate), with every other poller untouched; rolling that
 # batch back passes the gate. Needs the upgrade scenario (release B installed).
@@ -78,22 +78,4 @@ for n in "${POLLERS[@]}"; do
 done
 expect "$(http GET fp-poll1 "/Poll/getMessages?user_id=$seed_user")" "200 cache" "fp-poll1 reads the cache again"
 phase "gated release: release C (cannot reach the cache) stopped by fp-poll1's gate, fp-poll2 untouched; fp-poll1 rolled back to $RELEASE_B through the gate"
-}
-
-sc_budgets() {
-# ---- connection budgets: an inventory whose clients would overrun memcached is refused ----------
-# before any host changes (role budgets, the first play of site.yml).
-local out rc=0
-"$ANSIBLE_BIN/ansible-playbook" -i "$RUN/inventory.yml" "$REPO/ansible/site.yml" "${EXTRA[@]}" \
-    -e poll_server_instances=3000 > "$LOGS/ansible-budgets.log" 2>&1 || rc=$?
-[ "$rc" != 0 ] || die "an inventory with 6,000 poll server instances was deployed"
-out=$(grep -o '[0-9]* poll server instances on [0-9]* pollers[^(]*(6000 x 1 + [^)]*)' "$LOGS/ansible-budgets.log" | head -1)
-case "$out" in
-    "6000 poll server instances on 2 pollers"*"need 6"*"connections per memcached node (6000 x 1 +"*"memcached_max_connections 4096)") ;;
-    *) tail -30 "$LOGS/ansible-budgets.log"; die "the refusal does not name the numbers: $out" ;;
-esac
-grep -q 'changed=[1-9]' "$LOGS/ansible-budgets.log" && die "the refused run changed a host"
-grep -q '^TASK \[fastpoll_config' "$LOGS/ansible-budgets.log" && die "the refused run went past the budget check"
-say "$out"
-phase "budgets: 6,000 poll server instances refused before any change, with the numbers"
 }

@@ -1,9 +1,9 @@
 # shellcheck shell=bash
 # PostgreSQL with failover and backups off the database host in the fleet test (issue 21), sourced
-# by tests/fleet/run.sh, which runs sc_postgres_ha as the scenario postgres-ha. It uses run.sh's
+# by tests/fleet/run.sh, which runs sc_postgres_ha as the scenario postgres-ha. It uses lib.sh's
 # helpers (on, assert_route, publish, signed, expect, say, die, phase) and arrays (IP, POLLERS, APPS).
 #
-# The fleet's inventory (run.sh): PostgreSQL on fp-db1 and fp-app2 under Patroni (a primary and a
+# The fleet's inventory (lib.sh): PostgreSQL on fp-db1 and fp-app2 under Patroni (a primary and a
 # synchronous standby), etcd on fp-db1, fp-app2 and fp-mon1, pgBackRest's repository on fp-mon1
 # (WAL archived as written, a full backup taken by the first deploy).
 #
