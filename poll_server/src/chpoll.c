@@ -381,7 +381,8 @@ static void on_part(struct fp_waiter *w, enum fp_cache_status st,
 /* hold.c: hd's key changed while p was held (every watch is removed). Its
  * read's value replaces that part and the answer is composed (the top of
  * the file says why the other parts need no read); a key gone, or values
- * not kept: all parts are read again (a miss sends the poll to the app). */
+ * not kept: all parts are read again (a miss sends the poll to the app); a
+ * change that could not be read: the app answers (503). */
 static void on_changed(struct fp_held *hd, enum fp_cache_status st,
                        const char *value, size_t len, enum fp_stat_wake cause,
                        uint64_t published_ms)
@@ -392,6 +393,12 @@ static void on_changed(struct fp_held *hd, enum fp_cache_status st,
     p->cause = cause;
     if (published_ms != 0 && (p->pub_ms == 0 || published_ms < p->pub_ms))
         p->pub_ms = published_ms;
+    if (st == FP_CACHE_ERROR || st == FP_CACHE_TIMEOUT) {
+        answer(p, 503, st == FP_CACHE_TIMEOUT ? FP_STAT_TIMEOUT
+                                              : FP_STAT_BACKEND_ERROR,
+               NULL, 0);
+        return;
+    }
     if (st == FP_CACHE_HIT && p->kept) {
         p->kept = 0;
         p->reading = 1;

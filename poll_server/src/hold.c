@@ -23,6 +23,9 @@
  * soon, RETRY_MAX times at most, RETRY_BASE_MS doubling: a late answer must
  * not cost a held poll the re-check period. The retry goes to the front of
  * the re-check queue, due then; keys behind it may be read that much later.
+ * When the last retry fails too (a stalled or slow cache: the retries fail
+ * fast or time out), the key's polls are released with that failure, so
+ * they reach the app as a plain poll would (503, nginx's @fallback).
  *
  * A channel poll is held on each of its keys (struct fp_held_set): a read of
  * one key compares the answer with that part's tag as the poll read it, and
@@ -185,9 +188,13 @@ static void on_read(enum fp_cache_status st, const char *value, size_t len,
     struct fp_held_list out = LIST_HEAD_INITIALIZER(out);
     struct fp_held *hd, *next;
     uint64_t tag = 0;
+    int answered = st == FP_CACHE_HIT || st == FP_CACHE_MISS;
+    int for_change = k->again || k->cause == FP_STAT_WAKE_ANNOUNCEMENT;
+    /* The change may be there and the cache cannot say: the app can. */
+    int give_up = !answered && for_change && k->retries >= RETRY_MAX;
 
     /* k->reading stays set until the end: k must outlive the releases. */
-    if (st == FP_CACHE_HIT || st == FP_CACHE_MISS) {
+    if (answered || give_up) {
         if (st == FP_CACHE_HIT)
             tag = fp_etag_of(value, len);
         /* Detach every poll whose answer changed, then release them: a
@@ -219,7 +226,7 @@ static void on_read(enum fp_cache_status st, const char *value, size_t len,
         if (st == FP_CACHE_HIT && k->read_pub_ms != 0)
             fp_stat_delivered(k->read_pub_ms, wall_ms());
     }
-    if (st == FP_CACHE_HIT || st == FP_CACHE_MISS) {
+    if (answered || give_up) {
         k->retries = 0;
     } else if (k->read_pub_ms != 0 &&
                (k->pub_ms == 0 || k->read_pub_ms < k->pub_ms)) {
@@ -227,18 +234,15 @@ static void on_read(enum fp_cache_status st, const char *value, size_t len,
     }
     k->read_pub_ms = 0;
     k->reading = 0;
-    if (k->nholders > 0 && st != FP_CACHE_HIT && st != FP_CACHE_MISS &&
-        (k->again || k->cause == FP_STAT_WAKE_ANNOUNCEMENT) &&
-        k->retries < RETRY_MAX) {
+    if (k->nholders > 0 && !answered && for_change && !give_up) {
         /* Failed, or timed out (the answer may be late only, as when the
          * cache path is slowed near the timeout), reading for a change:
-         * after RETRY_MAX the re-check reads it. */
+         * after RETRY_MAX its polls were released above. */
         k->again = 0;
         retry_later(k, (uint64_t)RETRY_BASE_MS << k->retries++);
         return;
     }
-    if (k->again && k->nholders > 0 &&
-        (st == FP_CACHE_HIT || st == FP_CACHE_MISS)) {
+    if (k->again && k->nholders > 0 && answered) {
         k->again = 0;
         read_key(k, k->again_cause);
         return;

@@ -7,7 +7,8 @@
  * [server] recheck_ms, or recheck_subscribed_ms while subscribed (a lost
  * announcement), in batches of at most HOLD_BATCH keys per timer turn; all
  * of them at once after every (re)subscription. A read for an announced
- * change that fails or times out is tried again soon, a few times (hold.c).
+ * change that fails or times out is tried again soon, a few times (hold.c),
+ * then the key's polls are released with that failure (the app answers).
  * A read whose answer differs from a poll's If-None-Match releases that poll
  * with it; the others keep waiting. The caller ends a poll's wait itself
  * (its timer, its client gone, a drain) with fp_hold_remove. */
@@ -45,10 +46,11 @@ struct fp_held {
  * key, each with an inm that matches its key's answer as the poll read it,
  * all with `set` pointing here; counted as one held poll. One watch per
  * key, shared with every other poll on it. When a read of one of its keys
- * finds another answer (or none), every key of the set is removed and
- * changed() is called once, with that key's fp_held (hd->set: the set) and
- * the read's result (st FP_CACHE_HIT: value, len, valid during the call
- * only; or FP_CACHE_MISS: the key is gone).
+ * finds another answer (or none, or a change could not be read), every key
+ * of the set is removed and changed() is called once, with that key's
+ * fp_held (hd->set: the set) and the read's result (st FP_CACHE_HIT: value,
+ * len, valid during the call only; FP_CACHE_MISS: the key is gone;
+ * FP_CACHE_ERROR or FP_CACHE_TIMEOUT: the read failed).
  * `handle` is the poll's own fp_held (its connection's, never held on a
  * key): fp_hold_remove(handle), as a connection that closes calls it, calls
  * ended(), which lets go of the whole poll. */
@@ -63,8 +65,10 @@ struct fp_held_set {
 };
 
 /* A held poll's answer changed: it is already removed. st is FP_CACHE_HIT
- * (value, len, tag: the new answer) or FP_CACHE_MISS (the key is gone: the
- * app answers). Called from the loop, never from inside fp_hold_*. */
+ * (value, len, tag: the new answer), FP_CACHE_MISS (the key is gone: the
+ * app answers), or FP_CACHE_ERROR / FP_CACHE_TIMEOUT (a change could not be
+ * read: the app answers). Called from the loop, never from inside
+ * fp_hold_*. */
 typedef void fp_hold_release(struct fp_held *hd, enum fp_cache_status st,
                              const char *value, size_t len, uint64_t tag,
                              enum fp_stat_wake cause, void *arg);

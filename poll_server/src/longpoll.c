@@ -117,11 +117,14 @@ void fp_longpoll_release(struct fp_held *hd, enum fp_cache_status st,
                          enum fp_stat_wake cause, void *arg)
 {
     struct conn *c = (struct conn *)(void *)((char *)hd - offsetof(struct conn, held));
-    int code = st == FP_CACHE_HIT ? 200 : 404;
+    int code = st == FP_CACHE_HIT ? 200 : st == FP_CACHE_MISS ? 404 : 503;
 
     (void)arg;
     fp_stat_wake(cause);
-    fp_stat_request(c->method, code == 200 ? FP_STAT_HIT : FP_STAT_MISS);
+    fp_stat_request(c->method, code == 200 ? FP_STAT_HIT :
+                               code == 404 ? FP_STAT_MISS :
+                               st == FP_CACHE_TIMEOUT ? FP_STAT_TIMEOUT :
+                               FP_STAT_BACKEND_ERROR);
     conn_set_state(c, CONN_READING_HEAD);
     c->has_tag = 1;
     c->tag = tag;

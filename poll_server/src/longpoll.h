@@ -44,7 +44,8 @@ int fp_longpoll_hit(struct conn *c, struct fp_hold *ho, const char *value,
 void fp_longpoll_end(struct conn *c, enum fp_stat_wake cause);
 
 /* hold.c's release callback (fp_hold_release): a held poll's answer
- * changed (200), or its key is gone (404: nginx asks the app). */
+ * changed (200), its key is gone (404) or a change could not be read (503):
+ * nginx asks the app. */
 void fp_longpoll_release(struct fp_held *hd, enum fp_cache_status st,
                          const char *value, size_t len, uint64_t tag,
                          enum fp_stat_wake cause, void *arg);
