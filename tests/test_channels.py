@@ -318,3 +318,29 @@ def test_a_signature_covers_exactly_its_channels(stack: Stack, client: httpx.Cli
     # The name in another case is the same parameter: the same URL, still valid.
     r = client.get(good.replace("&ch=", "&CH="))
     assert r.status_code == 200 and r.headers["x-poll-source"] == "cache"
+
+
+def test_a_signed_poll_over_the_poll_servers_max_goes_to_the_app(
+    stack: Stack, client: httpx.Client
+) -> None:
+    """A URL validly signed for more channels than the poll server's [channels] max (the app's
+    may be larger) is a 404 there, so nginx asks the app, which answers it; the same URL with a
+    bad signature is still a 403."""
+    uid, n = new_uid(), new_uid()
+    names = ",".join(f"r{n}.{i:02d}" for i in range(17))  # [channels] max: 16
+    url = signed(stack, uid, f"ch={names}", names)
+    direct = url.removeprefix("/Poll")  # the poll server's target: nginx strips the prefix
+    reads = cache_reads(stack)
+    r = httpx.get(f"http://127.0.0.1:{stack.poller_ports[0]}{direct}", timeout=10)
+    assert r.status_code == 404, (r.status_code, r.text)
+    r = client.get(url)  # the app's words (the poll server sends no body with a 404)
+    assert (r.status_code, r.json()) == (400, {"error": "ch names more than 16 channels"})
+    forged = url.replace("&sig=", "&sig=0")
+    for target in (
+        f"http://127.0.0.1:{stack.poller_ports[0]}{forged.removeprefix('/Poll')}",
+        f"{stack.base_url}{forged}",
+    ):
+        r = httpx.get(target, timeout=10)
+        assert r.status_code == 403, (target, r.status_code, r.text)
+        assert r.json()["error"] == "missing, invalid or expired signature"
+    assert cache_reads(stack) == reads, "a refused poll was read from the cache"

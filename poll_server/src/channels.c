@@ -3,7 +3,9 @@
  * malformed escape and counts the names (the checks that come before the
  * names'), a second decodes into out->value and checks each name as it
  * ends. Every name before the first bad one is at most 64 bytes and there
- * are at most max of them, so a valid value always fits its buffer. */
+ * are at most max of them, so a valid value always fits its buffer. Too
+ * many names (up to FP_MAX_CHANNELS) are still decoded: the app, with a
+ * larger max, may have signed them, and a signed refusal goes to it. */
 #include <string.h>
 #include <strings.h>
 
@@ -94,8 +96,11 @@ int fp_ch_parse(const char *target, size_t len, unsigned max, struct fp_ch *out)
     }
     if (vlen == 0)
         return FP_CH_EMPTY;
-    if (names > max || names > FP_MAX_CHANNELS)
+    if (names > FP_MAX_CHANNELS)
         return FP_CH_TOO_MANY;
+    /* Refused before any name's check, but decoded for the signature. */
+    if (names > max)
+        err = FP_CH_TOO_MANY;
     for (i = 0;;) {
         int at_end = i >= vlen;
         int c = at_end ? ',' : key_decode_byte(val, vlen, &i, 1);

@@ -47,7 +47,9 @@ struct fp_ch {
  * '=') is "ch" in any ASCII case; the value is form-decoded (%XX, '+' is a
  * space), split on ',' and checked against max (1..FP_MAX_CHANNELS).
  * Returns an enum fp_ch_result. out->value holds the decoded value unless
- * ch is absent, repeated, malformed or longer than FP_CH_VALUE_MAX. */
+ * ch is absent, repeated, malformed, of more than FP_MAX_CHANNELS names or
+ * longer than FP_CH_VALUE_MAX (more than max names: it does, for the
+ * signature; out->n is 0). */
 int fp_ch_parse(const char *target, size_t len, unsigned max, struct fp_ch *out);
 
 /* The refusal's words, for the log. */

@@ -260,6 +260,9 @@ static void test_bounds(void **state)
     assert_int_equal(ch.n, FP_MAX_CHANNELS);
     assert_int_equal(ch.len, FP_CH_VALUE_MAX);
     assert_int_equal(fp_ch_parse(target, o, FP_MAX_CHANNELS - 1, &ch), FP_CH_TOO_MANY);
+    /* Still decoded: a signature over them sends the poll to the app. */
+    assert_int_equal(ch.len, FP_CH_VALUE_MAX);
+    assert_int_equal(ch.n, 0);
     /* The last name one byte longer: the value overflows its buffer. */
     target[o] = 'x';
     assert_int_equal(fp_ch_parse(target, o + 1, FP_MAX_CHANNELS, &ch), FP_CH_BAD_NAME);
