@@ -27,4 +27,4 @@ fi
 echo "rollback.sh: $current -> $target"
 ln -sfn "releases/$target" "$out/current"
 cd "$here"
-exec ansible-playbook site.yml -e "fastpoll_release_dir=$out/current" "$@"
+exec ansible-playbook site.yml -e "fastpoll_release_dir=$out/current" -e fastpoll_rollback=true "$@"

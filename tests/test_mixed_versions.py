@@ -14,15 +14,18 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from fastpoll_app import channels, keys
-from fastpoll_testkit.stack import ROOT, Stack, memcached_ask, wait_for
+from fastpoll_app.store import ORDERS_REFRESH_S
+from fastpoll_testkit.stack import ROOT, VENV_PYTHON, Stack, memcached_ask, wait_for
 
 # The last release before each schema change: its app must stay correct beside the newest.
 RELEASES = {
@@ -88,13 +91,17 @@ def newest_room_id(stack: Stack) -> int:
     return max(m["id"] for m in json.loads(value)["messages"])
 
 
-def outbox_rows(stack: Stack) -> int:
-    """Rows waiting in every outbox table of the schema."""
+def connect(stack: Stack) -> Any:
     import psycopg
 
     url = stack.ini_sections()["app"]["database"]
     password = (stack.run_dir / "pg.pass").read_text().strip()
-    with psycopg.connect(url, password=password) as conn:
+    return psycopg.connect(url, password=password, autocommit=True)
+
+
+def outbox_rows(stack: Stack) -> int:
+    """Rows waiting in every outbox table of the schema."""
+    with connect(stack) as conn:
         tables = conn.execute(
             "SELECT tablename FROM pg_tables WHERE tablename LIKE '%outbox'"
         ).fetchall()
@@ -183,11 +190,62 @@ def test_rows_an_earlier_release_left_are_repaired_by_the_new_one(stack: Stack) 
         os.kill(memcached, signal.SIGCONT)
     try:
         for (_, _, key), want in zip(targets, newest, strict=True):
-            wait_for(
-                f"{key!r} repaired by this tree's app",
-                lambda key=key, want=want: newest_id(stack, key) == want,
-                timeout=15,
-            )
+
+            def repaired(key: bytes = key, want: int = want) -> bool:
+                return newest_id(stack, key) == want
+
+            wait_for(f"{key!r} repaired by this tree's app", repaired, timeout=15)
         wait_for("the outbox to drain", lambda: outbox_rows(stack) == 0, timeout=15)
     finally:
         signal_group(stack, "app-1", signal.SIGCONT)
+
+
+def publish_while_held(stack: Stack, uid: int, hold_s: float) -> tuple[float, int]:
+    """A publish of `uid` through this tree's app while the user id's own advisory lock (the
+    order as an earlier release holds it) is taken for hold_s: (its latency, its status)."""
+    with connect(stack) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (uid,))
+        out: dict[str, Any] = {}
+
+        def publish() -> None:
+            t0 = time.monotonic()
+            with stack.api(0) as api:
+                r = api.post("/api/messages", json={"user_id": uid, "text": "ordered"})
+            out["took"], out["status"] = time.monotonic() - t0, r.status_code
+
+        th = threading.Thread(target=publish)
+        th.start()
+        th.join(hold_s)
+        conn.execute("SELECT pg_advisory_unlock(%s)", (uid,))
+        th.join(15)
+    return out["took"], out["status"]
+
+
+def test_a_user_is_ordered_against_the_earlier_releases_lock_until_contracted(
+    stack: Stack,
+) -> None:
+    """Until `migrate --contract`, a write of this tree's app waits for the lock an earlier
+    release takes on the user id; after it, the user's slot alone orders it."""
+    took, status = publish_while_held(stack, 23, 1.0)
+    assert status == 201 and took >= 1.0, (
+        f"the publish did not wait for the earlier release's order ({took:.2f} s, {status})"
+    )
+    migrate(stack, "--contract", "contracted: orders held as slot")
+    took, status = publish_while_held(stack, 23, 1.0)
+    assert status == 201 and took < 1.0, f"contracted, the publish still waited ({took:.2f} s)"
+    # Before a rollback to such a release: both again.
+    migrate(stack, "--expand", "expanded: orders held as user+slot")
+    took, status = publish_while_held(stack, 23, 1.0)
+    assert status == 201 and took >= 1.0, f"expanded, the publish did not wait ({took:.2f} s)"
+
+
+def migrate(stack: Stack, flag: str, says: str) -> None:
+    """This tree's migrate with `flag`, then long enough for every worker to read the result."""
+    r = subprocess.run(
+        [str(VENV_PYTHON), "-m", "fastpoll_app", "migrate", flag, "--config", str(stack.ini_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0 and says in r.stderr, r.stderr
+    time.sleep(ORDERS_REFRESH_S + 0.5)

@@ -2,6 +2,9 @@
 
 python -m fastpoll_app --config FILE [--host H] [--port N] [--workers N] [--check]
 python -m fastpoll_app migrate [--config FILE]   (create or upgrade the database's schema)
+python -m fastpoll_app migrate --contract        (every app host runs this release: drop what
+                                                  kept the previous one correct beside it)
+python -m fastpoll_app migrate --expand          (before rolling back to such a release)
 python -m fastpoll_app --version                 (the installed package's version)
 """
 
@@ -93,16 +96,38 @@ def migrate(argv: list[str]) -> int:
     """Bring the database named by [app] database to this app's schema; idempotent."""
     p = argparse.ArgumentParser(prog="fastpoll_app migrate", description=migrate.__doc__)
     _add_config_arg(p)
+    phase = p.add_mutually_exclusive_group()
+    phase.add_argument(
+        "--contract",
+        action="store_true",
+        help="after a rolling upgrade, once no app host runs the previous release: PostgreSQL "
+        "holds each user's order on its slot only (a batch's locks bounded)",
+    )
+    phase.add_argument(
+        "--expand",
+        action="store_true",
+        help="before rolling back to a release that locks user ids: hold both again",
+    )
     args = p.parse_args(argv)
     settings = _load(args.config)
     if settings is None:
         return 1
-    from .store import SCHEMA_VERSION, StoreError, open_store
+    from .store import (
+        ORDERS_COMPAT,
+        ORDERS_SLOT,
+        SCHEMA_VERSION,
+        PgStore,
+        StoreError,
+        open_store,
+    )
 
     try:
         store = open_store(settings.app, check_schema=False)
         try:
             was = store.migrate()
+            scheme = ORDERS_SLOT if args.contract else ORDERS_COMPAT
+            phased = args.contract or args.expand
+            changed = phased and isinstance(store, PgStore) and store.hold_orders(scheme)
         finally:
             store.close()
     except StoreError as exc:
@@ -112,6 +137,9 @@ def migrate(argv: list[str]) -> int:
         print(f"fastpoll_app: schema already at version {SCHEMA_VERSION}", file=sys.stderr)
     else:
         print(f"fastpoll_app: schema migrated {was} -> {SCHEMA_VERSION}", file=sys.stderr)
+    if phased:
+        done = ("contracted" if args.contract else "expanded") if changed else "already so"
+        print(f"fastpoll_app: {done}: orders held as {scheme}", file=sys.stderr)
     return 0
 
 

@@ -61,7 +61,7 @@ OUTBOX_GRACE = 2.0
 # The claim itself is the lease: while one worker repairs a user, the row is not due for others.
 OUTBOX_BACKOFF_BASE = 0.5
 OUTBOX_BACKOFF_MAX = 1.0
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # How long a request waits for its user's order (the in-process gate, then PostgreSQL's advisory
 # lock: lock_timeout), and how many of one user's requests may wait in one process. The order is
 # held for one write, up to the publish timeout per cache node when a node hangs; a user whose
@@ -91,6 +91,17 @@ PG_POOL_TIMEOUT_S = 5.0
 # a slot's order with a chance of 1 in 1,024.
 PG_ORDER_SLOTS = 1024
 PG_ORDER_CLASS = 0x66707032
+# How the orders are held on PostgreSQL (table app_state, name 'orders'). ORDERS_COMPAT: the
+# owner's slot and, as releases before slots did, a lock on the owner id itself, so that such a
+# release still running beside this one (a rolling upgrade) orders one owner's writes against
+# this one's; a batch then holds a lock per owner, as those releases did. ORDERS_SLOT: the slot
+# only. A database upgraded from a release before slots starts at ORDERS_COMPAT; `migrate
+# --contract`, once every app host runs this release, makes it ORDERS_SLOT. A new one starts
+# there. Each process reads it again every ORDERS_REFRESH_S: while some read the old value and
+# some the new, all of them still take the slots, so no owner goes unordered.
+ORDERS_COMPAT = "user+slot"
+ORDERS_SLOT = "slot"
+ORDERS_REFRESH_S = 2.0
 
 
 class StoreError(Exception):
@@ -466,6 +477,14 @@ CREATE INDEX channel_outbox_due ON channel_outbox (attempts, due);
 INSERT INTO channel_outbox SELECT user_id, version, due, attempts FROM outbox WHERE user_id < 0;
 DELETE FROM outbox WHERE user_id < 0;
 """,
+    # 5: the app's own settings (on PostgreSQL, how the orders are held: ORDERS_COMPAT).
+    5: """
+CREATE TABLE app_state (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+INSERT INTO app_state (name, value) VALUES ('orders', 'user+slot');
+""",
 }
 
 
@@ -782,6 +801,14 @@ CREATE INDEX channel_outbox_due ON channel_outbox (attempts, due);
 INSERT INTO channel_outbox SELECT user_id, version, due, attempts FROM outbox WHERE user_id < 0;
 DELETE FROM outbox WHERE user_id < 0;
 """,
+    # 5: the app's own settings (on PostgreSQL, how the orders are held: ORDERS_COMPAT).
+    5: """
+CREATE TABLE app_state (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+INSERT INTO app_state (name, value) VALUES ('orders', 'user+slot');
+""",
 }
 # Serialises concurrent `migrate` runs (two-int advisory keys never meet the users' bigint ones).
 _PG_MIGRATE_LOCK = (0x66707031, 1)
@@ -827,19 +854,24 @@ def order_slot(owner: int) -> int:
 
 
 @contextmanager
-def _orders_held(conn: Any, slots: list[int]) -> Iterator[None]:
-    """The slots' session advisory locks (`slots` ascending: two batches wait for each other
-    instead of deadlocking), held across the body's transactions. Released on every way out,
-    the lock statement's own failure included: a lock_timeout on one slot leaves the slots
-    before it taken. If the release fails, the connection is closed: its session ends, its
-    locks with it, and the pool drops it."""
+def _orders_held(conn: Any, owners: list[int], compat: bool) -> Iterator[None]:
+    """The owners' orders (`owners` ascending): their slots' session advisory locks, ascending,
+    then (compat: ORDERS_COMPAT) the owner ids' own, ascending; one total order, so two holders
+    wait for each other instead of deadlocking. Held across the body's transactions. Released
+    on every way out, the lock statements' own failures included: a lock_timeout on one slot
+    leaves the slots before it taken. If the release fails, the connection is closed: its
+    session ends, its locks with it, and the pool drops it."""
     import psycopg
 
     try:
         conn.execute(
             "SELECT count(pg_advisory_lock(%s, s)) FROM unnest(%s::int[]) AS s",
-            (PG_ORDER_CLASS, slots),
+            (PG_ORDER_CLASS, sorted({order_slot(o) for o in owners})),
         )
+        if compat:
+            conn.execute(
+                "SELECT count(pg_advisory_lock(o)) FROM unnest(%s::bigint[]) AS o", (owners,)
+            )
         yield
     finally:
         try:
@@ -937,6 +969,8 @@ class PgStore:
         if password is not None:
             kwargs["password"] = password
         self._gate = UserGate(USER_WAIT_S, USER_MAX_WAITING, UserBusy)
+        self._orders = ORDERS_COMPAT  # read before the first order is taken (_compat)
+        self._orders_read = -ORDERS_REFRESH_S
         self._pool = psycopg_pool.ConnectionPool(
             self.url,
             min_size=1,
@@ -984,9 +1018,29 @@ class PgStore:
         with (
             self._gate.hold(user_id),
             self._conn() as conn,
-            _orders_held(conn, [order_slot(user_id)]),  # waits up to lock_timeout
+            _orders_held(conn, [user_id], self._compat(conn)),  # waits up to lock_timeout
         ):
             yield _PgSession(conn, user_id, self.history)
+
+    def _compat(self, conn: Any) -> bool:
+        """Whether the orders are held as ORDERS_COMPAT (read again every ORDERS_REFRESH_S)."""
+        now = time.monotonic()
+        if now - self._orders_read >= ORDERS_REFRESH_S:
+            row = conn.execute("SELECT value FROM app_state WHERE name = 'orders'").fetchone()
+            self._orders = row[0] if row else ORDERS_COMPAT
+            self._orders_read = now
+        return self._orders == ORDERS_COMPAT
+
+    def hold_orders(self, scheme: str) -> bool:
+        """Hold the orders as `scheme` from now on: ORDERS_SLOT once the previous release is
+        gone from every app host (migrate --contract), ORDERS_COMPAT before a release from
+        before the slots comes back (migrate --expand, a rollback). True if that changed."""
+        with self._conn() as conn:
+            cur = conn.execute(
+                "UPDATE app_state SET value = %s WHERE name = 'orders' AND value <> %s",
+                (scheme, scheme),
+            )
+            return bool(cur.rowcount)
 
     def poll_answer(self, user_id: int) -> bytes:
         with self._conn() as conn, Timer(DB_SECONDS, "read"):
@@ -1001,7 +1055,7 @@ class PgStore:
             for owner in order:
                 stack.enter_context(self._gate.hold(owner))
             conn = stack.enter_context(self._conn())
-            stack.enter_context(_orders_held(conn, sorted({order_slot(o) for o in order})))
+            stack.enter_context(_orders_held(conn, order, self._compat(conn)))
             yield _PgBatch(conn, owners[0], self.history)
 
     def channel_id(self, name: str) -> int:
@@ -1077,6 +1131,10 @@ class PgStore:
             for v in range(was + 1, SCHEMA_VERSION + 1):
                 conn.execute(_PG_MIGRATIONS[v])
                 conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (v,))
+            if was == 0:  # a new database: no earlier release has ever written it
+                conn.execute(
+                    "UPDATE app_state SET value = %s WHERE name = 'orders'", (ORDERS_SLOT,)
+                )
         return was
 
     def close(self) -> None:

@@ -557,14 +557,18 @@ class Stack:
         self.pg_dir = pg.data_dir
         self._run_postgres(pg)
         pg.create_db()
-        migrate = subprocess.run(
-            [str(VENV_PYTHON), "-m", "fastpoll_app", "migrate", "--config", str(self.ini_path)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if migrate.returncode != 0:
-            raise RuntimeError(f"fastpoll_app migrate failed: {migrate.stderr}")
+        # With earlier releases among the apps (app_trees), the database is theirs first, as
+        # before an upgrade: each one's migrate, then this tree's.
+        for tree in [*self.app_trees.values(), None]:
+            migrate = subprocess.run(
+                [str(VENV_PYTHON), "-m", "fastpoll_app", "migrate", "--config", str(self.ini_path)],
+                capture_output=True,
+                text=True,
+                check=False,
+                env={**os.environ, **({"PYTHONPATH": str(tree)} if tree else {})},
+            )
+            if migrate.returncode != 0:
+                raise RuntimeError(f"fastpoll_app migrate failed: {migrate.stderr}")
 
     def _run_postgres(self, pg: Postgres) -> None:
         self._spawn("postgres", pg.argv(), self.pg_port, user=pg.run_as)
