@@ -166,7 +166,7 @@ bench-quick: venv build
 bench-longpoll: venv build
 	$(call apt_install,libnginx-mod-nchan)
 	$(PY) -m loadtests.longpoll
-	$(PY) -m loadtests.report $$(ls loadtests/results/bench-*.json | tail -1)
+	$(PY) -m loadtests.report
 
 # Rooms of 1,000 and 10,000 held members (own key + the room), one message a second for 30 s,
 # and a busy room of 1,000 with 10 messages a second, fastpoll and Nchan in 2 interleaved rounds
@@ -179,7 +179,7 @@ bench-rooms: venv build
 	$(PY) -m loadtests.rooms --members 1000 --rounds 2
 	$(PY) -m loadtests.rooms --members 10000 --rounds 2
 	$(PY) -m loadtests.rooms --members 1000 --rate 10 --rounds 2
-	$(PY) -m loadtests.report --doc-only $$(ls loadtests/results/bench-*.json | tail -1)
+	$(PY) -m loadtests.report --doc-only
 
 # The write side (loadtests/writes.py: publishes/s and CPU per message, single and batches of 100,
 # SQLite and PostgreSQL) and plain polls before and after channels (loadtests/plain_ab.py: the
@@ -198,7 +198,7 @@ bench-writes: venv build
 	  --old-label $(PLAIN_AB_BASE) --new poll_server/build/poll_server \
 	  --new-label $$(git rev-parse --short HEAD) --rounds 3
 	rm -rf $(PLAIN_AB_DIR)
-	$(PY) -m loadtests.report --doc-only $$(ls loadtests/results/bench-*.json | tail -1)
+	$(PY) -m loadtests.report --doc-only
 
 clean:
 	$(MAKE) -C poll_server clean

@@ -1,7 +1,7 @@
 """Plots (matplotlib) and docs/benchmarks.md from one run's JSON.
 
-    .venv/bin/python loadtests/report.py [--rederive] [--doc-only] RUN
-    (RUN: loadtests/results/bench-YYYYmmdd-HHMMSS.json)
+    .venv/bin/python -m loadtests.report [--rederive] [--doc-only] [RUN]
+    (RUN: loadtests/results/bench-YYYYmmdd-HHMMSS.json; by default the newest bench run)
 
 bench.py calls it at the end of a full run; run it alone to redo the plots and the page from a
 stored run. The prose lives in loadtests/benchmarks.md.j2 and loadtests/analysis.md.j2. The page
@@ -10,14 +10,21 @@ also reports the newest runs found beside the JSON of `make bench-longpoll` (lon
 (writes-*.json and plain-ab-*.json), if any. --rederive recomputes the JSON's derived figures
 from its raw results first (after a change to derive.py). --doc-only rewrites the page alone,
 with the run's plots as they are (what `make bench-rooms` and `make bench-writes` do).
+
+What the page and its plots read of every run they cite is kept in loadtests/results/benchmarks.json
+(one run a line), the only results git keeps for the page besides its plots: with it alone (a fresh
+clone, no run files) the page and the plots are made again as they are. A run whose file is in
+results/ (a run made here) is read from that file instead.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -266,9 +273,114 @@ def ab_rows(doc: dict) -> list[dict]:
     return out
 
 
+# What the page read of every run it cites, one run a line (loadtests/results/benchmarks.json, kept
+# in git): the page and its plots are made again from it alone. A run's own JSON and raw log stay
+# beside it on the machine that made them (git ignores them); a run there is read from its file.
+SUMMARY = "benchmarks.json"
+
+
+def _summarized(results: Path) -> dict[str, Any]:
+    p = results / SUMMARY
+    return json.loads(p.read_text())["runs"] if p.exists() else {}
+
+
+def stored(results: Path, pattern: str) -> list[Path]:
+    """The runs named like pattern in results/: their files, and the runs the summary keeps."""
+    names = {p.name for p in results.glob(pattern)}
+    names |= {n for n in _summarized(results) if fnmatch.fnmatchcase(n, pattern)}
+    return sorted(results / n for n in names)
+
+
+def load(p: Path) -> dict:
+    """A run: its file if it is here, else what the summary kept of it."""
+    if p.exists():
+        return json.loads(p.read_text())
+    return _summarized(p.parent)[p.name]
+
+
+class _Seen(dict):
+    """A run's dict that notes every key read (the page's and the plots' reads make the summary)."""
+
+    def __init__(self, v: dict, path: tuple, seen: set) -> None:
+        super().__init__(v)
+        self._seen_path, self._seen = path, seen
+
+    def _at(self, k: Any) -> Any:
+        self._seen.add((*self._seen_path, k))
+        return _seen(dict.__getitem__(self, k), (*self._seen_path, k), self._seen)
+
+    def __getitem__(self, k: Any) -> Any:
+        return self._at(k)
+
+    def get(self, k: Any, default: Any = None) -> Any:
+        return self._at(k) if dict.__contains__(self, k) else default
+
+    def __contains__(self, k: object) -> bool:
+        if dict.__contains__(self, k):
+            self._seen.add((*self._seen_path, k))
+            return True
+        return False
+
+    def __iter__(self) -> Any:
+        for k in dict.keys(self):
+            self._seen.add((*self._seen_path, k))
+            yield k
+
+    def __len__(self) -> int:
+        self._seen.update((*self._seen_path, k) for k in dict.keys(self))
+        return dict.__len__(self)
+
+    def keys(self) -> Any:
+        return list(iter(self))
+
+    def values(self) -> Any:
+        return [self._at(k) for k in dict.keys(self)]
+
+    def items(self) -> Any:
+        return [(k, self._at(k)) for k in dict.keys(self)]
+
+
+class _SeenList(list):
+    def __init__(self, v: list, path: tuple, seen: set) -> None:
+        super().__init__(v)
+        self._seen_path, self._seen = path, seen
+        seen.add(path)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(list.__len__(self)))]
+        i = i if i >= 0 else i + list.__len__(self)
+        return _seen(list.__getitem__(self, i), (*self._seen_path, i), self._seen)
+
+    def __iter__(self) -> Any:
+        for i in range(list.__len__(self)):
+            yield self[i]
+
+    def __reversed__(self) -> Any:
+        for i in reversed(range(list.__len__(self))):
+            yield self[i]
+
+
+def _seen(v: Any, path: tuple, seen: set) -> Any:
+    if isinstance(v, dict):
+        return _Seen(v, path, seen)
+    if isinstance(v, list):
+        return _SeenList(v, path, seen)
+    return v
+
+
+def _kept(v: Any, path: tuple, seen: set) -> Any:
+    """v without what was not read: a dict keeps the keys read, a list read keeps every element."""
+    if isinstance(v, dict):
+        return {k: _kept(x, (*path, k), seen) for k, x in v.items() if (*path, k) in seen}
+    if isinstance(v, list):
+        return [_kept(x, (*path, i), seen) for i, x in enumerate(v)] if path in seen else []
+    return v
+
+
 def latest_longpoll(results: Path) -> Path | None:
     """The newest full `make bench-longpoll` run in results/ (stamped names sort by time)."""
-    runs = sorted(results.glob("longpoll-[0-9]*-[0-9]*.json"))
+    runs = stored(results, "longpoll-[0-9]*-[0-9]*.json")
     return runs[-1] if runs else None
 
 
@@ -279,7 +391,7 @@ BUSY_KIND = "rate[0-9]*-"  # rooms runs at more than one message a second
 
 def latest(results: Path, prefix: str) -> Path | None:
     """The newest stamped run `<prefix>-<stamp>.json` in results/."""
-    runs = sorted(results.glob(f"{prefix}-[0-9]*-[0-9]*.json"))
+    runs = stored(results, f"{prefix}-[0-9]*-[0-9]*.json")
     return runs[-1] if runs else None
 
 
@@ -287,8 +399,8 @@ def _rooms_run(p: Path) -> bool:
     """A run of make bench-rooms (interleaved rounds, a summary); earlier single runs, which
     docs/channels.md may cite, are left alone."""
     try:
-        return "summary" in json.loads(p.read_text())
-    except (OSError, ValueError):
+        return "summary" in load(p)
+    except (OSError, ValueError, KeyError):
         return False
 
 
@@ -297,8 +409,8 @@ def latest_rooms(results: Path, kind: str = "") -> list[Path]:
     one kind: "" (one message a second, the shipped configuration: the main table), JITTER_KIND
     or BUSY_KIND."""
     found: dict[int, Path] = {}
-    for p in sorted(results.glob(f"rooms-{kind}[0-9]*-[0-9]*.json"), key=lambda p: p.name[-20:]):
-        doc = json.loads(p.read_text())
+    for p in sorted(stored(results, f"rooms-{kind}[0-9]*-[0-9]*.json"), key=lambda p: p.name[-20:]):
+        doc = load(p)
         if "summary" in doc and doc.get("members") in ROOM_SIZES:
             found[doc["members"]] = p
     return [found[n] for n in ROOM_SIZES if n in found]
@@ -367,6 +479,17 @@ def prune(results: Path, run_id: str) -> list[Path]:
 
 
 def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC) -> Path:
+    """The page from the bench run doc (stored as json_path) and the newest side runs beside it;
+    then what the page and the plots read of each run, as the summary beside them."""
+    results = json_path.parent
+    runs: dict[str, dict] = {}
+    seen: dict[str, set] = {}
+
+    def read(p: Path, d: dict | None = None) -> Any:
+        runs[p.name] = load(p) if d is None else d
+        return _seen(runs[p.name], (), seen.setdefault(p.name, set()))
+
+    doc = read(json_path, doc)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE),
         undefined=jinja2.StrictUndefined,
@@ -403,15 +526,15 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
         c["us"]["total"] = sum(c["us"].values())
     row = {(c["system"], c["scenario"], c["method"]): c for c in c50}
     abrow = {(a["system"], a["keepalive"]): a for a in ab}
-    lp_path = latest_longpoll(json_path.parent)
+    lp_path = latest_longpoll(results)
     rooms, rooms_jitter, rooms_busy = (
-        [(json.loads(p.read_text()), rel(p, out.parent)) for p in latest_rooms(json_path.parent, k)]
+        [(read(p), rel(p, out.parent)) for p in latest_rooms(results, k)]
         for k in ("", JITTER_KIND, BUSY_KIND)
     )
     side = {}
     for prefix in ("writes", "plain-ab", "rooms-perf"):
-        sp = latest(json_path.parent, prefix)
-        side[prefix] = (json.loads(sp.read_text()), rel(sp, out.parent)) if sp else None
+        sp = latest(results, prefix)
+        side[prefix] = (read(sp), rel(sp, out.parent)) if sp else None
     text = env.get_template("benchmarks.md.j2").render(
         d=doc,
         m=doc["machine"],
@@ -434,10 +557,9 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
             "peer_return200": "nginx",
         },
         json_rel=rel(json_path, out.parent),
-        raw_rel=rel(json_path.with_name(json_path.name.replace(".json", "-raw.log")), out.parent),
+        summary_rel=rel(results / SUMMARY, out.parent),
         png={p.stem.rsplit("-", 1)[1]: rel(p, out.parent) for p in pngs},
-        lp=json.loads(lp_path.read_text()) if lp_path else None,
-        lp_rel=rel(lp_path, out.parent) if lp_path else "",
+        lp=read(lp_path) if lp_path else None,
         rooms=rooms,
         rooms_jitter=rooms_jitter,
         rooms_busy=rooms_busy,
@@ -446,7 +568,11 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
         rooms_perf=side["rooms-perf"],
         perf_split=perf_split,
     )
+    with tempfile.TemporaryDirectory() as tmp:  # what the plots read is kept too
+        plots(doc, Path(tmp))
     out.write_text(text)
+    lines = [f" {json.dumps(n)}: {json.dumps(_kept(runs[n], (), seen[n]))}" for n in sorted(runs)]
+    (results / SUMMARY).write_text('{"runs": {\n' + ",\n".join(lines) + "\n}}\n")
     return out
 
 
@@ -464,12 +590,25 @@ def rederive(doc: dict) -> dict:
 
 def main() -> int:
     args = [a for a in sys.argv[1:] if a not in ("--rederive", "--doc-only")]
-    if len(args) != 1:
+    if len(args) > 1:
         print(__doc__, file=sys.stderr)
         return 2
-    path = Path(args[0]).resolve()
-    doc = json.loads(path.read_text())
+    if args:
+        path = Path(args[0]).resolve()
+    else:  # the newest bench run, its file or what the summary kept of it
+        benches = stored(HERE / "results", "bench-[0-9]*-[0-9]*.json")
+        if not benches:
+            print("no bench run in loadtests/results/", file=sys.stderr)
+            return 2
+        path = benches[-1]
+    doc = load(path)
     if "--rederive" in sys.argv:
+        if not path.exists():
+            print(
+                f"--rederive needs the run's own JSON ({path.name}), not the summary",
+                file=sys.stderr,
+            )
+            return 2
         doc = rederive(doc)
         path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     if "--doc-only" in sys.argv:
