@@ -57,7 +57,8 @@ MIN_PUBLISH_TIMEOUT_MS = 1000
 
 _DIGITS = re.compile(r"[0-9]{1,19}")
 # Printable ASCII, no spaces: what a client can put in a header without escaping.
-_IDEM_KEY = re.compile(r"[\x21-\x7e]{1,128}")
+IDEM_KEY_PATTERN = r"[\x21-\x7e]{1,128}"
+_IDEM_KEY = re.compile(IDEM_KEY_PATTERN)
 _JSON_TYPE = re.compile(r"application/json\s*(;.*)?", re.IGNORECASE)
 
 UserId = Annotated[int, Field(ge=0, le=MAX_USER_ID)]
@@ -86,8 +87,21 @@ def _check_channel(v: str) -> str:
     return v
 
 
-Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS), AfterValidator(_check_text)]
-ChannelName = Annotated[str, AfterValidator(_check_channel)]
+# The checks above as JSON Schema patterns, for the OpenAPI document (openapi.py): not only
+# whitespace (str.isspace's characters) and no NUL; a channel name's bytes.
+_TEXT_PATTERN = (
+    r"^[^\u0000]*[^\u0000\t-\r\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029"
+    r"\u202f\u205f\u3000][^\u0000]*$"
+)
+CHANNEL_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+Text = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_TEXT_CHARS, json_schema_extra={"pattern": _TEXT_PATTERN}),
+    AfterValidator(_check_text),
+]
+ChannelName = Annotated[
+    str, Field(json_schema_extra={"pattern": CHANNEL_NAME_PATTERN}), AfterValidator(_check_channel)
+]
 
 
 class PublishBody(_Body):
@@ -100,6 +114,15 @@ class ChannelPublishBody(_Body):
 
 
 class BatchItem(_Body):
+    # _one_target, as JSON Schema: exactly one of them is given (and not null).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["user_id"], "properties": {"user_id": {"type": "integer"}}},
+                {"required": ["channel"], "properties": {"channel": {"type": "string"}}},
+            ]
+        }
+    )
     user_id: UserId | None = None
     channel: ChannelName | None = None
     text: Text
@@ -398,6 +421,15 @@ async def poll_url(request: Request) -> Response:
     return JSONResponse(doc, headers={"Cache-Control": "no-store"})
 
 
+async def openapi_json(request: Request) -> Response:
+    # The write API's OpenAPI document, with this app's limits (openapi.py imports this module).
+    from . import openapi
+
+    settings = _ctx(request).settings
+    doc = openapi.document_bytes(settings.app.max_body_size, settings.channels.max)
+    return Response(doc, media_type="application/json")
+
+
 async def healthz(request: Request) -> Response:
     # Asks the database each time: an app that cannot reach it, or whose database refuses
     # writes (WritesRefused), is not healthy.
@@ -480,6 +512,7 @@ ROUTES = [
     Route("/api/messages/batch", post_batch, methods=["POST"]),
     Route("/api/channels/{name}/messages", post_channel_message, methods=["POST"]),
     Route("/api/poll-url", poll_url, methods=["POST"]),
+    Route("/openapi.json", openapi_json, methods=["GET"]),
     Route("/healthz", healthz, methods=["GET", "HEAD"]),
     Route("/metrics", metrics_page, methods=["GET"]),
 ]
