@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +28,7 @@ from fastpoll_testkit.helpers import (
     poll_key,
     prime,
 )
-from fastpoll_testkit.loadgen import KeepAliveClients, Load
+from fastpoll_testkit.loadgen import KeepAliveClients, Load, LoadResult
 from fastpoll_testkit.procs import freeze
 from fastpoll_testkit.stack import Stack, memcached_ask
 
@@ -398,6 +399,130 @@ def test_app_down_misses_get_fast_json_503_hits_still_served(
 SOAK_REQUESTS = 1_000_000
 # After warm-up; measured here: +60 KiB over 900,000 requests.
 SOAK_RSS_GROWTH_KIB = 1024
+# The poller's gauges and counters the evidence keeps (every line of these families).
+SOAK_METRICS = (
+    "fastpoll_open_connections",
+    "fastpoll_requests_in_flight",
+    "fastpoll_requests_total",
+    "fastpoll_backend_up",
+    "fastpoll_backend_gets_total",
+    "fastpoll_coalesce_keys",
+    "fastpoll_loop_iterations_total",
+)
+
+
+class SoakEvidence:
+    """What a failed soak needs to be explained, sampled every `every` seconds into one file while
+    the load runs: the poller's /metrics (connections open, requests in flight, outcomes such as
+    cache timeouts and backend errors, its loop's iterations), its port's connections (`ss -tnoi`),
+    and who waited for a CPU: the machine's CPU pressure (PSI) and the run-queue wait of the
+    poller and of every wrk thread (/proc/PID/task/TID/schedstat, ns). wrk counts a "timeout" only
+    for an answer that came more than --timeout after it wrote the request, so a 10 s stall of
+    the poller's loop, of wrk's threads or of the whole machine shows here as a gap between
+    samples, a jump in a run-queue wait, or in-flight requests at 0 while wrk waits."""
+
+    def __init__(self, stack: Stack, port: int, pid: int, every: float = 2.0) -> None:
+        self.path = stack.run_dir / "soak-evidence.txt"
+        self.stack, self.port, self.pid, self.every = stack, port, pid, every
+        self.admin = stack.admin_ports[0] if stack.admin_ports else 0
+        self.phase, self.wrk_pid = "start", 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._last = 0.0
+        self.path.write_text(
+            f"soak evidence: poller pid {pid}, port {port}, admin port {self.admin}\n"
+        )
+
+    def __enter__(self) -> SoakEvidence:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.sample()
+
+    def load(self, phase: str, load: Load) -> None:
+        self.phase, self.wrk_pid = phase, load.pid
+
+    def write(self, text: str) -> None:
+        with self.path.open("a") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.sample()
+            except Exception as e:  # noqa: BLE001 -- evidence must never fail the run
+                self.write(f"sampling failed: {e!r}")
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        gap = now - self._last if self._last else 0.0
+        self._last = now
+        out = [
+            f"=== {time.strftime('%H:%M:%S')} mono {now:.1f} phase {self.phase}"
+            + (f" GAP {gap:.1f}s since the last sample" if gap > 3 * self.every else ""),
+            "loadavg " + _read(Path("/proc/loadavg")).strip(),
+            "psi cpu " + " | ".join(_read(Path("/proc/pressure/cpu")).splitlines()),
+            f"runqueue-wait-ms poller {_runq_ms(self.pid)}",
+        ]
+        if self.wrk_pid:
+            out.append(f"runqueue-wait-ms wrk {_runq_ms(self.wrk_pid)}")
+        out.append(self._metrics())
+        out.append(self._sockets())
+        self.write("\n".join(out))
+
+    def _metrics(self) -> str:
+        if not self.admin:
+            return "metrics: no admin port"
+        try:
+            text = httpx.get(f"http://127.0.0.1:{self.admin}/metrics", timeout=2).text
+        except httpx.HTTPError as e:
+            return f"metrics: {e!r}"
+        keep = [ln for ln in text.splitlines() if ln.startswith(SOAK_METRICS)]
+        return "\n".join(keep)
+
+    def _sockets(self) -> str:
+        try:
+            p = subprocess.run(
+                ["ss", "-tnoi", "state", "established", f"( sport = :{self.port} )"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"ss: {e!r}"
+        return "ss -tnoi:\n" + (p.stdout or p.stderr).rstrip()
+
+    def finish(self, results: list[LoadResult]) -> None:
+        """The runs' summaries, wrk's own report and the poller's log tail."""
+        for r in results:
+            self.write(f"=== wrk: {r.summary()}\n{r.output.rstrip()}")
+        log = self.stack.run_dir / "poller-0.log"
+        tail = _read(log).splitlines()[-60:]
+        self.write(f"=== {log} (last {len(tail)} lines)\n" + "\n".join(tail))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError as e:
+        return f"({path}: {e.strerror})"
+
+
+def _runq_ms(pid: int) -> str:
+    """Each thread's total wait on a run queue so far, in ms (schedstat's second field)."""
+    parts = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError:
+        return "(gone)"
+    for tid in tids:
+        fields = _read(Path(f"/proc/{pid}/task/{tid}/schedstat")).split()
+        if len(fields) >= 2 and fields[1].isdigit():
+            parts.append(f"{tid}:{int(fields[1]) // 1_000_000}")
+    return " ".join(parts)
 
 
 @pytest.mark.soak
@@ -426,40 +551,50 @@ def test_soak_one_million_requests_memory_and_fds_flat(make_stack: MakeStack) ->
     reqs += ["PUT /getMessages?user_id=1", "DELETE /x"]  # 405
 
     fds_before = open_fds(pid)
-    warm = Load(
-        f"http://127.0.0.1:{port}", reqs, seconds=60, connections=50, limit=100_000
-    )
-    r_warm = warm.result()
-    rss_warm = rss_kib(pid)
     samples: list[int] = []
-    load = Load(
-        f"http://127.0.0.1:{port}",
-        reqs,
-        seconds=300,
-        connections=50,
-        limit=SOAK_REQUESTS - r_warm.requests,
-    )
-    stop = threading.Event()
+    with SoakEvidence(stack, port, pid) as evidence:
+        warm = Load(
+            f"http://127.0.0.1:{port}", reqs, seconds=60, connections=50, limit=100_000
+        )
+        evidence.load("warm-up", warm)
+        r_warm = warm.result()
+        rss_warm = rss_kib(pid)
+        load = Load(
+            f"http://127.0.0.1:{port}",
+            reqs,
+            seconds=300,
+            connections=50,
+            limit=SOAK_REQUESTS - r_warm.requests,
+        )
+        evidence.load("soak", load)
+        stop = threading.Event()
 
-    def sample() -> None:
-        while not stop.wait(1.0):
-            samples.append(rss_kib(pid))
+        def sample() -> None:
+            while not stop.wait(1.0):
+                samples.append(rss_kib(pid))
 
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    try:
-        r = load.result()
-    finally:
-        stop.set()
-        sampler.join()
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            r = load.result()
+        finally:
+            stop.set()
+            sampler.join()
+        evidence.phase = "after"
+    evidence.finish([r_warm, r])
     total = r_warm.requests + r.requests
     rss_end = rss_kib(pid)
-    assert total >= SOAK_REQUESTS, f"only {total} requests: {r.summary()}"
-    assert sum(r.errors.values()) == 0, r.summary()
+
+    def why(r: LoadResult) -> str:
+        return f"{r.summary()}; evidence (metrics, ss, run-queue waits, log): {evidence.path}"
+
+    assert total >= SOAK_REQUESTS, f"only {total} requests: {why(r)}"
+    assert sum(r_warm.errors.values()) == 0, why(r_warm)
+    assert sum(r.errors.values()) == 0, why(r)
     # 503 = the cache answered later than the timeout (nginx would fall back): rare here.
-    assert set(r.statuses) <= {200, 403, 404, 405, 503}, r.summary()
-    assert r.count(503) < r.requests / 1000, r.summary()
-    assert r.count(200) > 0.8 * r.requests, r.summary()
+    assert set(r.statuses) <= {200, 403, 404, 405, 503}, why(r)
+    assert r.count(503) < r.requests / 1000, why(r)
+    assert r.count(200) > 0.8 * r.requests, why(r)
     peak = max([*samples, rss_end])
     print(
         f"soak: {total} requests ({r.requests} after warm-up in {r.seconds:.0f}s), "

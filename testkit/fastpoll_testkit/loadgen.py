@@ -310,6 +310,11 @@ class Load:
         self._seconds = seconds
         self._threads = threads if limit else 0
 
+    @property
+    def pid(self) -> int:
+        """wrk's process id (its threads are /proc/PID/task/*), for a test's evidence."""
+        return self._proc.pid
+
     def result(self) -> LoadResult:
         d = Path(self._dir.name)
         while self._threads and self._proc.poll() is None:
