@@ -67,15 +67,83 @@ def miss(cache: Cache, client: httpx.Client, uid: int, **headers: str) -> httpx.
     return r
 
 
+def pace(r: httpx.Response) -> int:
+    return int(r.headers["poll-interval-ms"])
+
+
 def test_fallback_answer_has_the_etag_and_a_pace(gz_stack: Stack, client: httpx.Client) -> None:
     cache, uid = Cache(gz_stack), new_uid()
     r = miss(cache, client, uid, **{"Accept-Encoding": "identity"})
     assert r.status_code == 200 and r.content == b""
     assert r.headers["etag"] == tag_of(b"")
-    assert 2000 <= int(r.headers["poll-interval-ms"]) <= 2400
+    assert 1000 <= pace(r) <= 1200  # a miss the app filled: the pace of a hit
     publish(gz_stack, uid, "hello")
     r = miss(cache, client, uid, **{"Accept-Encoding": "identity"})
     assert r.content.startswith(b'{"unread":1') and r.headers["etag"] == tag_of(r.content)
+
+
+def test_a_filled_miss_is_paced_as_a_hit(gz_stack: Stack, client: httpx.Client) -> None:
+    """The first poll of a fresh user is a miss the app fills: paced as the poll server paces a
+    hit ([poll] interval_ms 1000 here, not fallback_interval_ms 2000), and a long poll's as a
+    long poll's hit (0 plus the jitter), so its next poll, with the tag, is held at once."""
+    uid = new_uid()
+    first = client.get(f"/Poll/getMessages?user_id={uid}")
+    assert first.headers["x-poll-source"] == "app" and 1000 <= pace(first) <= 1200
+    hit = client.get(f"/Poll/getMessages?user_id={uid}")
+    assert hit.headers["x-poll-source"] == "cache" and 1000 <= pace(hit) <= 1200
+    uid = new_uid()
+    first = client.get(f"/Poll/getMessages?user_id={uid}&wait=5")
+    assert first.status_code == 200 and first.headers["x-poll-source"] == "app"
+    assert pace(first) <= 200, first.headers
+    # The next poll is held on the poll server and answered by a publish, not by its wait.
+    answers: list[httpx.Response] = []
+    held = threading.Thread(
+        target=lambda: answers.append(
+            client.get(
+                f"/Poll/getMessages?user_id={uid}&wait=5",
+                headers={"If-None-Match": first.headers["etag"]},
+            )
+        )
+    )
+    t0 = time.monotonic()
+    held.start()
+    time.sleep(0.5)
+    publish(gz_stack, uid, "soon")
+    held.join(10)
+    assert answers and answers[0].status_code == 200, answers
+    assert answers[0].headers["x-poll-source"] == "cache" and time.monotonic() - t0 < 4
+    assert answers[0].content.startswith(b'{"unread":1')
+
+
+def test_an_answer_the_cache_could_not_give_is_stretched(gz_stack: Stack) -> None:
+    """The app answers a poll whose key is cached (the poll server could not read it: a 503, a
+    poller down or hung): its fill finds the key, and the pace stays fallback_interval_ms."""
+    uid = new_uid()
+    url = gz_stack.app_url() + gz_stack.poll_url(uid)
+    assert httpx.get(url, timeout=10).status_code == 200  # fills the key
+    r = httpx.get(url, timeout=10)
+    assert r.headers["x-poll-source"] == "app" and 2000 <= pace(r) <= 2400, r.headers
+
+
+def test_a_poll_while_the_cache_is_down_is_stretched(tmp_path: Path) -> None:
+    """With memcached stopped the poll server answers 503 and the app's fill fails: the app's
+    answer keeps fallback_interval_ms (a fresh user's miss before it has the pace of a hit)."""
+    stack = start_stack(
+        tmp_path,
+        "memcached",
+        n_pollers=1,
+        extra_ini={"poll": {"fallback_interval_ms": "2000", "jitter_pct": "20"}},
+    )
+    try:
+        with http_client(stack) as c:
+            assert 1000 <= pace(c.get(f"/Poll/getMessages?user_id={new_uid()}")) <= 1200
+            stack.stop_proc("memcached-0")
+            for _ in range(3):
+                r = c.get(f"/Poll/getMessages?user_id={new_uid()}")
+                assert r.status_code == 200 and r.headers["x-poll-source"] == "app"
+                assert 2000 <= pace(r) <= 2400, r.headers
+    finally:
+        stack.stop()
 
 
 def test_304_from_the_app_through_nginx(gz_stack: Stack, client: httpx.Client) -> None:

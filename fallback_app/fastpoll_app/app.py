@@ -279,10 +279,10 @@ async def poll(request: Request) -> Response:
             raise _error(403, "the signature is not for this user's poll URL")
     user_id = _user_id_from_query(query)
     try:
-        # Checked, then not used: the app answers at once (docs/api.md: only the poll
+        # Checked, and read for the pace only: the app answers at once (docs/api.md: only the poll
         # server holds polls; a held poll here would keep a worker thread and a database
         # connection, and fill nginx's fallback cap, exactly when the app is the fallback).
-        conditional.wait_seconds(query, pacing)
+        wait_s = conditional.wait_seconds(query, pacing)
     except conditional.BadWait as exc:
         raise _error(400, str(exc)) from None
     headers = {"X-Poll-Source": "app", "Content-Type": ctx.settings.cache.content_type}
@@ -291,14 +291,12 @@ async def poll(request: Request) -> Response:
         headers["X-Request-Body-Length"] = str(len(body))
         headers["X-Request-Body-SHA256"] = hashlib.sha256(body).hexdigest()
     if chans is None:
-        answer = await run_in_threadpool(fp.poll, user_id, key)
+        answer, filled = await run_in_threadpool(fp.poll_filled, user_id, key)
     else:
-        answer = await run_in_threadpool(fp.poll_channels, user_id, key, chans[1])
+        answer, filled = await run_in_threadpool(fp.poll_channels_filled, user_id, key, chans[1])
     headers["ETag"] = etag = conditional.etag_of(answer)
-    # The app answers when the cache could not: the next poll is asked to come later.
-    headers["Poll-Interval-Ms"] = str(
-        conditional.pace_ms(pacing.fallback_interval_ms, pacing.jitter_pct)
-    )
+    # A miss the app filled is paced as a hit; when the cache could not answer, later.
+    headers["Poll-Interval-Ms"] = str(conditional.app_pace_ms(pacing, filled, wait_s))
     # Conditional polls are GET and HEAD (RFC 9110 13.1.2 would have a POST answered 412;
     # a POST poll is a read, so its precondition is not evaluated: always the full answer).
     if request.method != "POST" and conditional.not_modified(

@@ -84,3 +84,17 @@ def pace_ms(interval_ms: int, jitter_pct: int, rng: random.Random | None = None)
     """The Poll-Interval-Ms value: interval, plus a random 0..jitter_pct percent of it."""
     extra = interval_ms * jitter_pct // 100
     return interval_ms + (rng or random).randint(0, extra) if extra else interval_ms
+
+
+def app_pace_ms(settings: PollSettings, filled: bool, wait_s: int) -> int:
+    """The Poll-Interval-Ms of the app's answer (docs/api.md, "Poll-Interval-Ms").
+
+    A miss the app has just filled (`filled`: its `add` stored the key, so the cache answers
+    the next poll) is paced as the poll server paces a hit: `interval_ms`, or for a long poll
+    (`wait` > 0) 0 plus the jitter of `interval_ms`, so that its next poll, with the tag, is held
+    at once. Any other answer of the app (the cache down or slow, a poller down or hung, a fill
+    that failed or was not tried) is stretched to `fallback_interval_ms`."""
+    if not filled:
+        return pace_ms(settings.fallback_interval_ms, settings.jitter_pct)
+    hit = pace_ms(settings.interval_ms, settings.jitter_pct)
+    return hit - settings.interval_ms if wait_s > 0 else hit

@@ -124,39 +124,65 @@ class FastPoll:
     # -- poll -------------------------------------------------------------
 
     def poll(self, user_id: int, key: bytes | None) -> bytes:
-        """Answer a poll from the database and fill the cache with `add`.
+        """Answer a poll from the database and fill the cache with `add` (poll_filled)."""
+        return self.poll_filled(user_id, key)[0]
+
+    def poll_filled(self, user_id: int, key: bytes | None) -> tuple[bytes, bool]:
+        """Answer a poll from the database and fill the cache with `add`; with the answer,
+        whether this fill stored the key: a plain miss, which the cache answers from now on.
+        False when the key was cached already (the poll server could not read it: a 503, a
+        poller down or hung), the fill failed, or it was not tried.
 
         Only the user's canonical key is filled. Another key (an extra keyed
         parameter, `user_id=007`) is answered but not cached: publish could
         not find it to rewrite it, so it could go stale.
         """
+        answer, fill = self._user_filled(user_id, key)
+        return answer, fill == "stored"
+
+    def _user_filled(self, user_id: int, key: bytes | None) -> tuple[bytes, str]:
         if key is None or key != self.user_key(user_id):
             CACHE_FILLS.labels("skipped").inc()
-            return self._retrying(lambda: self.store.poll_answer(user_id))
-        try:
-            return self._retrying(lambda: self._fill_from_db(user_id, key))
-        except UserBusy:
-            # The user's order is taken (a write stuck on a hung node, another host): answer
-            # from the database at once, without the fill, which needs the order.
-            CACHE_FILLS.labels("busy").inc()
-            return self._retrying(lambda: self.store.poll_answer(user_id))
+            return self._retrying(lambda: self.store.poll_answer(user_id)), "skipped"
+        return self._filled(user_id, key)
 
     def poll_channels(self, user_id: int, key: bytes | None, names: list[bytes]) -> bytes:
         """The composed answer of a poll of the user and `names` (docs/channels.md); each
         channel's part filled in the cache (`add`: a part already cached stays)."""
-        parts = [(n, self.channel_part(n.decode("ascii"))) for n in names]
-        return compose(self.poll(user_id, key), parts)
+        return self.poll_channels_filled(user_id, key, names)[0]
+
+    def poll_channels_filled(
+        self, user_id: int, key: bytes | None, names: list[bytes]
+    ) -> tuple[bytes, bool]:
+        """poll_channels(), and whether the cache answers the next such poll because of it:
+        every fill stored its key or found it cached, and at least one stored it."""
+        user, fill = self._user_filled(user_id, key)
+        fills = [fill]
+        parts = []
+        for n in names:
+            owner = self.channel_owner(n.decode("ascii"))
+            part, fill = self._filled(owner, self.key_of(owner))
+            parts.append((n, part))
+            fills.append(fill)
+        filled = "stored" in fills and all(f in ("stored", "exists") for f in fills)
+        return compose(user, parts), filled
 
     def channel_part(self, name: str) -> bytes:
         owner = self.channel_owner(name)
-        key = self.key_of(owner)
+        return self._filled(owner, self.key_of(owner))[0]
+
+    def _filled(self, owner: int, key: bytes) -> tuple[bytes, str]:
+        """The owner's answer, filled under key; with the fill's outcome: stored, exists,
+        error or busy (not tried: the owner's order is taken)."""
         try:
             return self._retrying(lambda: self._fill_from_db(owner, key))
         except UserBusy:
+            # The owner's order is taken (a write stuck on a hung node, another host): answer
+            # from the database at once, without the fill, which needs the order.
             CACHE_FILLS.labels("busy").inc()
-            return self._retrying(lambda: self.store.poll_answer(owner))
+            return self._retrying(lambda: self.store.poll_answer(owner)), "busy"
 
-    def _fill_from_db(self, user_id: int, key: bytes) -> bytes:
+    def _fill_from_db(self, user_id: int, key: bytes) -> tuple[bytes, str]:
         # In the user's order, so no write can commit and write the cache between our read and
         # our `add` (the key may have been evicted, and the `add` would store the older answer).
         with self.store.user(user_id) as session:
@@ -164,11 +190,12 @@ class FastPoll:
             try:
                 with Timer(CACHE_SECONDS, "fill"):
                     stored = self._fill.fill(key, snap.answer, snap.version)
-                CACHE_FILLS.labels("stored" if stored else "exists").inc()
+                fill = "stored" if stored else "exists"
             except CacheError as exc:
-                CACHE_FILLS.labels("error").inc()
+                fill = "error"
                 self._warn.warning("fill", f"cache fill failed, answered without caching: {exc}")
-        return snap.answer
+            CACHE_FILLS.labels(fill).inc()
+        return snap.answer, fill
 
     def _retrying(self, op: Callable[[], T]) -> T:
         """op(), again on a new connection when the database connection broke under it."""
