@@ -38,36 +38,79 @@ OTHER_TASKS_S = 30.0
 
 
 def env(tmp: Path) -> dict[str, str]:
-    return {**os.environ, "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
-            "ANSIBLE_ROLES_PATH": str(ANSIBLE / "roles"), "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_HOME": str(tmp / "ansible-home")}  # fmt: skip
+    return {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
+        "ANSIBLE_ROLES_PATH": str(ANSIBLE / "roles"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_HOME": str(tmp / "ansible-home"),
+    }
 
 
 def playbook(tmp: Path, plays: list[dict[str, object]], *args: str) -> str:
     f = tmp / "play.yml"
     f.write_text(yaml.safe_dump(plays, sort_keys=False))
     run = subprocess.run(
-        [str(PLAYBOOK), "-i", str(INVENTORY), str(f), "-c", "local",
-         "-e", "fastpoll_release_id=test", *args],
-        capture_output=True, text=True, env=env(tmp), check=False, timeout=600,
-    )  # fmt: skip
+        [
+            str(PLAYBOOK),
+            "-i",
+            str(INVENTORY),
+            str(f),
+            "-c",
+            "local",
+            "-e",
+            "fastpoll_release_id=test",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env(tmp),
+        check=False,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     return run.stdout
 
 
 def test_inventory_is_the_generated_one(tmp_path: Path) -> None:
-    run = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), str(INVENTORY.parent / "generate.py")],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    run = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "python"), str(INVENTORY.parent / "generate.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert run.stdout == INVENTORY.read_text(), "regenerate hosts.yml with generate.py"
     graph = subprocess.run(
         [str(ROOT / ".venv" / "bin" / "ansible-inventory"), "-i", str(INVENTORY), "--list"],
-        capture_output=True, text=True, env=env(tmp_path), check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env(tmp_path),
+        check=True,
+    ).stdout
     inv = yaml.safe_load(graph)
-    sizes = {g: len(inv[g]["hosts"]) for g in
-             ("pollers", "memcached", "redis", "redis_sentinel", "postgresql", "app", "edge", "etcd")}  # fmt: skip
-    assert sizes == {"pollers": 150, "memcached": 6, "redis": 3, "redis_sentinel": 3,
-                     "postgresql": 3, "app": 8, "edge": 4, "etcd": 3}  # fmt: skip
+    sizes = {
+        g: len(inv[g]["hosts"])
+        for g in (
+            "pollers",
+            "memcached",
+            "redis",
+            "redis_sentinel",
+            "postgresql",
+            "app",
+            "edge",
+            "etcd",
+        )
+    }
+    assert sizes == {
+        "pollers": 150,
+        "memcached": 6,
+        "redis": 3,
+        "redis_sentinel": 3,
+        "postgresql": 3,
+        "app": 8,
+        "edge": 4,
+        "etcd": 3,
+    }
     # etcd on hosts that are neither database nor monitoring hosts
     assert not set(inv["etcd"]["hosts"]) & set(
         inv["postgresql"]["hosts"] + inv["monitoring"]["hosts"]
@@ -88,8 +131,11 @@ def test_budgets_of_the_150_poller_fleet(tmp_path: Path) -> None:
         "--limit",
         "poll001",
     )
-    m = re.search(r"Connections: memcached (\d+) of (\d+) per node, Redis (\d+) of (\d+), "
-                  r"PostgreSQL (\d+) of (\d+)", " ".join(out.split()))  # fmt: skip
+    m = re.search(
+        r"Connections: memcached (\d+) of (\d+) per node, Redis (\d+) of (\d+), "
+        r"PostgreSQL (\d+) of (\d+)",
+        " ".join(out.split()),
+    )
     assert m, out[-3000:]
     mc, mc_max, rd, rd_max, pg, pg_max = map(int, m.groups())
     print(
@@ -105,12 +151,28 @@ def rollout(tmp: Path, batches: str, parallel: int | None = None) -> tuple[float
     play = next(p for p in site if p.get("hosts") == "pollers" and "serial" in p)
     out = playbook(
         tmp,
-        [{"name": "The pollers play's batches", "hosts": "pollers", "gather_facts": False,
-          "serial": play["serial"], "max_fail_percentage": play["max_fail_percentage"],
-          "tasks": [{"name": "Batch", "run_once": True, "ansible.builtin.debug": {
-              "msg": "BATCH {{ ansible_play_batch | length }} FORKS {{ ansible_forks }}"}}]}],
-        "-e", '{"fastpoll_poller_batches": %s}' % batches,
-    )  # fmt: skip
+        [
+            {
+                "name": "The pollers play's batches",
+                "hosts": "pollers",
+                "gather_facts": False,
+                "serial": play["serial"],
+                "max_fail_percentage": play["max_fail_percentage"],
+                "tasks": [
+                    {
+                        "name": "Batch",
+                        "run_once": True,
+                        "ansible.builtin.debug": {
+                            "msg": "BATCH {{ ansible_play_batch | length }}"
+                            " FORKS {{ ansible_forks }}"
+                        },
+                    }
+                ],
+            }
+        ],
+        "-e",
+        f'{{"fastpoll_poller_batches": {batches}}}',
+    )
     found = re.findall(r"BATCH (\d+) FORKS (\d+)", out)
     sizes = [int(b) for b, _ in found]
     forks = int(found[0][1])

@@ -38,13 +38,27 @@ A, B, C = "10.0.0.21 6379", "10.0.0.22 6379", "10.0.0.23 6379"
 
 
 def master(name: str, addr: str, keys: int = 0, replicas: int = 0) -> dict[str, Any]:
-    return {"name": name, "addr": addr, "answered": True, "role": "master", "master": "",
-            "replicas": replicas, "keys": keys}  # fmt: skip
+    return {
+        "name": name,
+        "addr": addr,
+        "answered": True,
+        "role": "master",
+        "master": "",
+        "replicas": replicas,
+        "keys": keys,
+    }
 
 
 def replica(name: str, addr: str, of: str, keys: int = 0) -> dict[str, Any]:
-    return {"name": name, "addr": addr, "answered": True, "role": "slave", "master": of,
-            "replicas": 0, "keys": keys}  # fmt: skip
+    return {
+        "name": name,
+        "addr": addr,
+        "answered": True,
+        "role": "slave",
+        "master": of,
+        "replicas": 0,
+        "keys": keys,
+    }
 
 
 def silent(name: str, addr: str, on_disk: bool) -> dict[str, Any]:
@@ -58,11 +72,19 @@ def silent(name: str, addr: str, on_disk: bool) -> dict[str, Any]:
         ([master("a", A), master("b", B), master("c", C)], False, A),
         ([master("a", A), silent("b", B, False), silent("c", C, False)], False, A),
         # the one master with data; the others its replicas or empty: that one, even if not first
-        ([replica("a", A, B, keys=5), master("b", B, keys=5, replicas=1), master("c", C)], False, B),
+        (
+            [replica("a", A, B, keys=5), master("b", B, keys=5, replicas=1), master("c", C)],
+            False,
+            B,
+        ),
         ([master("a", A, keys=9), silent("b", B, False)], False, A),
         # the bug this guards against: the first host came back as a master with stale data while
         # the real master (with its replica) is elsewhere: two masters hold data
-        ([master("a", A, keys=3), master("b", B, keys=5, replicas=1), replica("c", C, B)], False, ""),
+        (
+            [master("a", A, keys=3), master("b", B, keys=5, replicas=1), replica("c", C, B)],
+            False,
+            "",
+        ),
         # the real master is down (its data on disk), its replica follows it: refuse
         ([master("a", A), silent("b", B, True), replica("c", C, B, keys=5)], False, ""),
         ([master("a", A, keys=3), silent("b", B, True)], False, ""),
@@ -73,7 +95,7 @@ def silent(name: str, addr: str, on_disk: bool) -> dict[str, Any]:
         # explicit
         ([master("a", A, keys=3), master("b", B, keys=5, replicas=1)], True, A),
     ],
-)  # fmt: skip
+)
 def test_decision(probes: list[dict[str, Any]], bootstrap: bool, expected: str) -> None:
     got = decide(probes, A, bootstrap)
     assert got["master"] == expected, got
@@ -89,19 +111,36 @@ class Redis:
         self.name, self.port, self.dir = name, free_port(), tmp / name
         self.dir.mkdir()
         self.proc = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.dir),
-             "--save", "", "--appendonly", "no", "--requirepass", PASSWORD,
-             "--masterauth", PASSWORD],
-            stdout=(tmp / f"{name}.log").open("wb"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                "redis-server",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--dir",
+                str(self.dir),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--requirepass",
+                PASSWORD,
+                "--masterauth",
+                PASSWORD,
+            ],
+            stdout=(tmp / f"{name}.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
         wait_for(f"redis {name}", lambda: self.cli("PING") == "PONG", proc=self.proc)
 
     def cli(self, *args: str) -> str:
         run = subprocess.run(
             ["redis-cli", "--no-auth-warning", "-h", "127.0.0.1", "-p", str(self.port), *args],
-            env={**os.environ, "REDISCLI_AUTH": PASSWORD}, capture_output=True, text=True,
+            env={**os.environ, "REDISCLI_AUTH": PASSWORD},
+            capture_output=True,
+            text=True,
             check=False,
-        )  # fmt: skip
+        )
         return run.stdout.strip()
 
     def stop(self) -> None:
@@ -125,20 +164,58 @@ def run_master(
     tmp: Path, hosts: dict[str, dict[str, object]], extra: dict[str, object] | None = None
 ) -> tuple[int, str, dict[str, Any]]:
     inv = tmp / "inventory.yml"
-    inv.write_text(yaml.safe_dump({"all": {
-        "vars": {"ansible_connection": "local", "ansible_python_interpreter": str(ROOT / ".venv" / "bin" / "python"),
-                 "fastpoll_redis_password": PASSWORD, "fastpoll_release_id": "test"},
-        "hosts": hosts, "children": {"redis": {"hosts": {h: None for h in hosts}}}}}))  # fmt: skip
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "vars": {
+                        "ansible_connection": "local",
+                        "ansible_python_interpreter": str(ROOT / ".venv" / "bin" / "python"),
+                        "fastpoll_redis_password": PASSWORD,
+                        "fastpoll_release_id": "test",
+                    },
+                    "hosts": hosts,
+                    "children": {"redis": {"hosts": {h: None for h in hosts}}},
+                }
+            }
+        )
+    )
     out = tmp / "decision.json"
     play = tmp / "master.yml"
-    play.write_text(yaml.safe_dump([{
-        "name": "Find the Redis master", "hosts": "r1", "gather_facts": False,
-        "tasks": [
-            {"name": "The role's master.yml", "ansible.builtin.include_role": {"name": "redis", "tasks_from": "master"}},
-            {"name": "Keep the decision", "ansible.builtin.copy": {"content": "{{ redis_master_decision | to_json }}", "dest": str(out), "mode": "0644"}},
-        ]}]))  # fmt: skip
-    env = {**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "ansible" / "roles"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_HOME": str(tmp / "ansible-home")}  # fmt: skip
+    play.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "Find the Redis master",
+                    "hosts": "r1",
+                    "gather_facts": False,
+                    "tasks": [
+                        {
+                            "name": "The role's master.yml",
+                            "ansible.builtin.include_role": {
+                                "name": "redis",
+                                "tasks_from": "master",
+                            },
+                        },
+                        {
+                            "name": "Keep the decision",
+                            "ansible.builtin.copy": {
+                                "content": "{{ redis_master_decision | to_json }}",
+                                "dest": str(out),
+                                "mode": "0644",
+                            },
+                        },
+                    ],
+                }
+            ]
+        )
+    )
+    env = {
+        **os.environ,
+        "ANSIBLE_ROLES_PATH": str(ROOT / "ansible" / "roles"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_HOME": str(tmp / "ansible-home"),
+    }
     argv = [str(ANSIBLE_PLAYBOOK), "-i", str(inv), str(play)]
     if extra:
         (tmp / "extra.json").write_text(json.dumps(extra))
@@ -192,8 +269,14 @@ def test_a_silent_host_with_data_on_disk_is_refused(tmp_path: Path, redises: lis
     r1, _ = redises
     gone = tmp_path / "r3"
     gone.mkdir()
-    hosts = {"r1": host(r1), "r3": {"fastpoll_private_ip": "127.0.0.1", "fastpoll_redis_port": free_port(),
-                                     "redis_data_dir": str(gone)}}  # fmt: skip
+    hosts = {
+        "r1": host(r1),
+        "r3": {
+            "fastpoll_private_ip": "127.0.0.1",
+            "fastpoll_redis_port": free_port(),
+            "redis_data_dir": str(gone),
+        },
+    }
     rc, out, decision = run_master(tmp_path, hosts)
     assert rc == 0 and decision["master"] == f"127.0.0.1 {r1.port}", (
         out

@@ -306,6 +306,7 @@ all:
     # group's first notification waits 5 s, a changed one 10 s.
     alertmanager_page_webhook_url: http://$BRIDGE_ADDR:$WEBHOOK_PORT/page
     alertmanager_ticket_webhook_url: http://$BRIDGE_ADDR:$WEBHOOK_PORT/ticket
+    alertmanager_watchdog_webhook_url: http://$BRIDGE_ADDR:$WEBHOOK_PORT/watchdog
     alertmanager_group_wait: 5s
     alertmanager_group_interval: 10s
     monitoring_slo_time_divisor: 30

@@ -22,9 +22,10 @@ X-Poll-Source and ETag, the newest id expected and the one served, the rollout s
 send and at receipt (STEP_FILE, written by the fleet test's membership scenario), the publish that
 set the expectation (app host, start and return, every attempt with its error) and any publish to
 that user still in flight. Publishes carry an Idempotency-Key, so a retried one (the app host
-restarting) stores one message, whichever attempt committed it. nginx names the instance that answered only in its
-access log (ua=, the upstream address); `--annotate` adds each violation's access-log lines
-(the user's requests within a second of it, on the poller that answered) to OUT_JSON.
+restarting) stores one message, whichever attempt committed it. nginx names the instance that
+answered only in its access log (ua=, the upstream address); `--annotate` adds each violation's
+access-log lines (the user's requests within a second of it, on the poller that answered) to
+OUT_JSON.
 """
 
 import json
@@ -68,9 +69,7 @@ class Step:
 
 
 def main() -> int:
-    key_file, token_file, apps_s, pollers_s, first_s, count_s, stop_s, out_s = sys.argv[
-        1:9
-    ]
+    key_file, token_file, apps_s, pollers_s, first_s, count_s, stop_s, out_s = sys.argv[1:9]
     step = Step(sys.argv[9] if len(sys.argv) > 9 else None)
     secret = load_secrets(key_file)[0]
     token = Path(token_file).read_text().strip()
@@ -82,9 +81,7 @@ def main() -> int:
     urls = {}
     for u in users:
         target = b"/Poll/getMessages?user_id=%d" % u
-        q = signed_query(
-            secret, derive_key(b"/Poll", target[len(b"/Poll") :], [b"user_id"]), exp
-        )
+        q = signed_query(secret, derive_key(b"/Poll", target[len(b"/Poll") :], [b"user_id"]), exp)
         urls[u] = (target + b"&" + q).decode()
     published: dict[int, int] = {}
     # The publish that set published[u], and the one under way per user (the evidence).
@@ -185,9 +182,7 @@ def main() -> int:
             ev["publish_in_flight"] = in_flight.get(u)
             if len(violations) < KEEP:
                 violations.append(ev)
-        print(
-            f"membership_check: {kind}: {json.dumps(ev)}", file=sys.stderr, flush=True
-        )
+        print(f"membership_check: {kind}: {json.dumps(ev)}", file=sys.stderr, flush=True)
 
     def publisher() -> None:
         rng, i = random.Random(7), 0
@@ -254,11 +249,7 @@ def main() -> int:
         time.sleep(0.005)
     done.set()
     pub.join(15)
-    ratios = [
-        c["cache"] / sum(c.values())
-        for _, c in sorted(buckets.items())
-        if sum(c.values())
-    ]
+    ratios = [c["cache"] / sum(c.values()) for _, c in sorted(buckets.items()) if sum(c.values())]
     result = {
         "seconds": round(time.time() - t0, 1),
         "started": stamp(t0),
