@@ -160,7 +160,7 @@ bench-quick: venv build
 	$(PY) -m loadtests.bench --quick
 	$(VENV)/bin/pytest -q loadtests/tests
 
-# Long polls and conditional polls with Nchan side by side (issue 12; <= 10 min, not in `make test`):
+# Long polls and conditional polls with Nchan side by side (<= 10 min, not in `make test`):
 # loadtests/results/longpoll-*.json, then docs/benchmarks.md again from the latest full make bench
 # run and this one. Debian's Nchan module is installed for it (its nginx only).
 bench-longpoll: venv build
@@ -204,7 +204,7 @@ clean:
 	$(MAKE) -C poll_server clean
 	rm -rf $(VENV)
 
-# The contract under fire (issue 20; docs/operations.md, "The contract checker"): real stacks on
+# The contract under fire (docs/operations.md, "The contract checker"): real stacks on
 # free loopback ports, clients recording every operation, a nemesis on a schedule drawn from the
 # seed, then the rules of docs/api.md "The contract, as checked". A failure prints its seed.
 #   check-contract SEED=N MINUTES=M [CONFIG=mc1-sqlite|mc3-pg|redis-pg]: M minutes on each

@@ -1,4 +1,4 @@
-"""Failure drills under load, as a new user would run them (issue 11): a cache node lost or hung
+"""Failure drills under load, as a new user would run them: a cache node lost or hung
 while wrk polls random users, and what the clients and the app saw.
 
     .venv/bin/python loadtests/drills.py node-loss [--fault kill|stop] [--seconds 30]

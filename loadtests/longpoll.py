@@ -1,4 +1,4 @@
-"""Long polls and conditional polls, fastpoll and Nchan side by side (issue 12, "Benchmarks").
+"""Long polls and conditional polls, fastpoll and Nchan side by side (docs/benchmarks.md).
 
     .venv/bin/python -m loadtests.longpoll [--sizes 1000 5000 15000] [--seconds 20]
                                            [--interval-conns 50 10000] [--interval-seconds 6]

@@ -1,4 +1,4 @@
-"""Plain polls must not get slower (issue 24): one poll server build against another on the
+"""Plain polls must not get slower with channels: one poll server build against another on the
 seed's commands, with nginx `memcached_pass` as the yardstick, in interleaved rounds of one run.
 
     .venv/bin/python -m loadtests.plain_ab --old BINARY --new BINARY [--rounds 3] [--seconds 10]

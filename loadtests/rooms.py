@@ -1,4 +1,4 @@
-"""A room's delivery, fastpoll and Nchan side by side (issue 24, "Benchmarks").
+"""A room's delivery, fastpoll and Nchan side by side (docs/benchmarks.md).
 
     .venv/bin/python -m loadtests.rooms [--members 1000] [--seconds 30] [--rate 1]
                                         [--rounds 2] [--clients N] [--jitter-pct N]

@@ -1,4 +1,4 @@
-"""The write side (issue 24, "Benchmarks"): publishes/s and CPU per message, single publishes
+"""The write side (docs/benchmarks.md): publishes/s and CPU per message, single publishes
 against batches, on SQLite and PostgreSQL.
 
     .venv/bin/python -m loadtests.writes [--seconds 10] [--batch 100] [--rounds 2]
@@ -12,7 +12,7 @@ is shared between them). CPU is utime+stime from /proc of the app (its process t
 database (PostgreSQL's postmaster and backends; SQLite runs inside the app), and, reported
 apart, memcached and Redis. The cases run in interleaved rounds (each store's single and batch
 back to back), so other work's load falls on them alike; the summary is the median per case.
-The target (issue 24): at most 0.3 ms of CPU (app and database) per batched message.
+The target: at most 0.3 ms of CPU (app and database) per batched message.
 
 JSON: loadtests/results/writes-<stamp>.json.
 """

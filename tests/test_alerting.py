@@ -1,4 +1,4 @@
-"""Paging end to end (issue 21, "Paging that works"; docs/operations.md, "Alerting"): the rules
+"""Paging end to end (docs/operations.md, "Alerting"): the rules
 that ship (monitoring/rules/fastpoll.rules.yml) on a real Prometheus, the alertmanager role's
 configuration on a real Alertmanager, and a webhook receiver here, fed by a real local stack
 (two poll servers behind nginx, three memcached nodes with replicas, the app) under poll load,

@@ -1,4 +1,4 @@
-"""The app tier as a shared system of record (issue 10), on a real PostgreSQL started by the
+"""The app tier as a shared system of record, on a real PostgreSQL started by the
 harness: two app processes behind one nginx, an outbox that survives an app restart, and a hung
 memcached node that no longer slows the publishes of users on the other nodes."""
 

@@ -1,4 +1,4 @@
-"""Polls with channels through nginx, the poll server's side (docs/channels.md, issue 24), on
+"""Polls with channels through nginx, the poll server's side (docs/channels.md), on
 memcached and on Redis: the composed answer from the cache (the app's bytes, its ETag), 304,
 wait= polls woken by a room's publish (every member, one watch of the room's key) and by the
 user's own, the fallback when a part misses, refused inputs answered 4xx with nothing sent to

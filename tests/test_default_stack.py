@@ -1,6 +1,5 @@
 """The stack `make up` starts, as it starts it (one memcached node without replicas, Redis,
-SQLite, one poll server per core over TCP, signed poll URLs), keeps the contract of docs/api.md
-(issue 20, items 3 and 9):
+SQLite, one poll server per core over TCP, signed poll URLs), keeps the contract of docs/api.md:
 
 - a held poll is answered within milliseconds of a publish: the harness configures
   announcements on the stack's Redis by default (before, the default stack had none and a held

@@ -1,4 +1,4 @@
-"""The app is never buried (issue 11, item 2): nginx admits fallbacks up to
+"""The app is never buried: nginx admits fallbacks up to
 fastpoll_fallback_max_conns per host; the rest get a fast 503 with Retry-After
 (X-Poll-Source: shed), never a timeout and never a place in the app's queue.
 

@@ -1,4 +1,4 @@
-"""Held long polls that all disconnect at once leak nothing (issue 12, "Done when").
+"""Held long polls that all disconnect at once leak nothing.
 
 A lean stack (one memcached, one poll server, no nginx, no app): N polls with wait= and a
 matching If-None-Match are held straight on the poll server's unix socket, on one key and

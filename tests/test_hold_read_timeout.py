@@ -1,4 +1,4 @@
-"""A held poll's change is not lost when the read of its announcement times out (issue 20).
+"""A held poll's change is not lost when the read of its announcement times out.
 
 A lean stack (the cache, Redis for announcements, one poll server; no nginx, no app) with the
 contract checker's fault proxy (fastpoll_testkit.contract.proxy) on the poll server's path to

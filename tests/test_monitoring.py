@@ -1,4 +1,4 @@
-"""Monitoring (issue 14, docs/operations.md "Monitoring"): the files the monitoring role deploys,
+"""Monitoring (docs/operations.md, "Monitoring"): the files the monitoring role deploys,
 checked against the real programs.
 
 One local stack (testkit/fastpoll_testkit/stack.py, nginx writing its `fastpoll` access log) gets

@@ -1,4 +1,4 @@
-"""No client can take a poller out of nginx's rotation (issue 20, item 1; docs/security.md,
+"""No client can take a poller out of nginx's rotation (docs/security.md,
 "What a client can make nginx do to a poller").
 
 nginx marks a poller failed (max_fails=1: skipped for fail_timeout) when proxying to it fails or

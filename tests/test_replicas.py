@@ -1,4 +1,4 @@
-"""memcached replicas (issue 11 items 1 and 3): every key on its ketama node and on one replica
+"""memcached replicas: every key on its ketama node and on one replica
 (ketama over the other servers), the poll server failing over to the replica when the primary is
 down, hung, recovering or failing, and a membership change written to both placements.
 

@@ -1,4 +1,4 @@
-"""Poll server robustness (issue 11, item 5): each defect reproduced against a real poll server
+"""Poll server robustness: each defect reproduced against a real poll server
 and a real memcached or Redis on free loopback ports, without nginx or the app (the poll server's
 own answers are what is checked). Each test fails on the poll server before the fix.
 """

@@ -1,4 +1,4 @@
-"""Redis Sentinel in the poll server (issue 11, item 4): a master, a replica and three
+"""Redis Sentinel in the poll server: a master, a replica and three
 sentinels (redis-server --sentinel, Debian's redis-sentinel) on free loopback ports; the poll
 server asks the sentinels for the master. The drill kills the master under a light poll load:
 every poll gets an answer (a hit, or a fast 503 that nginx hands to the app), caching comes
@@ -189,7 +189,7 @@ def test_sentinel_with_no_sentinel_answering_fails_fast(
 
 
 def test_sentinel_failover_through_nginx(procs: Procs, tmp_path: Path) -> None:
-    """The drill of issue 11: kill -9 the master under wrk through nginx. 0 failed requests
+    """The failover drill: kill -9 the master under wrk through nginx. 0 failed requests
     (the polls of the failover go to the app), and the cached answers are served again from
     the promoted replica within the failover time."""
     sentinel_ports = [free_port() for _ in range(3)]

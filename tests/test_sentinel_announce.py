@@ -1,4 +1,4 @@
-"""Announcements through Redis Sentinel (issue 21, item 2): with [redis] sentinels and no
+"""Announcements through Redis Sentinel: with [redis] sentinels and no
 [announce] server, the app publishes on the master the sentinels name and every poll server
 subscribes there, on either backend; the sentinels require a password ([redis]
 sentinel_password_file, their requirepass) that both programs send.

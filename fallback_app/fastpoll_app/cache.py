@@ -323,7 +323,7 @@ class MemcachedCache:
             # Written even when the bytes are already the answer: the `cas` moves the
             # key's unique, so an older write still in flight (a `cas` on the unique read
             # before ours) fails. Skipping it let such a write land after the caller had
-            # settled the outbox, and stay until the TTL (issue 20, item 2).
+            # settled the outbox, and stay until the TTL.
             try:
                 if mc.cas(key, value, unique, time=self._ttl):
                     return

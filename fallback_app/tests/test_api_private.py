@@ -1,4 +1,4 @@
-"""Issue 10 at the API: bearer token, bad input, idempotency keys, mark-read up to an id,
+"""The private write API: bearer token, bad input, idempotency keys, mark-read up to an id,
 the config's sha256, the new config keys and the migrate command. Tests that touch the store run
 on SQLite and on PostgreSQL (the `settings` fixture)."""
 

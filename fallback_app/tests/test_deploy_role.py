@@ -1,5 +1,5 @@
-"""The Ansible role refuses to deploy an app host without the write API's bearer token (issue 20,
-item 8): before, it wrote api_token_file only when fastpoll_api_token was defined, and the app
+"""The Ansible role refuses to deploy an app host without the write API's bearer token:
+before, it wrote api_token_file only when fastpoll_api_token was defined, and the app
 served an open write API. The check runs alone (its own task file), against localhost."""
 
 from __future__ import annotations

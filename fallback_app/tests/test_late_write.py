@@ -1,4 +1,4 @@
-"""A late cache write never replaces a newer answer (issue 10, item 3).
+"""A late cache write never replaces a newer answer.
 
 A fault-injecting proxy between the app and the cache keeps back one publish's cache write until
 that publish has given up (timed out: 201 with X-Cache-Publish: pending), lets a newer publish
@@ -126,7 +126,7 @@ def test_late_write_leaves_the_newer_answer(
 def test_late_write_after_an_equal_answer(
     backend: tuple[str, Server], app_db: str, tmp_path: Path, held_mark_read: bool
 ) -> None:
-    """Issue 20, item 2: the newer write's answer equals the cached bytes (b"" after b"").
+    """The newer write's answer equals the cached bytes (b"" after b"").
     publish "one"; mark it read; hold cache writes; publish "two" (pending); mark "two" read;
     release. The mark-read must still move the key's CAS unique (memcached) or its version
     (Redis), so the held write of "two" is refused; and its outbox row must stay until the
@@ -165,7 +165,7 @@ def test_late_write_after_an_equal_answer(
 
 
 def test_key_evicted_between_gets_and_cas(memcached: Server, app_db: str, tmp_path: Path) -> None:
-    """Issue 20, item 9: the key disappears (evicted, expired) between put's `gets` and its
+    """The key disappears (evicted, expired) between put's `gets` and its
     `cas`. memcached answers the `cas` NOT_FOUND; put must read again and `add`, not give up
     and leave the publish `pending`."""
     evicted: list[bytes] = []

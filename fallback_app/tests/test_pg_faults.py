@@ -1,4 +1,4 @@
-"""PostgreSQL under faults (issue 20, items 6 and 7): a user's order held for long fails that
+"""PostgreSQL under faults: a user's order held for long fails that
 user's requests with 503, not every user's with 500; a hung memcached node no longer takes the
 pooled connections of the other nodes' users; connections carry lock and statement timeouts and
 TCP keepalives; terminated backends and a real restart give no 500, /healthz says 503 while the

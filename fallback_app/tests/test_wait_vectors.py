@@ -1,4 +1,4 @@
-"""The app's half of the one definition of `wait` (issue 20, item 1): every case of the vectors
+"""The app's half of the one definition of `wait`: every case of the vectors
 shared with nginx and the poll server (tests/vectors/wait.json) through conditional.wait_seconds.
 "refuse" is BadWait, which the poll route answers 400."""
 

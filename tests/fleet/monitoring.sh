@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2154  # seed_user: set by run.sh
-# Monitoring checks of the fleet test (issue 14), sourced by tests/fleet/run.sh after the deploy,
+# Monitoring checks of the fleet test, sourced by tests/fleet/run.sh after the deploy,
 # which then calls fleet_monitoring_checks. It uses lib.sh's helpers (on, assert_route, expect,
 # say, die) and arrays (IP, FLEET, POLLERS, APPS), and the inventory settings lib.sh gives the
 # fleet for this: fastpoll_prometheus_clients (the control node may query Prometheus), a 2 s scrape
@@ -16,7 +16,7 @@
 #      node_exporter, Redis and PostgreSQL are up.
 #   4. One poll server instance stopped: PollerDown fires within its `for` window (not before it),
 #      and clears after the instance is started again.
-#   5. Paging drills (issue 21; docs/operations.md, "Alerting"), against a webhook receiver on the
+#   5. Paging drills (docs/operations.md, "Alerting"), against a webhook receiver on the
 #      control node (fastpoll_testkit.webhook, on the bridge address; lib.sh's inventory points
 #      Alertmanager's page and ticket webhooks at it, runs the SLO rules 30 times faster,
 #      monitoring_slo_time_divisor, and shortens the cache alerts' `for` and Alertmanager's

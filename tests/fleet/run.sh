@@ -1,7 +1,7 @@
 #!/bin/bash
 # The fleet test: a real Ansible deployment of fastpoll to Debian 12 hosts booted here with
-# systemd-nspawn (a fleet of three, plus one single-host deployment), then checks of what the
-# issue asks (docs/deploy.md, "The fleet test").
+# systemd-nspawn (a fleet of three, plus one single-host deployment), then checks of what a
+# deployment must do (docs/deploy.md, "The fleet test").
 #
 #   tests/fleet/run.sh [NAME[,NAME...]|all|--list]   (as root; `make test-deploy [SCENARIO=NAME]`)
 #

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# PostgreSQL with failover and backups off the database host in the fleet test (issue 21), sourced
+# PostgreSQL with failover and backups off the database host in the fleet test, sourced
 # by tests/fleet/run.sh, which runs sc_postgres_ha as the scenario postgres-ha. It uses lib.sh's
 # helpers (on, assert_route, publish, signed, expect, say, die, phase) and arrays (IP, POLLERS, APPS).
 #

@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2154  # redis_pass: set by run.sh
-# Redis behind Sentinel in the fleet test (issue 21): the scenario redis-sentinel, sc_redis_sentinel,
+# Redis behind Sentinel in the fleet test: the scenario redis-sentinel, sc_redis_sentinel,
 # for tests/fleet/run.sh to source and list last in SCENARIOS (it leaves Redis failed over). It uses
 # lib.sh's helpers (on, assert_route, playbook, recap_changed, signed, publish, expect, say, die,
 # phase) and arrays (IP, POLLERS, APPS).

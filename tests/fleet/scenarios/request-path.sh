@@ -35,7 +35,7 @@ for n in "${POLLERS[@]}"; do
 done
 say "miss -> fallback -> hit, and a POST through the fallback: ok on ${POLLERS[*]}"
 
-# Long polls through the edge (issue 12). The rendered config first: the [server] long-poll keys,
+# Long polls through the edge. The rendered config first: the [server] long-poll keys,
 # [poll] and [announce] (the fleet's Redis, with the memcached backend) in fp-poll1's ini, and
 # nginx's held-poll read timeout from the same max_wait (30 + 10 s).
 on fp-poll1 bash -s "${IP[fp-data1]}" <<'EOF' || die "fp-poll1: long-poll config check failed"
