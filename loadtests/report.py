@@ -23,6 +23,7 @@ import fnmatch
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -496,6 +497,10 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
+    )
+    # The previous build's checkout, as plain_ab.py's command names it, without its commit.
+    env.filters["base_build"] = lambda c: re.sub(
+        r"fastpoll-base-[0-9a-f]+(\+dirty)?", "fastpoll-base", c
     )
     env.filters["n"] = lambda v, d=0: "–" if v is None else f"{v:,.{d}f}"
     # Truncated, not rounded: 0.897 must not read as the 0.90 it misses.

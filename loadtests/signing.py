@@ -1,4 +1,5 @@
-"""Signed poll URLs for the load generators (docs/security.md, loadtests/NOTES-security.md).
+"""Signed poll URLs for the load generators (docs/security.md, "A user reads only their own
+answers: signed, expiring poll URLs").
 
 The stack signs poll URLs as production does: a poll without a valid `exp`/`sig` gets 403. The
 signature covers the cache key, not the request, so every URL is signed once before the load and

@@ -277,8 +277,8 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
     assert "| PostgreSQL | batch of 100 | 800 | 0.200 ms | 0.050 ms | **0.250 ms** |" in md
     assert "| SQLite | single | 200 | 1.400 ms | (in the app) | **1.400 ms** |" in md
     assert "**met** in this run" in md
-    assert "| fastpoll cc9fbe0 | 10,000 |" in md
-    assert "63564ab over cc9fbe0: req/s **0.990×** with ab" in md
+    assert "| fastpoll, the previous build | 10,000 |" in md
+    assert "This build over the previous one: req/s **0.990×** with ab" in md
     assert "CPU per request\n**0.980×** and **1.020×**" in md
     assert "| memcached | 15.0% | 11.0% |" in md  # mc-worker and mc-lrumaint together
     assert "| poll servers | 30.0% | 21.0% |" in md
