@@ -29,7 +29,7 @@ endef
 deps:
 	$(call apt_install,$(APT_PACKAGES))
 
-$(VENV)/.done: fallback_app/pyproject.toml pyproject.toml
+$(VENV)/.done: fallback_app/pyproject.toml pyproject.toml sdk/python/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# pylibmc from source: it must link Debian's libmemcached, the same ketama as the poll server.
@@ -37,7 +37,8 @@ $(VENV)/.done: fallback_app/pyproject.toml pyproject.toml
 	# selenium: tests/test_browser.py's driver, here so that mypy sees its types; the browser
 	# itself comes from make deps-browser.
 	# -e .: the test and bench kit (fastpoll_testkit, loadtests), imported by name everywhere.
-	$(PIP) install -q --no-binary pylibmc -e 'fallback_app[test]' -e . jinja2 ruff matplotlib \
+	# -e sdk/python: the Python SDK (fastpoll_client), tested against a real stack.
+	$(PIP) install -q --no-binary pylibmc -e 'fallback_app[test]' -e . -e sdk/python jinja2 ruff matplotlib \
 		types-PyYAML 'selenium>=4.20,<5'
 	touch $@
 
@@ -58,9 +59,9 @@ status:
 
 test-unit: venv build
 	$(MAKE) -C poll_server test check
-	$(VENV)/bin/ruff check fallback_app tests loadtests testkit poll_server/tests  # ruff.toml
+	$(VENV)/bin/ruff check fallback_app tests loadtests testkit poll_server/tests sdk/python  # ruff.toml
 	$(VENV)/bin/mypy fallback_app/fastpoll_app testkit/fastpoll_testkit tests loadtests \
-		poll_server/tests  # mypy.ini
+		poll_server/tests sdk/python/src/fastpoll_client sdk/python/tests  # mypy.ini
 	$(VENV)/bin/pytest -q fallback_app/tests
 
 # The integration suite runs once, on the ASan+UBSan poll server: any sanitizer report in a poll
@@ -69,6 +70,8 @@ test-unit: venv build
 test-integration: venv build deps-monitoring deps-browser
 	$(MAKE) -C poll_server sanitize
 	FP_POLL_SERVER=poll_server/build/poll_server-asan $(VENV)/bin/pytest -q -m "not soak" tests
+	# The Python SDK against a real stack (its own rootdir: sdk/python/pyproject.toml).
+	$(VENV)/bin/pytest -q sdk/python/tests
 	$(VENV)/bin/pytest -q -m soak tests
 
 # tests/test_browser.py: the browser client (client/) in headless Chromium, driven by Selenium.
@@ -209,7 +212,7 @@ clean:
 # seed, then the rules of docs/api.md "The contract, as checked". A failure prints its seed.
 #   check-contract SEED=N MINUTES=M [CONFIG=mc1-sqlite|mc3-pg|redis-pg]: M minutes on each
 #     configuration (every one unless CONFIG); replay a failure with the SEED and CONFIG it printed.
-#   check-contract-short [SEED=N]: mc1-sqlite and mc3-pg, 3 minutes in all; seed from the clock.
+#   check-contract-short [SEED=N]: mc1-sqlite and mc3-pg, about 3.5 minutes in all; seed from the clock.
 #   check-contract-defects [SEED=N]: each tests/contract/defects/*.patch on a copy of HEAD; the
 #     short run must find every one (about 4 minutes each).
 .PHONY: check-contract check-contract-short check-contract-defects
