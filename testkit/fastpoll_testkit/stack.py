@@ -280,6 +280,16 @@ class Proc:
     started: int = 0  # kernel start time of the pid: tells our process from a reused pid
 
 
+def _nginx_templates() -> jinja2.Environment:
+    """The repository's nginx templates, rendered as the harness always has (strict: a variable
+    the template needs and nobody gave is an error)."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(ROOT / "nginx"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+
+
 @dataclass
 class Stack:
     """The local stack. Ports default to free ones; `make up` passes fixed ones."""
@@ -439,6 +449,36 @@ class Stack:
         self.ini_path.write_text("\n".join(lines) + "\n")
         self._render_nginx()
 
+    def render_site_template(self, **extra: object) -> str:
+        """nginx/fastpoll.conf.j2 rendered with this stack's variables, its nginx_vars, then
+        extra: the stack's own site, or with fastpoll_part "http" / "locations" the snippets a
+        site's existing nginx includes (docs/integrate.md), aimed at this stack's pollers and
+        apps."""
+        ngx = self.run_dir / "nginx"
+        variables: dict[str, object] = {
+            "fastpoll_listen": f"127.0.0.1:{self.http_port}",
+            "fastpoll_pollers": [
+                f"unix:{self.poller_socket(i)}" if self.poller_unix else f"127.0.0.1:{p}"
+                for i, p in enumerate(self.poller_ports)
+            ],
+            "fastpoll_apps": [f"127.0.0.1:{p}" for p in self.app_ports],
+            # The browser client and its demo page (client/), under /fastpoll-client/.
+            "fastpoll_client_root": str(ROOT / "client"),
+            # The template's "auto" active pollers follow the host's cores.
+            "fastpoll_cores": os.cpu_count() or 1,
+            # The pollers' own max_wait, as the Ansible roles share one variable: nginx's
+            # held-poll read timeout (10 s above it) must never cut a wait the poller still
+            # honours (a timeout there marks the poller failed).
+            "fastpoll_poll_max_wait": int(
+                self.ini_sections().get("poll", {}).get("max_wait", "30")
+            ),
+            **({"fastpoll_status_port": self.nginx_status_port} if self.nginx_status_port else {}),
+            **({"fastpoll_access_log": str(ngx / "access.log")} if self.access_log else {}),
+            **self.nginx_vars,
+            **extra,
+        }
+        return _nginx_templates().get_template("fastpoll.conf.j2").render(**variables)
+
     def _render_nginx(self) -> None:
         ngx = self.run_dir / "nginx"
         for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
@@ -448,41 +488,12 @@ class Stack:
             run_as = "nobody nogroup"
             for d in [ngx / "tmp", *(ngx / "tmp").iterdir()]:
                 shutil.chown(d, "nobody", "nogroup")
-        env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(ROOT / "nginx"),
-            undefined=jinja2.StrictUndefined,
-            keep_trailing_newline=True,
-        )
-        site = env.get_template("fastpoll.conf.j2").render(
-            **{
-                "fastpoll_listen": f"127.0.0.1:{self.http_port}",
-                "fastpoll_pollers": [
-                    f"unix:{self.poller_socket(i)}" if self.poller_unix else f"127.0.0.1:{p}"
-                    for i, p in enumerate(self.poller_ports)
-                ],
-                "fastpoll_apps": [f"127.0.0.1:{p}" for p in self.app_ports],
-                # The browser client and its demo page (client/), under /fastpoll-client/.
-                "fastpoll_client_root": str(ROOT / "client"),
-                # The template's "auto" active pollers follow the host's cores.
-                "fastpoll_cores": os.cpu_count() or 1,
-                # The pollers' own max_wait, as the Ansible roles share one variable: nginx's
-                # held-poll read timeout (10 s above it) must never cut a wait the poller still
-                # honours (a timeout there marks the poller failed).
-                "fastpoll_poll_max_wait": int(
-                    self.ini_sections().get("poll", {}).get("max_wait", "30")
-                ),
-                **(
-                    {"fastpoll_status_port": self.nginx_status_port}
-                    if self.nginx_status_port
-                    else {}
-                ),
-                **({"fastpoll_access_log": str(ngx / "access.log")} if self.access_log else {}),
-                **self.nginx_vars,
-            }
-        )
+        site = self.render_site_template()
         (ngx / "fastpoll.conf").write_text(site)
-        main = env.get_template("nginx-local.conf.j2").render(
-            **{"run_dir": str(ngx), "run_as_user": run_as, **self.nginx_vars}
+        main = (
+            _nginx_templates()
+            .get_template("nginx-local.conf.j2")
+            .render(**{"run_dir": str(ngx), "run_as_user": run_as, **self.nginx_vars})
         )
         (ngx / "nginx.conf").write_text(main)
 
