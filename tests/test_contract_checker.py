@@ -15,8 +15,11 @@ from fastpoll_testkit.contract.history import (
     CACHE,
     CACHE_DELAY,
     CACHE_DOWN,
+    CACHE_SLOW,
     DB,
+    DB_READ_ONLY,
     POLLER,
+    USER_LOCK,
     Fault,
     History,
     Op,
@@ -288,18 +291,20 @@ def test_the_history_round_trips_through_json_lines(tmp_path: Path) -> None:
 
 
 def test_the_schedule_is_a_function_of_the_seed(tmp_path: Path) -> None:
+    from fastpoll_testkit.contract.__main__ import SHORT_SECONDS
     from fastpoll_testkit.contract.run import CONFIGS
 
     def plan(seed: int) -> list[tuple[float, str, dict[str, object]]]:
-        run = Run(CONFIGS["mc3-pg"], Settings(seed, 50.0), tmp_path)
+        run = Run(CONFIGS["mc3-pg"], Settings(seed, SHORT_SECONDS), tmp_path)
         run.proxy_names = ["memcached-0", "memcached-1", "memcached-2", "announce"]
         run.stack.poller_ports = [1, 2]
         return run.schedule()
 
     assert plan(5) == plan(5) and plan(5) != plan(6)
     kinds = [k for _, k, _ in plan(5)]
-    # The shapes of the defects the checker must find come up in every short run.
-    assert kinds.count("cache-delay-reads") >= 1 and kinds.count("cache-hold-writes") >= 1
+    # The first deck has every kind once: a short run meets each (the new ones included).
+    assert set(kinds) == set(Run(CONFIGS["mc3-pg"], Settings(5, 1.0), tmp_path).kinds())
+    assert {"cache-read-stall", "cache-slow-reads", "db-read-only", "user-lock"} <= set(kinds)
     assert len(HOSTILE) > 5 and Params().held_bound_s == 0.25
 
 
@@ -370,3 +375,85 @@ def test_the_room_is_numbered_by_its_messages_ids(tmp_path: Path) -> None:
     assert [o.index for o in ops] == [2, 1, -1]
     assert ops[1].body == '{"messages":[{"id":11,"text":"a"}]}'
     assert ops[0].body == '{"messages":[{"id":11,"text":"a"},{"id":12,"text":"b"}]}'
+
+
+def slow_reads(start: float = 2.8, end: float = 8.0) -> Fault:
+    return Fault("cache-slow-reads", "memcached-0", start, end, [CACHE_SLOW], delay_s=0.2)
+
+
+def test_a_held_poll_waiting_out_slow_cache_reads_is_found() -> None:
+    # "two" returned at 3.1 while every cache read was 200 ms late (over timeout_ms): the poll
+    # waited for its re-check, not the app. Rule 3 leaves it to rule 8.
+    late = Op("held", 1, 2.9, 7.9, 304, "", inm_body="", wait=5)
+    h = history(late, faults=[slow_reads()])
+    assert violations(h, "3-held-bound") == 0
+    assert violations(h, "8-held-stall") == 1
+    on_time = Op("held", 1, 2.9, 4.5, 200, TWO, inm_body="", wait=5)
+    assert violations(history(on_time, faults=[slow_reads()]), "8-held-stall") == 0
+
+
+def test_a_stall_judges_held_polls_unless_another_fault_meets_them() -> None:
+    stall = Fault("cache-stall", "memcached", 3.0, 3.6, [CACHE, CACHE_DOWN, CACHE_SLOW])
+    late = Op("held", 1, 2.9, 7.9, 304, "", inm_body="", wait=5)
+    assert violations(history(late, faults=[stall]), "8-held-stall") == 1
+    cut = Fault("announce-cut", "announce", 2.0, 4.0, [ANNOUNCE])
+    h = history(late, faults=[stall, cut])
+    assert violations(h, "8-held-stall") == 0
+    assert check(h).rules["8-held-stall"].excluded == 1
+
+
+def test_held_polls_without_slow_reads_are_not_rule_8s() -> None:
+    late = Op("held", 1, 2.5, 5.0, 200, TWO, inm_body="", wait=5)
+    rep = check(history(late))
+    assert rep.rules["8-held-stall"].checked == 0
+
+
+def user_lock(uid: int = 2, start: float = 10.0, end: float = 14.0) -> Fault:
+    return Fault("user-lock", f"user {uid}", start, end, [USER_LOCK], params={"user": uid})
+
+
+def test_another_user_slowed_by_a_held_lock_is_found() -> None:
+    slow = Op("api", 3, 11.0, 14.0, 200, note="publish")
+    fast = Op("api", 3, 12.0, 12.1, 201, note="publish")
+    assert violations(history(slow, fast, faults=[user_lock()]), "9-isolation") == 1
+    failed = Op("api", 4, 11.0, 11.2, 503, note="read", headers={"retry-after": "1"})
+    h = history(failed, faults=[user_lock()])
+    assert violations(h, "9-isolation") == 1
+    assert violations(h, "4-5xx") == 1  # another user's 503: not the held order's
+
+
+def test_the_locked_user_and_its_batches_may_wait_and_get_503() -> None:
+    own = Op("api", 2, 11.0, 14.0, 503, note="publish", headers={"retry-after": "1"})
+    batch = Op("api", 7, 11.0, 14.0, 503, note="batch 3 [7, 2]", ids=[7, 2])
+    h = history(own, batch, faults=[user_lock()])
+    assert violations(h, "9-isolation") == 0
+    assert violations(h, "4-5xx") == 0
+
+
+def test_isolation_is_not_judged_during_another_fault() -> None:
+    slow = Op("poll", 3, 11.0, 14.0, 200, "", source="app")
+    pg = Fault("pg-restart", "postgres", 10.5, 12.0, [DB])
+    h = history(slow, faults=[user_lock(), pg])
+    assert violations(h, "9-isolation") == 0
+    assert check(h).rules["9-isolation"].excluded == 1
+
+
+def test_a_read_only_database_answers_writes_503_with_retry_after() -> None:
+    ro = Fault("db-read-only", "postgres", 20.0, 23.0, [DB_READ_ONLY])
+    ok = Op("api", 1, 21.0, 21.1, 503, note="publish", headers={"retry-after": "1"})
+    bare = Op("api", 1, 21.5, 21.6, 503, note="publish")
+    five = Op("api", 1, 22.0, 22.1, 500, note="publish", headers={"retry-after": "1"})
+    res = check(history(ok, bare, five, faults=[ro])).rules["4-5xx"]
+    assert [v.ops[0] for v in res.violations] == [bare, five]
+
+
+def test_answers_are_compared_on_the_state_they_show() -> None:
+    from fastpoll_testkit.contract.checker import canonical
+
+    listed = '{"unread":1,"newest":{"id":1,"text":"one"},"messages":[{"id":1,"text":"one"}]}'
+    assert canonical(listed) == ONE
+    room = '{"messages":[{"id":3,"text":"x"}],"before":2}'
+    assert canonical(room) == '{"messages":[{"id":3,"text":"x"}]}'
+    assert canonical('{"error":"bad"}') == '{"error":"bad"}' and canonical("") == ""
+    # A poll showing the listed form of "one" after the mark-read is still stale.
+    assert violations(history(Op("poll", 1, 2.5, 2.51, 200, listed)), "1-no-stale") == 1

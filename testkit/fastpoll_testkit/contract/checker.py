@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fastpoll_testkit.contract.history import (
     ANNOUNCE,
@@ -24,9 +24,12 @@ from fastpoll_testkit.contract.history import (
     CACHE,
     CACHE_DELAY,
     CACHE_DOWN,
+    CACHE_SLOW,
     DB,
+    DB_READ_ONLY,
     OBSERVED,
     POLLER,
+    USER_LOCK,
     Fault,
     History,
     Op,
@@ -43,6 +46,8 @@ RULES = {
     "5-nginx-poller": "nginx marks no poller failed outside a poller/cache fault",
     "6-hostile": "refused or ignored requests get the documented answer",
     "7-bad-input": "bad input to the API is refused with a well-formed 4xx",
+    "8-held-stall": "held polls answered within the bound while cache reads are slow or stalled",
+    "9-isolation": "a user's order held from outside slows no other user",
 }
 
 
@@ -61,6 +66,12 @@ class Params:
     # After a cache fault ends: the poll servers read replicas for recovery_ms (5 s) while the
     # outbox repairs; answers may come from the re-check meanwhile.
     cache_settle_s: float = 6.0
+    # Rule 8: a held poll is answered this long after the write that changed its answer
+    # returned while the cache's reads are slow or stalled (api.md: 300 ms + 5 x timeout_ms
+    # from the announcement, 10 x with replicas; 1.3 s at 100 ms, and a margin).
+    held_stall_bound_s: float = 2.0
+    # Rule 9: how long another user's call or poll may take while one user's order is held.
+    isolation_bound_s: float = 2.0
     # Around every fault window: scheduling slack of the clients and the nemesis.
     pad_s: float = 0.5
     # After PostgreSQL is back: the app's pool replaces its dead connections.
@@ -147,8 +158,35 @@ class _Model:
         return t < self.unknown_from.get(user, float("inf"))
 
 
+def canonical(body: str | None) -> str | None:
+    """The state an answer shows, as the model writes it: a user's unread count and newest
+    message, a room's messages. Other fields (derived from these: a list of the newest unread,
+    the id before the listed ones) are not compared; a body that is neither stays as it is."""
+    if not body or body[0] != "{":
+        return body
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(doc, dict):
+        return body
+    if "unread" in doc and "newest" in doc:
+        doc = {"unread": doc["unread"], "newest": doc["newest"]}
+    elif "messages" in doc and "error" not in doc:
+        doc = {"messages": doc["messages"]}
+    else:
+        return body
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+
+
+def _canonical_history(h: History) -> History:
+    ops = [replace(o, body=canonical(o.body), inm_body=canonical(o.inm_body)) for o in h.ops]
+    return replace(h, ops=ops)
+
+
 def check(h: History, p: Params | None = None) -> Report:
     p = p or Params()
+    h = _canonical_history(h)
     t0 = min((o.start for o in h.ops), default=0.0)
     rules = {name: RuleResult() for name in RULES}
     model = _Model(h)
@@ -159,6 +197,8 @@ def check(h: History, p: Params | None = None) -> Report:
     _rule5(h, p, rules["5-nginx-poller"])
     _rule6(h, rules["6-hostile"])
     _rule7(h, rules["7-bad-input"])
+    _rule8(h, model, p, rules["8-held-stall"])
+    _rule9(h, p, rules["9-isolation"])
     return Report(h.seed, h.config, rules, t0)
 
 
@@ -244,6 +284,7 @@ def _blocking(faults: list[Fault], lo: float, hi: float, p: Params) -> list[Faul
     settles = (
         (ANNOUNCE, p.announce_settle_s),
         (CACHE, p.cache_settle_s),
+        (CACHE_SLOW, p.cache_settle_s),
         (OBSERVED, p.cache_settle_s),
         (POLLER, p.pad_s),
     )
@@ -284,69 +325,184 @@ def _hit_latency(hits: list[Op], lo: float, hi: float) -> float:
     return longest
 
 
-def _rule3(h: History, model: _Model, p: Params, r: RuleResult) -> None:
-    """A held poll whose tag stopped being current: the first write k (from the state known when
-    the poll was sent) whose answer differs from the tag's, returned at t_k (or the poll's send
-    time, if state k was already known then), with no later write invoked before the deadline
-    t_k + bound (+ twice an injected cache read delay, `_read_delay`), so that state k alone was
-    current throughout (outbox_s later if W_k returned X-Cache-Publish: pending: the outbox
-    writes and announces it). The poll must be answered by the deadline, plus the longest cache hit
-    then (`_hit_latency`: the machine's own stall), unless a fault touched the announcement path,
-    the cache (held, hung, killed) or a poll server (`blocking`)."""
-    hits = sorted(
-        (o for o in h.ops
-         if o.kind in ("poll", "cond") and o.status in (200, 304) and o.source == "cache"),
+def _hits(h: History) -> list[Op]:
+    """Plain and conditional polls through nginx answered from the cache, by start."""
+    return sorted(
+        (
+            o
+            for o in h.ops
+            if o.kind in ("poll", "cond") and o.status in (200, 304) and o.source == "cache"
+        ),
         key=lambda o: o.start,
     )
+
+
+def _held_change(
+    h: History, model: _Model, p: Params, op: Op, bound: float, delayed: bool, strict: bool
+) -> tuple[int, float, float] | None:
+    """For a held poll: the first write k (from the state known when the poll was sent) whose
+    answer differs from the tag's, returned at t_k (or the poll's send time, if state k was
+    already known then), and the deadline t_k + bound (+ twice an injected cache read delay if
+    `delayed`, `_read_delay`; + outbox_s if W_k returned X-Cache-Publish: pending: the outbox
+    writes and announces it), such that (`strict`, rule 3) no later write was invoked before the
+    deadline (state k alone was current throughout), or (rule 8) no write invoked before the
+    deadline made the tag's answer again (from t_k on the tag was never current). None if there
+    is no such write before the wait's end."""
+    bodies = model.bodies(op.user)
+    ws = model.writes.get(op.user, [])
+    m = model.known(op.user, op.start)
+    for k in range(m, len(bodies)):
+        if bodies[k] == op.inm_body:
+            continue
+        t_k = max(op.start, ws[k - 1].end) if k else op.start
+        if t_k > op.start + op.wait - 1.0:
+            return None  # the wait ends about then anyway
+        deadline = t_k + bound
+        if delayed:
+            hi = t_k + bound + 0.2
+            deadline += 2 * _read_delay(h.faults, op.start, hi, p)
+        if k and ws[k - 1].headers.get("x-cache-publish") == "pending":
+            # Not in the cache, not announced: the outbox's rewrite announces it (api.md:
+            # within about 1 s, 3 s at most).
+            deadline += p.outbox_s
+        if strict:
+            if k < len(ws) and ws[k].start <= deadline:
+                continue  # the next write may have made the tag current again
+        else:
+            later = [j for j in range(k + 1, len(bodies)) if ws[j - 1].start <= deadline]
+            if any(bodies[j] == op.inm_body for j in later):
+                continue  # a later write may have made the tag current again
+        return k, t_k, deadline
+    return None
+
+
+def _held_polls(h: History, model: _Model, r: RuleResult) -> Iterable[Op]:
     for op in h.ops:
         if op.kind != "held" or op.status not in (200, 304) or op.inm_body is None:
             continue
         if not model.certain(op.user, op.end):
             r.excluded += 1
             continue
-        bodies = model.bodies(op.user)
-        ws = model.writes.get(op.user, [])
-        m = model.known(op.user, op.start)
-        found: tuple[int, float, float, list[Fault]] | None = None
-        for k in range(m, len(bodies)):
-            if bodies[k] == op.inm_body:
-                continue
-            t_k = max(op.start, ws[k - 1].end) if k else op.start
-            if t_k > op.start + op.wait - 1.0:
-                break  # the wait ends about then anyway
-            hi = t_k + p.held_bound_s + 0.2
-            window = _overlapping(h.faults, op.start, hi, p.pad_s, p.pad_s)
-            deadline = t_k + p.held_bound_s + 2 * _read_delay(h.faults, op.start, hi, p)
-            if k and ws[k - 1].headers.get("x-cache-publish") == "pending":
-                # Not in the cache, not announced: the outbox's rewrite announces it (api.md:
-                # within about 1 s, 3 s at most).
-                deadline += p.outbox_s
-            if k < len(ws) and ws[k].start <= deadline:
-                continue  # the next write may have made the tag current again
-            found = (k, t_k, deadline, window)
-            break
+        yield op
+
+
+def _late(hits: list[Op], op: Op, t_k: float, deadline: float) -> float | None:
+    """The deadline (plus the longest cache hit while the poll waited: the machine's own stall)
+    if the held poll was answered after it, else None."""
+    if op.end <= deadline:
+        return None
+    deadline += _hit_latency(hits, t_k, op.end)
+    return deadline if op.end > deadline else None
+
+
+def _rule3(h: History, model: _Model, p: Params, r: RuleResult) -> None:
+    """A held poll whose tag stopped being current (`_held_change`) must be answered by the
+    deadline, plus the longest cache hit then (`_hit_latency`: the machine's own stall), unless a
+    fault touched the announcement path, the cache (held, hung, killed, reads failing) or a poll
+    server (`blocking`). Those with slow or stalled cache reads only are rule 8's."""
+    hits = _hits(h)
+    for op in _held_polls(h, model, r):
+        found = _held_change(h, model, p, op, p.held_bound_s, True, True)
         if found is None:
             continue
-        k, t_k, deadline, window = found
+        k, t_k, deadline = found
         r.checked += 1
-        if op.end <= deadline:
+        late = _late(hits, op, t_k, deadline)
+        if late is None:
             continue
-        deadline += _hit_latency(hits, t_k, op.end)
-        if op.end <= deadline:
-            continue
-
-        blocking = _blocking(h.faults, op.start, deadline, p)
-        if blocking:
+        if _blocking(h.faults, op.start, late, p):
             r.excluded += 1
             continue
         what = (
             f"user {op.user}: held poll (wait={op.wait}) answered {op.status} "
             f"{(op.end - t_k) * 1000:.0f} ms after write {k} returned "
-            f"(bound {(deadline - t_k) * 1000:.0f} ms)"
+            f"(bound {(late - t_k) * 1000:.0f} ms)"
         )
+        window = _overlapping(h.faults, op.start, t_k + p.held_bound_s + 0.2, p.pad_s, p.pad_s)
         r.violations.append(
             Violation("3-held-bound", what, [*_related(model, op.user, k, k + 1), op], window)
         )
+
+
+def _rule8(h: History, model: _Model, p: Params, r: RuleResult) -> None:
+    """Held polls while the cache's reads are slow (answers later than timeout_ms) or a node is
+    stalled (SIGSTOP, under a second): a held poll whose tag stopped being current while such a
+    fault met [s, t_k + bound] is answered within held_stall_bound_s of the write's return (as
+    `_held_change`, outbox_s more for a pending write; plus the longest cache hit then), as a
+    plain poll would be by the app. Not judged if another fault (not a slow or stalled read, nor
+    the trouble the poll servers logged about it) touched the announcement path, the cache or a
+    poll server then."""
+    hits = _hits(h)
+    slow = [f for f in h.faults if CACHE_SLOW in f.paths]
+    others = [f for f in h.faults if CACHE_SLOW not in f.paths and OBSERVED not in f.paths]
+    for op in _held_polls(h, model, r):
+        found = _held_change(h, model, p, op, p.held_stall_bound_s, False, False)
+        if found is None:
+            continue
+        k, t_k, deadline = found
+        during = _overlapping(slow, op.start, t_k + p.held_bound_s + 0.2, p.pad_s, p.pad_s)
+        if not during:
+            continue
+        r.checked += 1
+        late = _late(hits, op, t_k, deadline)
+        if late is None:
+            continue
+        if _blocking(others, op.start, late, p):
+            r.checked -= 1
+            r.excluded += 1
+            continue
+        what = (
+            f"user {op.user}: held poll (wait={op.wait}) answered {op.status} "
+            f"{(op.end - t_k) * 1000:.0f} ms after write {k} returned, cache reads slow or "
+            f"stalled (bound {(late - t_k) * 1000:.0f} ms)"
+        )
+        r.violations.append(
+            Violation("8-held-stall", what, [*_related(model, op.user, k, k + 1), op], during)
+        )
+
+
+def _lock_victims(f: Fault) -> set[int]:
+    return {int(str(f.params.get("user", -1)))} if USER_LOCK in f.paths else set()
+
+
+def _op_users(op: Op) -> set[int]:
+    """The users an operation waits for: its own, and a batch's owners."""
+    return {op.user, *(op.ids if op.kind == "api" and op.note.startswith("batch") else [])}
+
+
+ISOLATED = ("api", "poll", "cond", "bad-api")
+
+
+def _rule9(h: History, p: Params, r: RuleResult) -> None:
+    """While one user's order is held from outside (USER_LOCK), every other user's API call
+    (publish, mark-read, batch without that user, poll URL, refusal) and plain or conditional
+    poll through nginx sent during it is answered, 2xx-4xx, within isolation_bound_s. Not judged
+    if any other fault met it (widened by pad_s, and db_grace_s after a database fault, the
+    poll servers' logged cache trouble included): only users whose order and nodes are healthy
+    are promised this."""
+    locks = [f for f in h.faults if USER_LOCK in f.paths]
+    others = [f for f in h.faults if USER_LOCK not in f.paths]
+    for op in h.ops:
+        if op.kind not in ISOLATED:
+            continue
+        held = [f for f in locks if f.start <= op.start <= f.end]
+        if not held or any(_lock_victims(f) & _op_users(op) for f in held):
+            continue
+        near = _overlapping(others, op.start, op.end, p.pad_s, p.pad_s)
+        db = _overlapping(others, op.start, op.end, p.pad_s, p.pad_s + p.db_grace_s)
+        if near or any(_touches(f, [DB]) for f in db):
+            r.excluded += 1
+            continue
+        r.checked += 1
+        took = op.end - op.start
+        if op.status and op.status < 500 and took <= p.isolation_bound_s:
+            continue
+        what = (
+            f"user {op.user}: {op.kind} {op.note} answered {op.status or 'nothing'} in "
+            f"{took:.2f} s while user {sorted(set().union(*map(_lock_victims, held)))}'s order "
+            f"was held (bound {p.isolation_bound_s:g} s)"
+        )
+        r.violations.append(Violation("9-isolation", what, [op], held))
 
 
 def _cached_at(h: History) -> dict[int, list[float]]:
@@ -367,7 +523,7 @@ def _needed_the_app(h: History, p: Params, op: Op, seen: dict[int, list[float]])
     (any, a read delay included) met it or ended less than cache_settle_s before it was sent, or
     if its key was not seen in the cache since the last cache node hang or kill (the run's start
     if none) before it was sent."""
-    paths = [CACHE, CACHE_DOWN, CACHE_DELAY, OBSERVED]
+    paths = [CACHE, CACHE_DOWN, CACHE_DELAY, CACHE_SLOW, OBSERVED]
     near = _overlapping(h.faults, op.start, op.end, p.pad_s, p.pad_s + p.cache_settle_s)
     if any(_touches(f, paths) for f in near):
         return True
@@ -395,7 +551,13 @@ def _rule4(h: History, p: Params, r: RuleResult) -> None:
             if app_cannot and _needed_the_app(h, p, op, seen):
                 continue
             shed = _overlapping(h.faults, op.start, op.end, p.pad_s, p.pad_s + p.shed_grace_s)
-            if op.status == 503 and op.source == "shed" and any(_touches(f, [CACHE]) for f in shed):
+            # Every poll of a node whose reads fail goes to the app: shed beyond its share.
+            shedding = [CACHE, CACHE_SLOW]
+            if (
+                op.status == 503
+                and op.source == "shed"
+                and any(_touches(f, shedding) for f in shed)
+            ):
                 continue
             what = f"user {op.user}: {op.kind} through nginx answered {op.status or 'nothing'}"
             if app_cannot:
@@ -412,6 +574,16 @@ def _rule4(h: History, p: Params, r: RuleResult) -> None:
             # api.md: 503 when the user's order stayed taken 3 s (a write stuck on the cache).
             stuck = _overlapping(h.faults, op.start, op.end, p.pad_s, p.pad_s + p.order_wait_s)
             if op.status == 503 and any(_touches(f, [CACHE, CACHE_DOWN]) for f in stuck):
+                continue
+            # The user's order held from outside: its writes (a batch's with it) wait, then 503.
+            if op.status == 503 and any(_lock_victims(f) & _op_users(op) for f in stuck):
+                continue
+            # Writes refused by a read-only database: 503 with Retry-After (api.md), never 500.
+            if (
+                op.status == 503
+                and "retry-after" in op.headers
+                and any(_touches(f, [DB_READ_ONLY]) for f in db)
+            ):
                 continue
             if op.status == 0 and any(_touches(f, [APPS_DOWN, APP + op.target]) for f in around):
                 continue

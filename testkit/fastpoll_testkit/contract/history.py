@@ -11,6 +11,9 @@ from pathlib import Path
 CACHE = "cache"  # the cache path of every key (held, hung, killed: not a mere delay)
 CACHE_DOWN = "cache-down"  # a cache node (or the cache's Redis) hung or killed
 CACHE_DELAY = "cache-delay"  # cache reads slowed by Fault.delay_s; answers still arrive
+# Cache reads that do not come in time: answers later than [cache] timeout_ms, or a node stalled
+# (SIGSTOP) for under a second. Held polls must still get a changed answer (rule 8).
+CACHE_SLOW = "cache-slow"
 ANNOUNCE = "announce"  # the announcement path (Redis pub/sub, the subscriber's connection)
 # A poll server logged that a cache node did not answer in time or failed (not the nemesis: the
 # proxies' own latency on a loaded machine, or a consequence of a fault elsewhere).
@@ -18,7 +21,9 @@ OBSERVED = "cache-observed"
 # Only the app's path to the cache fails (its writes held; or a Redis cache hung, which has no
 # recovery window): the poll servers see nothing (design.md, "Where the rule holds, and where not").
 APP_PATH = "cache-app-path"
-DB = "db"  # PostgreSQL down or restarting
+DB = "db"  # PostgreSQL down or restarting (or its sessions terminated)
+DB_READ_ONLY = "db-read-only"  # PostgreSQL refuses writes (default_transaction_read_only on)
+USER_LOCK = "user-lock"  # one user's order held from outside (Fault.params["user"])
 APPS_DOWN = "apps-down"  # no app process can answer
 POLLER = "poller:"  # + index: that poll server restarting
 APP = "app:"  # + index: that app process restarting
@@ -46,7 +51,8 @@ class Op:
     target: str = ""
     expect: list[int] = field(default_factory=list)  # hostile, bad-api: the documented statuses
     note: str = ""
-    ids: list[int] = field(default_factory=list)  # publishes: the ids of the messages stored
+    # publishes: the ids of the messages stored; a batch's attempt (api): its owners
+    ids: list[int] = field(default_factory=list)
 
 
 @dataclass

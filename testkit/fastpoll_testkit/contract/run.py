@@ -24,14 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psycopg
 
+from fastpoll_app.store import PG_ORDER_CLASS, order_slot
 from fastpoll_testkit import rawhttp
 from fastpoll_testkit.contract import history as hist
 from fastpoll_testkit.contract.checker import Params, Report, check
 from fastpoll_testkit.contract.history import Fault, History, Op
 from fastpoll_testkit.contract.proxy import ProxyControl
 from fastpoll_testkit.procs import freeze
-from fastpoll_testkit.stack import Stack, free_port
+from fastpoll_testkit.stack import PG_DB, PG_USER, Stack, free_port
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ CONFIGS = {
     )
 }
 
+CH_OVER_MAX = "(signed for 17 rooms)"  # HOSTILE's marker: over_max_url's URL, not a suffix
 # The hostile client's requests (docs/api.md, "`wait`: long polls" and "If-None-Match"): what is
 # appended to a valid signed poll URL, the If-None-Match sent, the documented statuses and the
 # longest the answer may take (s). A refused request is 400 from nginx's poller and the app alike.
@@ -77,6 +80,9 @@ HOSTILE: list[tuple[str, str | None, list[int], float]] = [
     ("&ch=room.d,room.c", None, [400, 403], 4.0),
     ("&ch=room.c&CH=room.d", "*", [400, 403], 4.0),
     ("&ch=", None, [400, 403], 4.0),
+    # A URL validly signed for more rooms than the poll server's [channels] max (16): not the
+    # poll server's to refuse as unsigned (403) but a 404 there, so nginx asks the app: 400.
+    (CH_OVER_MAX, None, [400], 4.0),
 ]
 
 
@@ -136,6 +142,10 @@ ROOM_USER = 0
 ROOM_HISTORY = 5  # [channels] history of the run's stack: the room's answer keeps 5 messages
 ROOM_POLLERS = (1, 2)  # users whose room pollers run (held, and plain/conditional)
 _ROOM_MARK = f',"channels":{{"{ROOM}":'
+# What a fault takes beyond its length (the nemesis waits for a restarted process to answer).
+OVERHEAD_S = {"app-restart": 2.0, "pg-restart": 2.0, "cache-kill": 0.5, "poller-restart": 0.5}
+ROOM_ITEM_SIZE = "16k"  # memcached -I on the memcached configurations
+LONG_TEXT = "☃" * 2000  # the longest text (2,000 characters, 6,000 bytes): a third of the room's
 ROOM_WRITERS = 2  # threads publishing to the room, besides the batches' room items
 BATCH_USERS = 3  # users written by batches only
 
@@ -148,7 +158,12 @@ class Settings:
     params: Params = field(default_factory=Params)
     # Fault kinds the schedule draws once more per deck (each time listed): the shapes of the
     # defects the checker must find (a slow first cache read of a held poll, a held cache write).
-    priority: tuple[str, ...] = ("cache-delay-reads", "cache-delay-reads", "cache-hold-writes")
+    priority: tuple[str, ...] = (
+        "cache-delay-reads",
+        "cache-delay-reads",
+        "cache-hold-writes",
+        "cache-read-stall",
+    )
 
 
 def _user_body(unread: list[tuple[int, str]]) -> str:
@@ -215,6 +230,12 @@ class Run:
             n_pollers=2,
             db=config.db,
             apps=config.apps,
+            # memcached's items at most 16 KiB (-I), under what the app's config allows a room
+            # ([cache] item_max_bytes, 1 MiB by default): three long messages make the room's
+            # answer too large to cache, and its polls must then go to the app.
+            memcached_args=["-I", ROOM_ITEM_SIZE, "-o", "slab_chunk_max=8192"]
+            if config.backend == "memcached"
+            else [],
         )
 
     # ---- the stack, with proxies in its paths ------------------------------------------------
@@ -445,6 +466,8 @@ class Run:
                 index += 1
                 app = (index + n) % self.config.apps
                 text = f"room w{n} n{index} {rng.getrandbits(32):08x}" + rng.choice(["", " ☃"])
+                if rng.random() < 0.35:
+                    text = (text + " " + LONG_TEXT)[:2000]  # the room may grow past -I
                 op = Op("publish", ROOM_USER, time.monotonic(), target=str(app), note=text)
                 ok, got = self._write(
                     clients,
@@ -581,6 +604,7 @@ class Run:
             for o in owners
         }
         att = Op("api", owners[0], start, target=str(app), note=f"batch {n} {owners}")
+        att.ids = list(owners)
         got: dict[str, object] = {}
         try:
             r = clients[app].post("/api/messages/batch", json={"items": items})
@@ -855,12 +879,27 @@ class Run:
             for c in clients:
                 c.close()
 
+    def over_max_url(self, uid: int, rooms: int = 17) -> str:
+        """The user's poll URL with `rooms` rooms, signed as the app signs one (security.md; the
+        signature covers the key and the ch value)."""
+        from fastpoll_app import channels
+        from fastpoll_app.signing import load_secrets, signed_query
+
+        names = ",".join(f"room.m{i:02d}" for i in range(rooms))
+        key = channels.signed_key(f"/Poll/getMessages?user_id={uid}".encode(), names.encode())
+        secret = load_secrets(self.stack.secret_path)[0]
+        sig = signed_query(secret, key, int(time.time()) + 3600).decode()
+        return f"/Poll/getMessages?user_id={uid}&ch={names}&{sig}"
+
     def hostile(self) -> None:
         rng = self._rng("hostile")
         while not self.stop.wait(rng.uniform(1.0, 3.0)):
             uid = rng.randrange(1, self.s.users + 1)
             suffix, inm, expect, bound = rng.choice(HOSTILE)
-            target = self.stack.poll_url(uid) + suffix
+            if suffix == CH_OVER_MAX:
+                target = self.over_max_url(uid)
+            else:
+                target = self.stack.poll_url(uid) + suffix
             headers = {"If-None-Match": inm} if inm is not None else {}
             op = Op(
                 "hostile",
@@ -904,19 +943,23 @@ class Run:
             "announce-cut",
             "redis-stop",
         ]
+        kinds += ["cache-slow-reads", "cache-read-stall"]
         if self.config.backend == "memcached":
             kinds.append("cache-kill")
         if self.config.db == "postgresql":
-            kinds.append("pg-restart")
+            kinds += ["pg-restart", "db-read-only", "user-lock"]
         return kinds
 
     def schedule(self) -> list[tuple[float, str, dict[str, object]]]:
-        """(offset from the start, kind, parameters) for the whole run, from the seed: decks of
-        every kind once and each priority kind twice, shuffled, with gaps between faults."""
+        """(offset from the start, kind, parameters) for the whole run, from the seed: a first
+        deck of every kind once (a short run meets each), then decks of every kind once and each
+        priority kind once more per listing, shuffled, with gaps between faults. Each fault's
+        slot is its length plus what it takes beyond it (a restart's start-up) and a gap."""
         rng = self._rng("nemesis")
         plan: list[tuple[float, str, dict[str, object]]] = []
-        t = rng.uniform(2.0, 4.0)
-        deck: list[str] = []
+        t = rng.uniform(2.0, 3.0)
+        deck = self.kinds()
+        rng.shuffle(deck)
         while t < self.s.seconds - 6:
             if not deck:
                 deck = self.kinds() + [k for k in self.s.priority if k in self.kinds()]
@@ -924,7 +967,7 @@ class Run:
             kind = deck.pop()
             params = self._params(kind, rng)
             plan.append((t, kind, params))
-            t += float(str(params["length"])) + rng.uniform(1.0, 3.0)
+            t += float(str(params["length"])) + OVERHEAD_S.get(kind, 0.0) + rng.uniform(0.7, 2.0)
         return plan
 
     def _params(self, kind: str, rng: random.Random) -> dict[str, object]:
@@ -933,8 +976,27 @@ class Run:
         if kind == "cache-delay-reads":
             # Below the poll server's cache timeout (100 ms): slow reads, not failed ones.
             p.update(length=rng.uniform(5.0, 9.0), delay=round(rng.uniform(0.025, 0.06), 3))
+        elif kind == "cache-slow-reads":
+            # Above the poll servers' cache timeout (100 ms): every read fails, slowly; the
+            # polls go to the app, and held polls must too (rule 8).
+            p.update(length=rng.uniform(3.0, 5.0), delay=round(rng.uniform(0.15, 0.35), 3))
+        elif kind == "cache-read-stall":
+            # The poll servers' reads silent for under 500 ms (their line between a stall and a
+            # hang) while the app's writes go through: the announcement of a write made then
+            # comes while the re-read cannot be answered.
+            delay = round(rng.uniform(0.3, 0.48), 3)
+            p.update(length=delay, delay=delay)
         elif kind == "cache-hold-writes":
             p.update(length=rng.uniform(2.5, 4.5), reverse=rng.random() < 0.5)
+        elif kind == "db-read-only":
+            p.update(length=rng.uniform(2.0, 4.0))
+        elif kind == "user-lock":
+            # Mostly a batch user above the lowest (a batch holding lower slots then fails on it),
+            # else a single writer's user.
+            batch = self.batch_users[1:]
+            singles = list(range(1, self.s.users + 1))
+            victim = rng.choice(batch) if rng.random() < 0.6 else rng.choice(singles)
+            p.update(length=rng.uniform(2.0, 4.5), user=victim)
         elif kind in ("cache-hang", "cache-kill", "redis-stop", "pg-restart"):
             p.update(length=rng.uniform(1.0, 2.5))
         elif kind == "cache-stall":
@@ -972,11 +1034,20 @@ class Run:
     def _inject(self, f: Fault, length: float) -> None:
         st, p = self.stack, f.params
         node = str(p.get("node", ""))
-        if f.kind == "cache-delay-reads":
-            f.paths, f.delay_s = [hist.CACHE_DELAY], float(str(p["delay"]))
+        if f.kind in ("cache-delay-reads", "cache-slow-reads", "cache-read-stall"):
+            slow = f.kind != "cache-delay-reads"
+            f.paths, f.delay_s = [hist.CACHE_SLOW if slow else hist.CACHE_DELAY], float(
+                str(p["delay"])
+            )
             self._ctl(node, "read_delay", f.delay_s)
             time.sleep(length)
             self._ctl(node, "read_delay", 0.0)
+        elif f.kind == "db-read-only":
+            f.target, f.paths = "postgres", [hist.DB_READ_ONLY]
+            self._read_only(length)
+        elif f.kind == "user-lock":
+            f.target, f.paths = f"user {p['user']}", [hist.USER_LOCK]
+            self._hold_user_lock(int(str(p["user"])), length)
         elif f.kind == "cache-hold-writes":
             f.paths = [hist.CACHE, hist.APP_PATH]
             self._ctl(node, "hold", True)
@@ -990,6 +1061,8 @@ class Run:
                 f.paths += [hist.CACHE, hist.CACHE_DOWN]
             if name == "redis" and self.config.backend == "redis":
                 f.paths.append(hist.APP_PATH)  # no recovery window on the Redis backend
+            if f.kind == "cache-stall":
+                f.paths.append(hist.CACHE_SLOW)
             pid = st.procs[name].pid
             freeze(pid)
             time.sleep(length)
@@ -1024,6 +1097,51 @@ class Run:
             finally:
                 self.app_up[i].set()
 
+    def _pg(self, dbname: str) -> psycopg.Connection[tuple[object, ...]]:
+        """A connection of the nemesis's own to the run's PostgreSQL (its superuser)."""
+        password = (self.stack.run_dir / "pg.pass").read_text().strip()
+        return psycopg.connect(
+            f"host=127.0.0.1 port={self.stack.pg_port} user={PG_USER} dbname={dbname}",
+            password=password,
+            autocommit=True,
+            connect_timeout=5,
+        )
+
+    def _terminate_sessions(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        """Ends every session on the app's database (the apps' pooled connections), recorded
+        as a fault on the database path at that instant (a request in flight then may fail)."""
+        t = time.monotonic()
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (PG_DB,),
+        )
+        self.history.add_fault(Fault("db-terminate", "postgres", t, time.monotonic(), [hist.DB]))
+
+    def _read_only(self, length: float) -> None:
+        """PostgreSQL refuses writes for `length` s, as for maintenance: the database's
+        default_transaction_read_only on, and its sessions ended so that new ones take it; then
+        off, and the sessions ended again (a session keeps the setting it started with)."""
+        with self._pg("postgres") as conn:
+            conn.execute(f"ALTER DATABASE {PG_DB} SET default_transaction_read_only = on")
+            try:
+                self._terminate_sessions(conn)
+                time.sleep(length)
+            finally:
+                conn.execute(f"ALTER DATABASE {PG_DB} SET default_transaction_read_only = off")
+                self._terminate_sessions(conn)
+
+    def _hold_user_lock(self, uid: int, length: float) -> None:
+        """The user's order taken from outside for `length` s: the advisory lock the app takes
+        for it (store.py's key), held by a session of the nemesis (a host that hangs holding
+        it). The user's writes wait and get 503; every other user's must not notice (rule 9)."""
+        with self._pg(PG_DB) as conn:
+            conn.execute("SELECT pg_advisory_lock(%s, %s)", (PG_ORDER_CLASS, order_slot(uid)))
+            try:
+                time.sleep(length)
+            finally:
+                conn.execute("SELECT pg_advisory_unlock_all()")
+
     # ---- the run --------------------------------------------------------------------------
 
     def finish(self, writers: list[threading.Thread]) -> None:
@@ -1052,7 +1170,7 @@ class Run:
 
     def heal(self) -> None:
         """Ends every fault still in effect: no delay, held writes sent, silent connections
-        closed, every process running again."""
+        closed, every process running again. (The database's faults end with their own.)"""
         for name in self.proxy_names:
             self._ctl(name, "read_delay", 0.0)
             self._ctl(name, "release", False)
