@@ -61,7 +61,6 @@
 #define _POSIX_C_SOURCE 200809L /* getaddrinfo under -std=c11 */
 #endif
 #include <errno.h>
-#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -80,14 +79,13 @@
 #include "health.h"
 #include "node_health.h"
 #include "log.h"
+#include "mcproto.h"
 #include "resolve.h"
 #include "settings.h"
 #include "stats.h"
 
 #define MC_MAX_VALUE      (1024UL * 1024UL) /* larger: skipped, ERROR */
-#define MC_SKIP_MAX       (1024UL * 1024UL * 1024UL) /* memcached's -I cap */
 #define MC_SKIP_LOG_MS    10000         /* one warning per server per 10 s */
-#define MC_MAX_LINE       512           /* VALUE line: 6 + 250 + 3 numbers */
 #define MC_MAX_PENDING    10000         /* per server, beyond: fail fast */
 #define MC_CMD_MAX        (3 + FP_MAX_KEY_LEN + 6) /* "mg <key> v k\r\n" */
 #define MC_IN_MIN         ((size_t)64 * 1024) /* read buffer kept per connection */
@@ -106,7 +104,6 @@
 
 enum mc_conn_state { MC_DOWN, MC_CONNECTING, MC_UP };
 enum mc_log_state { MC_LOG_NONE, MC_LOG_UP, MC_LOG_DOWN };
-enum mc_parse_state { MC_PARSE_LINE, MC_PARSE_DATA, MC_PARSE_SKIP };
 /* What a connection speaks, learnt from its answer to "mn" (meta no-op):
  * "MN" from memcached >= 1.6 (meta commands), "ERROR" from older ones. */
 enum mc_proto { MC_PROTO_PROBING, MC_PROTO_CLASSIC, MC_PROTO_META };
@@ -163,10 +160,7 @@ struct mc_server {
     struct fp_health health;        /* backoff, hung, last bytes in */
     struct mc_reqq pending;         /* sent, in answer order */
     size_t npending;
-    enum mc_parse_state parse;
-    size_t want;                    /* MC_PARSE_DATA: value length */
-    unsigned long long skip;        /* MC_PARSE_SKIP: value bytes left */
-    int skipped;                    /* the value in MC_PARSE_DATA was skipped */
+    struct fp_mcp mcp;              /* the answers' parse state */
     uint64_t skip_logged_ms;        /* rate limit of the warning */
     enum mc_proto proto;            /* of this connection */
     enum mc_proto logged_proto;
@@ -348,12 +342,9 @@ static void server_reset(struct mc_server *s, const char *why,
     buf_reset(&s->out, MC_OUT_KEEP);
     s->health.last_rx_ms = 0;
     s->health.stalled = 0;
-    s->skip = 0;
-    s->skipped = 0;
+    fp_mcp_init(&s->mcp, MC_MAX_VALUE);
     s->gen++;
     s->state = MC_DOWN;
-    s->parse = MC_PARSE_LINE;
-    s->want = 0;
     TAILQ_INIT(&q);
     TAILQ_CONCAT(&q, &s->pending, link);
     s->npending = 0;
@@ -370,104 +361,6 @@ static void server_reset(struct mc_server *s, const char *why,
     }
 }
 
-/* Strict unsigned decimal, no sign, no spaces, bounded by max. */
-static int parse_num(const char *p, size_t n, unsigned long long max,
-                     unsigned long long *out)
-{
-    unsigned long long v = 0;
-    size_t i;
-
-    if (n == 0 || n > 20)
-        return -1;
-    for (i = 0; i < n; i++) {
-        if (p[i] < '0' || p[i] > '9')
-            return -1;
-        if (v > (ULLONG_MAX - (unsigned)(p[i] - '0')) / 10)
-            return -1;
-        v = v * 10 + (unsigned)(p[i] - '0');
-    }
-    if (v > max)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-static int starts_with(const char *line, size_t n, const char *word)
-{
-    size_t w = strlen(word);
-
-    return n >= w && memcmp(line, word, w) == 0 &&
-           (n == w || line[w] == ' ');
-}
-
-/* Splits an answer line into at most max tokens separated by single
- * spaces. Returns the count, or -1 for more tokens, an empty one (double
- * space) or a trailing space: memcached never sends those. */
-static int split_line(const char *line, size_t n, const char **tok,
-                      size_t *toklen, size_t max)
-{
-    size_t ntok = 0, i = 0, start;
-
-    while (i < n) {
-        if (ntok == max)
-            return -1;
-        start = i;
-        while (i < n && line[i] != ' ')
-            i++;
-        if (i == start)
-            return -1;
-        tok[ntok] = line + start;
-        toklen[ntok] = i - start;
-        ntok++;
-        if (i < n && ++i == n)
-            return -1;
-    }
-    return (int)ntok;
-}
-
-/* Parses "VALUE <key> <flags> <bytes>[ <cas>]" for the head request.
- * Returns the value length, or -1 on any mismatch. */
-static long parse_value_line(const char *line, size_t n, const struct mc_req *r)
-{
-    const char *tok[5];
-    size_t toklen[5];
-    unsigned long long flags, len, cas;
-    int ntok = split_line(line, n, tok, toklen, 5);
-
-    if (ntok != 4 && ntok != 5)
-        return -1;
-    if (toklen[1] != r->keylen || memcmp(tok[1], r->key, r->keylen) != 0)
-        return -1;
-    if (parse_num(tok[2], toklen[2], UINT32_MAX, &flags) != 0 ||
-        parse_num(tok[3], toklen[3], MC_SKIP_MAX, &len) != 0 ||
-        (ntok == 5 && parse_num(tok[4], toklen[4], ULLONG_MAX, &cas) != 0))
-        return -1;
-    return (long)len;
-}
-
-/* Parses "VA <bytes> <flags>*" (a hit) or "EN <flags>*" (a miss), the
- * answers to "mg <key> v k", for the head request: the k flag must give
- * its key back (1.6.18 returns it on a miss too; older 1.6 do not). Returns
- * the value length (0 for a miss), or -1 on any mismatch. */
-static long parse_meta_line(const char *line, size_t n, const struct mc_req *r,
-                            int hit)
-{
-    const char *tok[8];
-    size_t toklen[8];
-    unsigned long long len = 0;
-    int ntok = split_line(line, n, tok, toklen, 8);
-    int first_flag = hit ? 2 : 1, key_ok = !hit;
-
-    if (ntok < 0 || (hit && (ntok < 3 ||
-                             parse_num(tok[1], toklen[1], MC_SKIP_MAX, &len) != 0)))
-        return -1;
-    for (int i = first_flag; i < ntok; i++)
-        if (tok[i][0] == 'k')
-            key_ok = toklen[i] - 1 == r->keylen &&
-                     memcmp(tok[i] + 1, r->key, r->keylen) == 0;
-    return key_ok ? (long)len : -1;
-}
-
 /* The stream cannot be trusted: drop it, and retry only after the backoff
  * (a server that answers garbage at once must not be hammered). */
 static void server_bad(struct mc_server *s, const char *why,
@@ -477,107 +370,72 @@ static void server_bad(struct mc_server *s, const char *why,
     server_reset(s, why, first, FP_CACHE_ERROR);
 }
 
-/* A value too big for us: its bytes are read past as they come, then its
- * trailer is checked as for any value (MC_PARSE_DATA with s->skipped). */
-static void start_skip(struct mc_server *s, const struct mc_req *r,
-                       unsigned long long len)
+/* A value too big for us: mcproto.c reads its bytes past as they come,
+ * then checks its trailer as for any value; its request gets ERROR. */
+static void log_skip(struct mc_server *s, const struct fp_mcp_head *h,
+                     size_t len)
 {
     uint64_t now = fp_mono_ms();
 
     if (s->skip_logged_ms == 0 || now - s->skip_logged_ms >= MC_SKIP_LOG_MS) {
         fp_log(FP_LOG_WARN, "memcached %s: value of %llu bytes for %.*s is "
                "over the %lu byte limit: skipped, the poll falls back "
-               "(logged once per %d s)", s->name, len, (int)r->keylen, r->key,
-               MC_MAX_VALUE, MC_SKIP_LOG_MS / 1000);
+               "(logged once per %d s)", s->name, (unsigned long long)len,
+               (int)h->keylen, h->key, MC_MAX_VALUE, MC_SKIP_LOG_MS / 1000);
         s->skip_logged_ms = now;
     }
-    s->skip = len;
-    s->parse = MC_PARSE_SKIP;
 }
 
-/* Consumes every complete answer in the input buffer, in place. Returns 0,
- * or -1 after the server was reset (the buffers are then gone). Callbacks
- * run from here may queue gets (output only): the input stays put. Only a
- * complete hit or miss resets the backoff (health.h). */
+/* Pops the head request, answered. */
+static struct mc_req *server_pop(struct mc_server *s)
+{
+    struct mc_req *r = TAILQ_FIRST(&s->pending);
+
+    TAILQ_REMOVE(&s->pending, r, link);
+    s->npending--;
+    return r;
+}
+
+/* Consumes every complete answer in the input buffer, in place
+ * (mcproto.c parses, this acts). Returns 0, or -1 after the server was
+ * reset (the buffers are then gone). Callbacks run from here may queue
+ * gets (output only): the input stays put. Only a complete hit or miss
+ * resets the backoff (health.h). */
 static int server_parse(struct mc_server *s)
 {
     unsigned gen = s->gen;
+    struct fp_mcp_head head = { NULL, 0, 0, 0 };
+    struct fp_mcp_event ev;
     struct mc_req *r;
-    const char *p, *eol;
-    size_t avail, n, need;
-    long vlen;
 
     for (;;) {
-        p = s->in.data + s->in.off;
-        avail = s->in.len - s->in.off;
-        if (s->parse == MC_PARSE_SKIP) {
-            n = avail < s->skip ? avail : (size_t)s->skip;
-            s->in.off += n;
-            s->skip -= n;
-            if (s->skip > 0)
-                return 0;
-            s->parse = MC_PARSE_DATA;
-            s->want = 0;
-            s->skipped = 1;
-            continue;
+        r = TAILQ_FIRST(&s->pending);
+        if (r != NULL) {
+            /* r is this turn's TAILQ_FIRST; clang-analyzer does not see
+             * TAILQ_REMOVE update the head through tqe_prev and takes it
+             * for the request finished last turn.
+             * NOLINTBEGIN(clang-analyzer-unix.Malloc) */
+            head.key = r->key;
+            head.keylen = r->keylen;
+            head.meta = r->meta;
+            head.mn = r->probe && r->meta;
+            /* NOLINTEND(clang-analyzer-unix.Malloc) */
         }
-        if (s->parse == MC_PARSE_DATA) {
-            r = TAILQ_FIRST(&s->pending);
-            /* classic: data \r\n END\r\n; meta: data \r\n */
-            need = s->want + (r->meta ? 2 : 7);
-            if (avail < need)
-                return 0;
-            if (memcmp(p + s->want, "\r\nEND\r\n", need - s->want) != 0) {
-                server_bad(s, "protocol error after value", NULL);
-                return -1;
-            }
-            TAILQ_REMOVE(&s->pending, r, link);
-            s->npending--;
-            s->parse = MC_PARSE_LINE;
-            s->in.off += need;
-            if (s->skipped) {
-                s->skipped = 0;
-                req_finish(r, FP_CACHE_ERROR, NULL, 0);
-            } else {
-                fp_health_good(&s->health);
-                server_log_up(s);
-                /* Asked before its recovery window began, answered in it:
-                 * the value may be older than an acknowledged write. */
-                if (server_recovering(s))
-                    req_finish(r, FP_CACHE_ERROR, NULL, 0);
-                else
-                    req_finish(r, FP_CACHE_HIT, p, s->want);
-            }
-            if (s->gen != gen)
-                return -1;
-            continue;
-        }
-
-        if (avail == 0)
+        s->in.off += fp_mcp_parse(&s->mcp, s->in.data + s->in.off,
+                                  s->in.len - s->in.off,
+                                  r != NULL ? &head : NULL, &ev);
+        switch (ev.type) {
+        case FP_MCP_MORE:
             return 0;
-        eol = memmem(p, avail < MC_MAX_LINE + 2 ? avail : MC_MAX_LINE + 2,
-                     "\r\n", 2);
-        if (eol == NULL) {
-            if (avail >= MC_MAX_LINE + 2) {
-                server_bad(s, "protocol error: line too long", NULL);
-                return -1;
-            }
-            return 0;
-        }
-        n = (size_t)(eol - p);
-        s->in.off += n + 2;
-
-        if (s->proto == MC_PROTO_PROBING) {
-            /* The first answer on a connection is to "mn". It proves the
-             * server is there, not that it answers gets: no backoff reset. */
-            if (n == 2 && memcmp(p, "MN", 2) == 0) {
-                s->proto = MC_PROTO_META;
-            } else if (n == 5 && memcmp(p, "ERROR", 5) == 0) {
-                s->proto = MC_PROTO_CLASSIC;
-            } else {
-                server_bad(s, "protocol error: unexpected answer to mn", NULL);
-                return -1;
-            }
+        case FP_MCP_BAD:
+            server_bad(s, ev.why, NULL);
+            return -1;
+        case FP_MCP_PROTO_META:
+        case FP_MCP_PROTO_CLASSIC:
+            /* It proves the server is there, not that it answers gets: no
+             * backoff reset. */
+            s->proto = ev.type == FP_MCP_PROTO_META ? MC_PROTO_META
+                                                    : MC_PROTO_CLASSIC;
             if (s->proto != s->logged_proto)
                 fp_log(FP_LOG_INFO, "memcached %s: %s", s->name,
                        s->proto == MC_PROTO_META ? "meta commands (mg)"
@@ -585,70 +443,36 @@ static int server_parse(struct mc_server *s)
             s->logged_proto = s->proto;
             server_log_up(s);
             continue;
-        }
-
-        r = TAILQ_FIRST(&s->pending);
-        if (r == NULL) {
-            server_bad(s, "protocol error: unsolicited answer", NULL);
-            return -1;
-        }
-
-        if (r->probe && r->meta) {
-            /* A probe's "mn": "MN" proves the node answers. */
-            if (n != 2 || memcmp(p, "MN", 2) != 0) {
-                server_bad(s, "protocol error: unexpected answer to mn", r);
-                return -1;
-            }
-            TAILQ_REMOVE(&s->pending, r, link);
-            s->npending--;
-            fp_health_good(&s->health);
-            server_log_up(s);
-            req_finish(r, FP_CACHE_MISS, NULL, 0);
-            if (s->gen != gen)
-                return -1;
+        case FP_MCP_TOO_BIG:
+            log_skip(s, &head, ev.len);
             continue;
-        }
-        /* r is this loop turn's TAILQ_FIRST; clang-analyzer does not see
-         * TAILQ_REMOVE update the head through tqe_prev and takes it for the
-         * request finished last turn (hence the NOLINTs on r below).
-         * NOLINTNEXTLINE(clang-analyzer-unix.Malloc) */
-        if (r->meta ? starts_with(p, n, "EN") && parse_meta_line(p, n, r, 0) == 0
-                    : n == 3 && memcmp(p, "END", 3) == 0) {
-            TAILQ_REMOVE(&s->pending, r, link);
-            s->npending--;
+        case FP_MCP_MISS:
             fp_health_good(&s->health);
             server_log_up(s);
-            req_finish(r, FP_CACHE_MISS, NULL, 0);
-        } else if ((r->meta && starts_with(p, n, "VA")) ||
-                   (!r->meta && starts_with(p, n, "VALUE"))) {
-            /* NOLINTNEXTLINE(clang-analyzer-unix.Malloc): r as above */
-            vlen = r->meta ? parse_meta_line(p, n, r, 1) : parse_value_line(p, n, r);
-            if (vlen < 0) {
-                server_bad(s, r->meta ? "protocol error: bad VA line"
-                                      : "protocol error: bad VALUE line", NULL);
-                return -1;
-            }
-            if ((unsigned long)vlen > MC_MAX_VALUE) {
-                start_skip(s, r, (unsigned long long)vlen);
-            } else {
-                s->want = (size_t)vlen;
-                s->parse = MC_PARSE_DATA;
-            }
-        } else if (starts_with(p, n, "SERVER_ERROR") ||
-                   starts_with(p, n, "CLIENT_ERROR")) {
-            /* One line for the one command (out of memory, a key it did not
-             * like): that request falls back, the stream stays in sync. */
+            req_finish(server_pop(s), FP_CACHE_MISS, NULL, 0);
+            break;
+        case FP_MCP_HIT:
+            r = server_pop(s);
+            fp_health_good(&s->health);
+            server_log_up(s);
+            /* Asked before its recovery window began, answered in it:
+             * the value may be older than an acknowledged write. */
+            if (server_recovering(s))
+                req_finish(r, FP_CACHE_ERROR, NULL, 0);
+            else
+                req_finish(r, FP_CACHE_HIT, ev.val, ev.len);
+            break;
+        case FP_MCP_SKIPPED:
+            req_finish(server_pop(s), FP_CACHE_ERROR, NULL, 0);
+            break;
+        case FP_MCP_REFUSED:
+        default:
+            /* Out of memory, a key it did not like: that request falls
+             * back, the stream stays in sync. */
             fp_log(FP_LOG_DEBUG, "memcached %s: %.*s", s->name,
-                   (int)(n < 200 ? n : 200), p);
-            TAILQ_REMOVE(&s->pending, r, link);
-            s->npending--;
-            req_finish(r, FP_CACHE_ERROR, NULL, 0);
-        } else {
-            /* ERROR or garbage: we only send valid gets, so the stream
-             * cannot be trusted any more. */
-            /* NOLINTNEXTLINE(clang-analyzer-unix.Malloc): r as above */
-            server_bad(s, "protocol error: unexpected answer", r);
-            return -1;
+                   (int)(ev.len < 200 ? ev.len : 200), ev.val);
+            req_finish(server_pop(s), FP_CACHE_ERROR, NULL, 0);
+            break;
         }
         if (s->gen != gen)
             return -1;
@@ -678,8 +502,8 @@ static void server_read_cb(evutil_socket_t fd, short what, void *arg)
         /* Room for a good read, and for the whole answer being parsed. */
         want = MC_READ_MIN;
         have = s->in.len - s->in.off;
-        if (s->parse == MC_PARSE_DATA && s->want + 7 > have + want)
-            want = s->want + 7 - have;
+        if (fp_mcp_need(&s->mcp) > have + want)
+            want = fp_mcp_need(&s->mcp) - have;
         if (buf_reserve(&s->in, want, MC_IN_MIN, MC_IN_MAX) != 0) {
             server_reset(s, "out of memory", NULL, FP_CACHE_ERROR);
             return;
@@ -818,7 +642,7 @@ static void server_connect(struct mc_server *s)
         server_log_down(s, "cannot create events");
         goto fail_fd;
     }
-    s->parse = MC_PARSE_LINE;
+    fp_mcp_init(&s->mcp, MC_MAX_VALUE);
     /* Ask first whether it speaks meta commands: pipelined "mg" answers go
      * out in one write, pipelined classic "get"s in one write each (about
      * 3 instead of 8 us of memcached's CPU per get in batches of 5). Gets
