@@ -18,6 +18,7 @@ from starlette.testclient import TestClient
 from fastpoll_app import config
 from fastpoll_app.app import create_app
 from fastpoll_app.config import ConfigError, parse
+from fastpoll_app.store import SCHEMA_VERSION
 
 from .conftest import PgServer
 
@@ -290,9 +291,9 @@ def test_migrate_and_refusal_on_an_unmigrated_postgresql(
     assert r.returncode == 1
     assert "schema is version 0" in r.stderr and "fastpoll_app migrate" in r.stderr
     r = run_cli("migrate", "--config", str(ini))
-    assert r.returncode == 0 and "migrated 0 -> 4" in r.stderr, r.stderr
+    assert r.returncode == 0 and f"migrated 0 -> {SCHEMA_VERSION}" in r.stderr, r.stderr
     r = run_cli("migrate", "--config", str(ini))  # idempotent
-    assert r.returncode == 0 and "already at version 4" in r.stderr, r.stderr
+    assert r.returncode == 0 and f"already at version {SCHEMA_VERSION}" in r.stderr, r.stderr
     r = run_cli("--config", str(ini), "--check")
     assert r.returncode == 0, r.stderr
 
@@ -313,7 +314,7 @@ def test_sqlite_migrates_an_old_file(tmp_path: Path) -> None:
     ini = tmp_path / "f.ini"
     ini.write_text(f"[app]\ndatabase = {db}\n")
     r = run_cli("migrate", "--config", str(ini))
-    assert r.returncode == 0 and "migrated 0 -> 4" in r.stderr, r.stderr
+    assert r.returncode == 0 and f"migrated 0 -> {SCHEMA_VERSION}" in r.stderr, r.stderr
     from fastpoll_app.store import SqliteStore
 
     store = SqliteStore(str(db))
