@@ -22,6 +22,7 @@
 
 #include "../src/etag.h"
 #include "../src/httpparse.h"
+#include "../src/wait.h"
 
 static void check(int ok, const char *what, size_t size)
 {

@@ -21,7 +21,7 @@ struct fp_accept_guard {
     unsigned long long unlogged;            /* errors since that line */
 };
 
-/* The error callback gets the listener's own argument (the fp_http of the
+/* The error callback gets the listener's own argument (the fp_server of the
  * poll port, the admin listener's evhttp): the guard of each listener is
  * found here (a handful, one process). */
 static struct {

@@ -20,7 +20,7 @@ struct fp_admin *fp_admin_start(struct event_base *base,
 /* From now on /healthz answers 503 "draining" (SIGTERM received). */
 void fp_admin_set_draining(struct fp_admin *a);
 
-/* Closes its connections and frees it; before fp_http_free(). NULL is ok. */
+/* Closes its connections and frees it; before fp_server_free(). NULL is ok. */
 void fp_admin_free(struct fp_admin *a);
 
 #endif

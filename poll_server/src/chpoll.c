@@ -9,8 +9,8 @@
  *   held: a key's watch reads another answer  -->  composed with it, or
  *         (the key gone) parts read again
  *   held: the wait ends, or a drain  -->  304
- *   the client goes away (any time)  -->  conn_close -> fp_hold_remove
- *       (&c->held) -> ended(): the waiters detached, the watches removed
+ *   the client goes away (any time)  -->  abandon() -> fp_hold_remove
+ *       (&r->held) -> ended(): the waiters detached, the watches removed
  *
  * The parts' values are copied as they come (a value is valid only during
  * its callback) and kept while the poll is held if they are CH_KEEP_MAX
@@ -26,10 +26,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <time.h>
-
-#include <event2/event.h>
 
 #include "channels.h"
 #include "chpoll.h"
@@ -69,7 +66,7 @@ struct part {
 struct fp_chpoll {
     struct fp_held_set set;
     struct fp_chpolls *cp;
-    struct conn *c;
+    struct fp_request *r;
     uint64_t since;             /* fp_hold_seq before the parts' reads */
     uint64_t pub_ms;            /* the waking publish's time, 0: unknown */
     size_t nparts, reading;     /* parts; reads still out */
@@ -84,7 +81,8 @@ struct fp_chpolls {
     struct fp_coalesce *co;
     struct fp_hold *ho;
     const struct fp_settings *s;
-    const struct conn *pending; /* fp_chpoll_start's, until its dispatch */
+    const struct fp_request *pending; /* fp_chpoll_start's, until its
+                                       * dispatch */
     struct fp_ch ch;            /* ... and its channels */
 };
 
@@ -138,7 +136,7 @@ static void log_target(const char *what, const struct fp_http_head *hd)
            (int)(hd->target_len > 200 ? 200 : hd->target_len), hd->target);
 }
 
-int fp_chpoll_start(struct fp_chpolls *cp, struct conn *c,
+int fp_chpoll_start(struct fp_chpolls *cp, struct fp_request *r,
                     const struct fp_http_head *hd, ssize_t keylen,
                     const struct fp_signer *signer, long long now,
                     enum fp_stat_outcome *outcome)
@@ -153,7 +151,7 @@ int fp_chpoll_start(struct fp_chpolls *cp, struct conn *c,
      * app signed (a larger [channels] max there) goes to the app. */
     if (signer != NULL &&
         (keylen < 0 || cp->ch.len == 0 ||
-         fp_sign_check_ch(signer, hd->target, hd->target_len, c->key,
+         fp_sign_check_ch(signer, hd->target, hd->target_len, r->key,
                           (size_t)keylen, cp->ch.value, cp->ch.len, now) != 0)) {
         log_target("no valid signature of key and ch", hd);
         *outcome = FP_STAT_FORBIDDEN;
@@ -161,26 +159,26 @@ int fp_chpoll_start(struct fp_chpolls *cp, struct conn *c,
     }
     /* Never sent to a cache: the app says what is wrong (400). nginx sends
      * no body; one from elsewhere would outlive the parsed ch. */
-    if (keylen < 0 || rc != FP_CH_OK || c->chunked || c->body_left > 0) {
+    if (keylen < 0 || rc != FP_CH_OK || r->c.chunked || r->c.body_left > 0) {
         log_target(rc != FP_CH_OK ? fp_ch_strerror(rc) : "no key", hd);
         *outcome = FP_STAT_INVALID_KEY;
         return 404;
     }
-    cp->pending = c;
+    cp->pending = r;
     return FP_CHPOLL_OK;
 }
 
-int fp_chpoll_pending(struct fp_chpolls *cp, const struct conn *c)
+int fp_chpoll_pending(struct fp_chpolls *cp, const struct fp_request *r)
 {
-    int r = cp->pending == c;
+    int is = cp->pending == r;
 
     cp->pending = NULL;
-    return r;
+    return is;
 }
 
-int fp_chpoll_is(const struct conn *c)
+int fp_chpoll_is(const struct fp_request *r)
 {
-    return c->held.set != NULL;
+    return r->held.set != NULL;
 }
 
 static struct fp_chpoll *poll_of(struct fp_held_set *set)
@@ -210,7 +208,7 @@ static void release(struct fp_chpoll *p)
         fp_coalesce_detach(&p->parts[i].w);
     fp_hold_remove_set(&p->set);
     free_values(p);
-    p->c->held.set = NULL;
+    p->r->held.set = NULL;
     free(p);
 }
 
@@ -239,18 +237,17 @@ static int read_parts(struct fp_chpoll *p)
 static void answer(struct fp_chpoll *p, int code, enum fp_stat_outcome outcome,
                    char *body, size_t len)
 {
-    struct conn *c = p->c;
+    struct fp_request *r = p->r;
     uint64_t pub_ms = p->pub_ms;
 
     if (p->was_held) {
         fp_stat_wake(p->cause);
-        c->pace_ms = fp_longpoll_held_pace(c);
+        r->ans.pace_ms = fp_longpoll_held_pace(r);
     }
-    fp_stat_request(c->method, outcome);
+    fp_stat_request(r->method, outcome);
     release(p);
-    conn_set_state(c, CONN_READING_HEAD);
-    if (conn_answer(c, code, body, len, code == 200 || code == 304) == 0)
-        conn_resume_later(c);
+    conn_finish(&r->c, code, body, len,
+                code == 200 || code == 304 ? &r->ans : NULL);
     if (code == 200 && pub_ms != 0) {
         struct timespec ts;
 
@@ -328,7 +325,7 @@ static void parts_in(struct fp_chpoll *p)
         return;
     }
     (void)fp_ch_compose(&user, chans, p->nparts - 1, body, len);
-    code = fp_longpoll_tagged(p->c, fp_etag_of(body, len));
+    code = fp_longpoll_tagged(p->r, fp_etag_of(body, len));
     if (code == 0 && !p->expired) {
         if (hold(p) == 0) {
             free(body);
@@ -415,9 +412,9 @@ static void on_ended(struct fp_held_set *set)
     release(poll_of(set));
 }
 
-void fp_chpoll_end(struct conn *c, enum fp_stat_wake cause)
+void fp_chpoll_end(struct fp_request *r, enum fp_stat_wake cause)
 {
-    struct fp_chpoll *p = poll_of(c->held.set);
+    struct fp_chpoll *p = poll_of(r->held.set);
 
     p->cause = cause;
     if (p->reading > 0) {
@@ -428,12 +425,12 @@ void fp_chpoll_end(struct conn *c, enum fp_stat_wake cause)
     answer(p, 304, FP_STAT_NOT_MODIFIED, NULL, 0);
 }
 
-/* Sizes and fills a poll for c's key and cp->ch's channels. NULL if out
+/* Sizes and fills a poll for r's key and cp->ch's channels. NULL if out
  * of memory. */
-static struct fp_chpoll *poll_new(struct fp_chpolls *cp, struct conn *c)
+static struct fp_chpoll *poll_new(struct fp_chpolls *cp, struct fp_request *r)
 {
     const char *prefix = cp->s->key_prefix;
-    size_t plen = strlen(prefix), n = 1 + cp->ch.n, keybytes = c->keylen + 1;
+    size_t plen = strlen(prefix), n = 1 + cp->ch.n, keybytes = r->keylen + 1;
     struct fp_chpoll *p;
     char *keys;
 
@@ -443,9 +440,9 @@ static struct fp_chpoll *poll_new(struct fp_chpolls *cp, struct conn *c)
     if (p == NULL)
         return NULL;
     p->cp = cp;
-    p->c = c;
+    p->r = r;
     p->nparts = n;
-    p->set.handle = &c->held;
+    p->set.handle = &r->held;
     p->set.changed = on_changed;
     p->set.ended = on_ended;
     keys = (char *)&p->parts[n];
@@ -458,8 +455,8 @@ static struct fp_chpoll *poll_new(struct fp_chpolls *cp, struct conn *c)
         pt->held.inm = &pt->inm;
         pt->key = keys;
         if (i == 0) {
-            memcpy(keys, c->key, c->keylen + 1);
-            kl = (ssize_t)c->keylen;
+            memcpy(keys, r->key, r->keylen + 1);
+            kl = (ssize_t)r->keylen;
         } else {
             /* Sized above: it fits. */
             kl = fp_ch_key(prefix, cp->ch.value + cp->ch.off[i - 1],
@@ -474,33 +471,31 @@ static struct fp_chpoll *poll_new(struct fp_chpolls *cp, struct conn *c)
     return p;
 }
 
-int fp_chpoll_dispatch(struct fp_chpolls *cp, struct conn *c)
+int fp_chpoll_dispatch(struct fp_chpolls *cp, struct fp_request *r)
 {
-    struct fp_chpoll *p = poll_new(cp, c);
-    unsigned ms;
-    struct timeval tv;
+    struct fp_chpoll *p = poll_new(cp, r);
 
     if (p == NULL) {
         fp_log(FP_LOG_ERROR, "http: out of memory for a poll with channels");
-        fp_stat_request(c->method, FP_STAT_BACKEND_ERROR);
-        return conn_answer(c, 503, NULL, 0, 0);
+        fp_stat_request(r->method, FP_STAT_BACKEND_ERROR);
+        return conn_answer(&r->c, 503, NULL, 0, NULL);
     }
     /* HELD from now (see chpoll.h): its timer is the wait, or a bound the
-     * cache's timeout keeps it from reaching. */
-    ms = c->wait_s > 0 ? c->wait_s * 1000u : cp->s->request_timeout_ms;
-    tv.tv_sec = (time_t)(ms / 1000);
-    tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
-    if (evtimer_add(c->timer, &tv) != 0 || read_parts(p) != 0) {
+     * cache's timeout keeps it from reaching. No part's read is delivered
+     * before the loop runs again. */
+    if (read_parts(p) != 0 ||
+        conn_hold(&r->c, r->wait_s > 0 ? r->wait_s * 1000u
+                                       : cp->s->request_timeout_ms) != 0) {
         fp_log(FP_LOG_ERROR, "http: cannot start a poll with channels");
-        p->c->held.set = NULL;
+        for (size_t i = 0; i < p->nparts; i++)
+            fp_coalesce_detach(&p->parts[i].w);
+        r->held.set = NULL;
         free(p);
-        fp_stat_request(c->method, FP_STAT_BACKEND_ERROR);
-        return conn_answer(c, 503, NULL, 0, 0);
+        fp_stat_request(r->method, FP_STAT_BACKEND_ERROR);
+        return conn_answer(&r->c, 503, NULL, 0, NULL);
     }
-    c->held.set = &p->set;
-    conn_set_state(c, CONN_WAITING_CACHE);
-    conn_set_state(c, CONN_HELD);
-    fp_log(FP_LOG_DEBUG, "http: %s and %zu channels: %zu reads", c->key,
+    r->held.set = &p->set;
+    fp_log(FP_LOG_DEBUG, "http: %s and %zu channels: %zu reads", r->key,
            p->nparts - 1, p->nparts);
     return 1;
 }

@@ -8,9 +8,10 @@
  *
  * The connection is HELD from the dispatch to the answer, its timer armed
  * (the wait, or request_timeout_ms as a bound it never reaches: the cache
- * answers within its timeout): conn.c lets go of a held poll through its
- * hold slot, so a client that goes away while the parts are read lets go of
- * their waiters too (fp_hold_remove(&c->held) -> the set's ended()). */
+ * answers within its timeout): http.c's abandon() lets go of a held poll
+ * through its hold slot, so a client that goes away while the parts are
+ * read lets go of their waiters too (fp_hold_remove(&r->held) -> the set's
+ * ended()). */
 #ifndef FP_CHPOLL_H
 #define FP_CHPOLL_H
 
@@ -18,9 +19,9 @@
 #include <sys/types.h>
 
 #include "cache.h"
-#include "conn.h"
 #include "hold.h"
 #include "httpparse.h"
+#include "request.h"
 #include "stats.h"
 
 struct fp_coalesce_stats;
@@ -35,7 +36,7 @@ struct fp_chpolls *fp_chpolls_new(struct fp_cache *cache, struct fp_hold *ho,
  * the cache freed first. */
 void fp_chpolls_free(struct fp_chpolls *cp);
 
-/* The request head hd of c (whose user key is c->key, keylen < 0 if none)
+/* The request head hd of r (whose user key is r->key, keylen < 0 if none)
  * is in: reads its `ch`. Returns 0 for a poll without `ch` (the caller goes
  * on as before), else the verdict: 0 is not possible then; FP_CHPOLL_OK
  * for a valid poll with channels (answered by fp_chpoll_dispatch, which
@@ -43,25 +44,25 @@ void fp_chpolls_free(struct fp_chpolls *cp);
  * signature of key and ch while signer is set) or 404 (a refused ch:
  * nginx asks the app, which says why; never sent to a cache). */
 #define FP_CHPOLL_OK 1
-int fp_chpoll_start(struct fp_chpolls *cp, struct conn *c,
+int fp_chpoll_start(struct fp_chpolls *cp, struct fp_request *r,
                     const struct fp_http_head *hd, ssize_t keylen,
                     const struct fp_signer *signer, long long now,
                     enum fp_stat_outcome *outcome);
 
-/* Is c the poll fp_chpoll_start just accepted? (Forgets it.) */
-int fp_chpoll_pending(struct fp_chpolls *cp, const struct conn *c);
+/* Is r the poll fp_chpoll_start just accepted? (Forgets it.) */
+int fp_chpoll_pending(struct fp_chpolls *cp, const struct fp_request *r);
 
-/* Serves c (counted in flight already): reads its parts. Returns as
+/* Serves r (counted in flight already): reads its parts. Returns as
  * fp_conn_ops.dispatch (1: the connection waits). */
-int fp_chpoll_dispatch(struct fp_chpolls *cp, struct conn *c);
+int fp_chpoll_dispatch(struct fp_chpolls *cp, struct fp_request *r);
 
-/* Is c a poll with channels being served? */
-int fp_chpoll_is(const struct conn *c);
+/* Is r a poll with channels being served? */
+int fp_chpoll_is(const struct fp_request *r);
 
-/* c's wait is over, or the server drains: a poll held on its parts is
+/* r's wait is over, or the server drains: a poll held on its parts is
  * answered 304 now; one whose parts are being read is answered when they
  * are, and is not held then. */
-void fp_chpoll_end(struct conn *c, enum fp_stat_wake cause);
+void fp_chpoll_end(struct fp_request *r, enum fp_stat_wake cause);
 
 /* Adds the counters of the parts' coalescer to *out (admin.c's /metrics). */
 void fp_chpolls_coalesce_stats(const struct fp_chpolls *cp,

@@ -23,6 +23,7 @@
 #include "conn.h"
 #include "log.h"
 #include "settings.h"
+#include "stats.h"
 
 #define FREE_CONN_MAX 4096 /* recycled connections kept */
 #define OUT_KEEP 65536     /* a slow answer's buffer is kept up to this */
@@ -44,16 +45,17 @@ static void on_timer(evutil_socket_t fd, short what, void *arg);
 static void process(struct conn *c);
 
 /* The legal transitions, from -> to (docs/design.md, "The connection state
- * machine"). An answer is written from READING_HEAD: a request leaves
- * READING_BODY, WAITING_CACHE or HELD for it first, and conn_answer then
- * goes on to the next request, WRITING or LINGERING. Every state but FREE
- * may close (FREE). */
+ * machine"), made by this file's functions only. An answer is written from
+ * READING_HEAD (or READING_BODY, a refusal): a request leaves WAITING_CACHE
+ * or HELD for it first (conn_finish), and conn_answer then goes on to the
+ * next request, WRITING or LINGERING. A poll with channels is held from its
+ * dispatch (READING_HEAD -> HELD). Every state but FREE may close (FREE). */
 #define T(s) (1u << (s))
 static const unsigned legal_next[CONN_NSTATES] = {
     [CONN_FREE] = T(CONN_READING_HEAD),
     [CONN_READING_HEAD] = T(CONN_READING_HEAD) | T(CONN_READING_BODY) |
-                          T(CONN_WAITING_CACHE) | T(CONN_WRITING) |
-                          T(CONN_LINGERING) | T(CONN_FREE),
+                          T(CONN_WAITING_CACHE) | T(CONN_HELD) |
+                          T(CONN_WRITING) | T(CONN_LINGERING) | T(CONN_FREE),
     [CONN_READING_BODY] = T(CONN_READING_HEAD) | T(CONN_WRITING) |
                           T(CONN_LINGERING) | T(CONN_FREE),
     [CONN_WAITING_CACHE] = T(CONN_HELD) | T(CONN_READING_HEAD) | T(CONN_FREE),
@@ -69,7 +71,7 @@ int conn_transition_legal(enum conn_state from, enum conn_state to)
            (legal_next[from] & (1u << to)) != 0;
 }
 
-void conn_set_state(struct conn *c, enum conn_state next)
+static void conn_set_state(struct conn *c, enum conn_state next)
 {
     assert(conn_transition_legal(c->state, next));
     c->state = next;
@@ -202,9 +204,11 @@ static struct conn *conn_get(struct fp_conns *h, evutil_socket_t fd)
         SLIST_REMOVE_HEAD(&h->free_list, free_link);
         h->nfree--;
     } else {
-        if ((c = malloc(sizeof(*c) + h->in_small)) == NULL)
+        /* The request layer's object, then the small input buffer. */
+        if ((c = malloc(h->size + h->in_small)) == NULL)
             return NULL;
-        memset(c, 0, sizeof(*c));
+        memset(c, 0, h->size);
+        c->small = (char *)c + h->size;
         c->rev = event_new(h->base, -1, 0, on_read, c);
         c->wev = event_new(h->base, -1, 0, on_write, c);
         c->timer = evtimer_new(h->base, on_timer, c);
@@ -237,7 +241,6 @@ static struct conn *conn_get(struct fp_conns *h, evutil_socket_t fd)
     c->in_cap = h->in_small;
     c->in_off = c->in_len = c->scanned = 0;
     c->out_off = c->out_len = 0;
-    memset(&c->w, 0, sizeof(c->w));
     LIST_INSERT_HEAD(&h->conns, c, link);
     return c;
 }
@@ -273,16 +276,8 @@ void conn_close(struct conn *c)
 {
     struct fp_conns *h = c->h;
 
-    if (c->state == CONN_WAITING_CACHE) {
-        fp_stat_request(c->method, FP_STAT_CLIENT_CLOSED);
-        fp_coalesce_detach(&c->w);
-        fp_log(FP_LOG_DEBUG, "http: connection closed with a request waiting "
-               "for the cache");
-    } else if (c->state == CONN_HELD) {
-        /* The client of a held poll went away: its slot is free at once. */
-        fp_stat_request(c->method, FP_STAT_CLIENT_CLOSED);
-        fp_hold_remove(&c->held);
-    }
+    if (c->state == CONN_WAITING_CACHE || c->state == CONN_HELD)
+        h->ops->abandon(c);
     conn_set_state(c, CONN_FREE);
     /* Deleting events that are not pending is a no-op. */
     if (event_del(c->rev) != 0 || event_del(c->wev) != 0 ||
@@ -350,7 +345,7 @@ static int answered(struct conn *c)
 /* Formats the head of c's answer into buf (response.c). Returns its
  * length, 0 if it does not fit. */
 static size_t format_head(struct conn *c, char *buf, size_t cap, int code,
-                          size_t len, int from_cache)
+                          size_t len, const struct fp_resp_meta *cached)
 {
     struct fp_resp r;
 
@@ -358,11 +353,11 @@ static size_t format_head(struct conn *c, char *buf, size_t cap, int code,
     r.minor = c->minor;
     r.close = !c->keep_alive || c->h->draining;
     r.len = len;
-    r.from_cache = from_cache;
+    r.from_cache = cached != NULL;
     r.content_type = c->h->s->content_type;
-    r.has_tag = c->has_tag;
-    r.tag = c->tag;
-    r.pace_ms = c->pace_ms;
+    r.has_tag = cached != NULL && cached->has_tag;
+    r.tag = cached != NULL ? cached->tag : 0;
+    r.pace_ms = cached != NULL ? cached->pace_ms : 0;
     r.date = fp_resp_date_now(&c->h->date, c->h->base);
     return fp_resp_format(buf, cap, &r);
 }
@@ -394,7 +389,7 @@ static int keep_rest(struct conn *c, const char *head, size_t hlen,
 }
 
 int conn_answer(struct conn *c, int code, const char *body, size_t len,
-                  int from_cache)
+                const struct fp_resp_meta *cached)
 {
     char head[1024];
     struct iovec iov[2];
@@ -402,11 +397,11 @@ int conn_answer(struct conn *c, int code, const char *body, size_t len,
     ssize_t n;
 
     unwatch(c);
-    if ((hlen = format_head(c, head, sizeof(head), code, len, from_cache)) == 0) {
+    if ((hlen = format_head(c, head, sizeof(head), code, len, cached)) == 0) {
         /* Never with a content_type of at most 255 bytes (config.c). */
         fp_log(FP_LOG_ERROR, "http: an answer's head does not fit");
         c->keep_alive = 0;
-        hlen = format_head(c, head, sizeof(head), 503, 0, 0);
+        hlen = format_head(c, head, sizeof(head), 503, 0, NULL);
         blen = 0;
     }
     iov[0].iov_base = head;
@@ -449,7 +444,7 @@ static void refuse(struct conn *c, int code)
     fp_log(FP_LOG_DEBUG, "http: refusing a request: %d", code);
     c->keep_alive = 0;
     c->head_only = 0;
-    (void)conn_answer(c, code, NULL, 0, 0);
+    (void)conn_answer(c, code, NULL, 0, NULL);
 }
 
 static void on_write(evutil_socket_t fd, short what, void *arg)
@@ -481,12 +476,61 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
         process(c);
 }
 
-void conn_resume_later(struct conn *c)
+/* Pipelined requests are parsed from the loop, not from inside a
+ * delivery (the coalescer's or hold.c's). */
+static void resume_later(struct conn *c)
 {
     if (c->in_len > c->in_off) {
         c->resume = 1;
         event_active(c->rev, EV_READ, 1);
     }
+}
+
+void conn_wait(struct conn *c)
+{
+    conn_set_state(c, CONN_WAITING_CACHE);
+}
+
+int conn_hold(struct conn *c, unsigned wait_ms)
+{
+    struct timeval tv;
+
+    ms_to_tv(wait_ms, &tv);
+    if (evtimer_add(c->timer, &tv) != 0)
+        return -1;
+    conn_set_state(c, CONN_HELD);
+    return 0;
+}
+
+void conn_finish(struct conn *c, int code, const char *body, size_t len,
+                 const struct fp_resp_meta *cached)
+{
+    assert(c->state == CONN_WAITING_CACHE || c->state == CONN_HELD);
+    conn_set_state(c, CONN_READING_HEAD);
+    if (conn_answer(c, code, body, len, cached) == 0)
+        resume_later(c);
+}
+
+/* The head buf[0..len) of a request is in: its framing, then the request
+ * layer's start(). Returns 0, or the status to refuse it with. */
+static int start(struct conn *c, const char *buf, size_t len)
+{
+    struct fp_http_head hd;
+    int st;
+
+    c->minor = 1;
+    if ((st = fp_http_parse_head(buf, len, &hd)) != 0)
+        return st;
+    c->minor = hd.minor;
+    c->keep_alive = hd.keep_alive;
+    c->head_only = hd.method == FP_HM_HEAD;
+    c->chunked = hd.chunked;
+    c->body_left = hd.has_length ? hd.content_length : 0;
+    c->too_large = hd.has_length &&
+                   hd.content_length > c->h->s->max_body_size;
+    if (c->chunked)
+        fp_chunked_init(&c->ch);
+    return c->h->ops->start(c, &hd);
 }
 
 /* Parses and serves what the input holds, request after request, until it
@@ -519,7 +563,7 @@ static void process(struct conn *c)
                 return;
             }
             c->scanned = 0;
-            st = h->ops->start(c, p, end);
+            st = start(c, p, end);
             c->in_off += end;
             if (st != 0) {
                 refuse(c, st);
@@ -695,6 +739,7 @@ int fp_conns_init(struct fp_conns *h, struct event_base *base,
     h->s = s;
     h->ops = ops;
     h->guard = guard;
+    h->size = ops->size;
     h->in_max = s->max_header_size;
     h->in_small = h->in_max < IN_SMALL ? h->in_max : IN_SMALL;
     ms_to_tv(s->request_timeout_ms, &req);

@@ -1,7 +1,8 @@
 /* conn.h -- the poll port's connections: their lifecycle, input and output
  * buffers, read/write/timer events and state (conn.c). The request layer
- * above (http.c, longpoll.c) decides what to answer; this layer reads the
- * requests in, writes the answers out and closes.
+ * above (http.c, longpoll.c, chpoll.c; its fields: request.h) decides what
+ * to answer; this layer reads the requests in, writes the answers out and
+ * closes, and knows of a waiting request only that it waits.
  *
  * - A connection is a `struct conn` from a free list, with its three
  *   events (read, write, timer) and a small input buffer of its own
@@ -39,18 +40,12 @@
 #define FP_CONN_H
 
 #include <stddef.h>
-#include <stdint.h>
 #include <sys/queue.h>
 
 #include <event2/util.h>
 
-#include "coalesce.h"
-#include "etag.h"
-#include "hold.h"
 #include "httpparse.h"
-#include "keys.h"
 #include "response.h"
-#include "stats.h"
 
 struct event;
 struct event_base;
@@ -59,15 +54,16 @@ struct fp_accept_guard;
 struct fp_settings;
 struct fp_conns;
 
-/* A connection's state (conn_set_state has the legal transitions; see
- * docs/design.md, "The connection state machine"). The request fields of
- * struct conn belong to the request in READING_BODY and later. */
+/* A connection's state (conn.c's table has the legal transitions, made by
+ * conn.c's functions only; see docs/design.md, "The connection state
+ * machine"). */
 enum conn_state {
     CONN_FREE,          /* not serving: new, or on the free list */
     CONN_READING_HEAD,  /* reading a request head (or between requests) */
     CONN_READING_BODY,  /* reading (and discarding) its body */
-    CONN_WAITING_CACHE, /* the request waits for the cache (coalesce.c) */
-    CONN_HELD,          /* a long poll waits for its answer to change (hold.c) */
+    CONN_WAITING_CACHE, /* the request waits for the cache (conn_wait) */
+    CONN_HELD,          /* a long poll waits for its answer to change, its
+                         * timer the wait (conn_hold) */
     CONN_WRITING,       /* the rest of an answer waits for the socket */
     CONN_LINGERING,     /* answered, closing: input is dropped until EOF */
     CONN_NSTATES
@@ -82,8 +78,9 @@ enum conn_read {
                          * request waits or is held) */
 };
 
+/* The request layer's object (fp_conn_ops.size bytes) starts with it: see
+ * request.h. */
 struct conn {
-    struct fp_waiter w;             /* first: the coalescer's handle */
     struct fp_conns *h;
     union {                         /* on one list at a time */
         LIST_ENTRY(conn) link;      /* open connections */
@@ -91,52 +88,42 @@ struct conn {
     };
     evutil_socket_t fd;
     struct event *rev, *wev, *timer;
-    enum conn_state state;          /* changed by conn_set_state only */
+    enum conn_state state;          /* changed in conn.c only */
     enum conn_read rd;
     int resume;                     /* rev was activated to parse, not read */
     int counted;                    /* the request is in h->inflight (from
                                      * dispatch to its answer written) */
-    /* The request being read or answered. */
-    enum fp_stat_method method;
+    /* The framing of the request being read or answered, from its head. */
     int head_only, keep_alive, minor, chunked, too_large;
-    int verdict;                    /* 0: ask the cache; else answer this */
-    enum fp_stat_outcome outcome;   /* ... counted as this */
     unsigned long long body_left;   /* Content-Length bytes to read */
     struct fp_chunked ch;
-    size_t keylen;
-    char key[FP_MAX_KEY_LEN + 1];
-    /* Conditional and long polls (etag.h, hold.h, longpoll.h). */
-    struct fp_inm inm;              /* If-None-Match, if cond */
-    int cond;                       /* GET/HEAD with a valid If-None-Match */
-    unsigned wait_s;                /* wait=, clamped; 0: not a long poll */
-    uint64_t ann_seq;               /* fp_hold_seq() before its cache read */
-    int has_tag;                    /* the answer from the cache has ... */
-    uint64_t tag;                   /* ... this ETag */
-    unsigned pace_ms;               /* ... and this Poll-Interval-Ms */
-    struct fp_held held;
     /* Input: in[in_off, in_len) not parsed yet; `scanned` bytes of it were
      * searched for the end of a head already. `in` is `small` (in_cap:
-     * h->in_small) or, while a long head is read, a pooled buffer of
-     * h->in_max bytes. */
-    char *in;
+     * h->in_small, after the request layer's object) or, while a long head
+     * is read, a pooled buffer of h->in_max bytes. */
+    char *in, *small;
     size_t in_cap, in_off, in_len, scanned;
     /* What the socket did not take of an answer (the slow path). */
     char *out;
     size_t out_off, out_len, out_cap;
-    char small[];                   /* h->in_small bytes */
 };
 
 /* The request layer's part, called from this one. */
 struct fp_conn_ops {
-    /* The head buf[0..len) of a request is in: parse it and decide the
+    /* Bytes of the request layer's object, a struct conn first. */
+    size_t size;
+    /* The head of a request is in, parsed (its framing in c): decide the
      * answer (before the body, which is dropped: the head's bytes may go
      * with it). Returns 0, or the status to refuse the request with. */
-    int (*start)(struct conn *c, const char *buf, size_t len);
+    int (*start)(struct conn *c, const struct fp_http_head *hd);
     /* The request is in (head and body): answer it, or ask the cache.
      * Returns 0 if the connection goes on with its next request, 1 if not. */
     int (*dispatch)(struct conn *c);
     /* A held poll's wait is over (its timer fired). */
     void (*hold_expired)(struct conn *c);
+    /* The connection closes while its request waits or is held: let go of
+     * what the request holds (c->state says which). */
+    void (*abandon)(struct conn *c);
 };
 
 LIST_HEAD(fp_conn_list, conn);
@@ -148,6 +135,7 @@ struct fp_conns {
     const struct fp_settings *s;
     const struct fp_conn_ops *ops;
     struct fp_accept_guard *guard; /* told when a descriptor is free */
+    size_t size;                /* a connection's object (ops->size) */
     struct fp_conn_list conns;  /* open */
     struct fp_conn_free free_list;
     size_t nfree;
@@ -185,21 +173,30 @@ void fp_conns_free(struct fp_conns *cs);
 /* Is from -> to one of the legal transitions (conn.c's table)? */
 int conn_transition_legal(enum conn_state from, enum conn_state to);
 
-/* Moves c to state `next`; asserts that the transition is legal. */
-void conn_set_state(struct conn *c, enum conn_state next);
-
 /* The request is counted in flight until it is answered. */
 void conn_request_counted(struct conn *c);
 
-/* Writes an answer: one writev of the head and the body. Returns 0 if the
- * connection goes on with its next request, 1 if not (the answer is still
- * being written, or the connection lingers or is gone). */
+/* Writes an answer from READING_HEAD or READING_BODY: one writev of the
+ * head and the body; cached, if not NULL, is what an answer from the cache
+ * says of itself. Returns 0 if the connection goes on with its next
+ * request, 1 if not (the answer is still being written, or the connection
+ * lingers or is gone). */
 int conn_answer(struct conn *c, int code, const char *body, size_t len,
-                int from_cache);
+                const struct fp_resp_meta *cached);
 
-/* Pipelined requests are parsed from the loop, not from inside a
- * delivery (the coalescer's or hold.c's). */
-void conn_resume_later(struct conn *c);
+/* The request waits for the cache: READING_HEAD -> WAITING_CACHE. */
+void conn_wait(struct conn *c);
+
+/* The request is held for up to wait_ms (the connection's timer, then
+ * fp_conn_ops.hold_expired): READING_HEAD or WAITING_CACHE -> HELD. 0, or
+ * -1 if the timer cannot be armed (nothing changed). */
+int conn_hold(struct conn *c, unsigned wait_ms);
+
+/* A waiting or held request is answered (as conn_answer): it leaves its
+ * state, and the requests pipelined after it are parsed from the loop, not
+ * from inside the delivery (the coalescer's or hold.c's). */
+void conn_finish(struct conn *c, int code, const char *body, size_t len,
+                 const struct fp_resp_meta *cached);
 
 /* Closes the connection and recycles it. c is gone after this. */
 void conn_close(struct conn *c);

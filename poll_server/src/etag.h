@@ -1,6 +1,6 @@
 /* etag.h -- conditional polls (docs/api.md, "Conditional and long polls"):
- * the ETag of an answer, If-None-Match, the wait= parameter and the pace
- * header. Pure functions on the caller's buffers: no allocation. */
+ * the ETag of an answer and If-None-Match (wait= and the pace: wait.h).
+ * Pure functions on the caller's buffers: no allocation. */
 #ifndef FP_ETAG_H
 #define FP_ETAG_H
 
@@ -39,15 +39,5 @@ int fp_inm_parse(const char *const *lines, const size_t *lens, size_t nlines,
 /* Does the parsed If-None-Match match the answer tagged `tag`? (Weak
  * comparison: W/ was disregarded by fp_inm_parse.) */
 int fp_inm_match(const struct fp_inm *inm, uint64_t tag);
-
-/* The value of `wait` in the target's query (docs/api.md, "`wait`"): 0
- * without one (or wait=0), else the seconds clamped to max_wait. The name
- * is matched ASCII case-insensitively and never percent-decoded; `wait`
- * without '=' is an occurrence. -1 if it occurs twice in any case, or its
- * value is not 1-6 decimal digits (a 400, as nginx and the app answer). */
-long fp_wait_param(const char *target, size_t len, unsigned max_wait);
-
-/* A Poll-Interval-Ms value: interval_ms + a random 0..jitter_pct % of it. */
-unsigned fp_pace_ms(unsigned interval_ms, unsigned jitter_pct);
 
 #endif

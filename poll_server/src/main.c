@@ -17,13 +17,15 @@
 #include "config.h"
 #include "http.h"
 #include "log.h"
+#include "server.h"
 #include "settings.h"
 #include "stats.h"
 #include "version.h"
 
 struct app {
     struct event_base *base;
-    struct fp_http *http;
+    struct fp_server *srv;
+    struct fp_http *http;       /* srv's request layer */
     struct fp_admin *admin;     /* NULL: [admin] port = 0 */
     struct event *sigterm, *sigint, *sighup, *drain_timer;
     const struct fp_settings *s;
@@ -99,7 +101,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
             fp_log(FP_LOG_ERROR, "shutdown: cannot leave the event loop");
         return;
     }
-    fp_http_drain(a->http, drained, a);
+    fp_server_drain(a->srv, drained, a);
 }
 
 static void log_startup(const struct fp_settings *s, const char *config)
@@ -212,8 +214,9 @@ int main(int argc, char **argv)
     }
     if ((cache = fp_cache_create(a.base, &s)) == NULL)
         goto out; /* logged by the backend */
-    if ((a.http = fp_http_start(a.base, &s, cache)) == NULL)
+    if ((a.srv = fp_server_start(a.base, &s, cache)) == NULL)
         goto out;
+    a.http = fp_server_http(a.srv);
     if (s.admin_port != 0 &&
         (a.admin = fp_admin_start(a.base, &s, a.http)) == NULL)
         goto out;
@@ -239,7 +242,7 @@ out:
      * HTTP side can still route; then the connections go. */
     fp_cache_free(cache);
     fp_admin_free(a.admin);
-    fp_http_free(a.http);
+    fp_server_free(a.srv);
     if (a.drain_timer != NULL)
         event_free(a.drain_timer);
     if (a.sigint != NULL)

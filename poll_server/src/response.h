@@ -24,6 +24,14 @@ struct fp_resp {
     const char *date;           /* Date, or NULL: none */
 };
 
+/* What an answer from the cache says of itself (the request layer's, kept
+ * with the request; struct fp_resp's fields of the same names). */
+struct fp_resp_meta {
+    int has_tag;                /* ETag if has_tag */
+    uint64_t tag;
+    unsigned pace_ms;           /* Poll-Interval-Ms */
+};
+
 /* The Date header's value, formatted at most once a second. */
 struct fp_resp_date {
     time_t sec;

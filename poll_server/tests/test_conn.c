@@ -9,14 +9,15 @@
 #include "../src/conn.h"
 
 /* A request's whole life: accepted, head, body, the cache, held, answered
- * with a partial write, the next request, then the lingering close. */
+ * with a partial write, the next request, a poll with channels (held from
+ * its dispatch), then the lingering close. */
 static void test_a_request_lifecycle_is_legal(void **state)
 {
     static const enum conn_state path[] = {
         CONN_FREE, CONN_READING_HEAD, CONN_READING_BODY, CONN_READING_HEAD,
         CONN_WAITING_CACHE, CONN_HELD, CONN_READING_HEAD, CONN_WRITING,
         CONN_READING_HEAD, CONN_WAITING_CACHE, CONN_READING_HEAD,
-        CONN_LINGERING, CONN_FREE,
+        CONN_HELD, CONN_READING_HEAD, CONN_LINGERING, CONN_FREE,
     };
 
     (void)state;
@@ -36,15 +37,15 @@ static void test_close_from_every_state(void **state)
 }
 
 /* The unwritten rules: an answer is written from READING_HEAD (a waiting,
- * held or body-reading request leaves its state first); only a request
- * waiting for the cache is held; a lingering connection only closes. */
+ * held or body-reading request leaves its state first); a request is held
+ * once its head and body are in; a lingering connection only closes. */
 static void test_illegal_transitions(void **state)
 {
     (void)state;
     assert_false(conn_transition_legal(CONN_WAITING_CACHE, CONN_WRITING));
     assert_false(conn_transition_legal(CONN_HELD, CONN_WRITING));
     assert_false(conn_transition_legal(CONN_HELD, CONN_WAITING_CACHE));
-    assert_false(conn_transition_legal(CONN_READING_HEAD, CONN_HELD));
+    assert_false(conn_transition_legal(CONN_READING_BODY, CONN_HELD));
     assert_false(conn_transition_legal(CONN_READING_BODY, CONN_WAITING_CACHE));
     assert_false(conn_transition_legal(CONN_WRITING, CONN_WRITING));
     assert_false(conn_transition_legal(CONN_LINGERING, CONN_READING_HEAD));
