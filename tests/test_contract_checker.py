@@ -457,3 +457,17 @@ def test_answers_are_compared_on_the_state_they_show() -> None:
     assert canonical('{"error":"bad"}') == '{"error":"bad"}' and canonical("") == ""
     # A poll showing the listed form of "one" after the mark-read is still stale.
     assert violations(history(Op("poll", 1, 2.5, 2.51, 200, listed)), "1-no-stale") == 1
+
+
+def test_a_later_fault_on_the_app_s_path_excuses_no_earlier_stale_answer() -> None:
+    # "two" returned pending at 3.1; a poll at 3.5 still shows the mark-read's empty answer.
+    # Held cache writes from 20 s on excuse it no more than no fault at all.
+    ops = [*writes()]
+    ops[2] = Op("publish", 1, 3.0, 3.1, 201, TWO, index=3, headers={"x-cache-publish": "pending"})
+    stale = Op("poll", 1, 3.5, 3.51, 200, "", source="cache")
+    later = Fault("cache-hold-writes", "memcached-0", 20.0, 24.0, [CACHE, APP_PATH])
+    h = History(seed=7, config="test", ops=[*ops, stale], faults=[later])
+    assert violations(h, "1-no-stale") == 1
+    during = Fault("cache-hold-writes", "memcached-0", 2.9, 3.3, [CACHE, APP_PATH])
+    h = History(seed=7, config="test", ops=[*ops, stale], faults=[during])
+    assert violations(h, "1-no-stale") == 0

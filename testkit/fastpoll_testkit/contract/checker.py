@@ -249,7 +249,10 @@ def _app_path_exception(h: History, model: _Model, p: Params, op: Op, j: int, m:
     if any(w.headers.get("x-cache-publish") != "pending" for w in missed):
         return False
     return any(
-        _touches(f, [APP_PATH]) and f.end >= missed[0].start and f.end + p.outbox_s >= op.start
+        _touches(f, [APP_PATH])
+        and f.start - p.pad_s <= op.start  # in effect before the poll: a later one excuses nothing
+        and f.end >= missed[0].start
+        and f.end + p.outbox_s >= op.start
         for f in h.faults
     )
 
