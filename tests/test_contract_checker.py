@@ -355,11 +355,20 @@ def test_bad_input_answered_500_is_rule_4s() -> None:
     assert violations(h, "4-5xx") == 1
 
 
-def test_a_user_body_counts_the_unread_and_shows_the_newest() -> None:
-    from fastpoll_testkit.contract.run import _user_body
+def test_a_user_body_counts_the_unread_and_lists_the_newest() -> None:
+    from fastpoll_testkit.contract.run import _room_body, _user_body
 
     assert _user_body([]) == ""
-    assert _user_body([(3, "a"), (5, "b")]) == '{"unread":2,"newest":{"id":5,"text":"b"}}'
+    assert _user_body([(5, "b"), (3, "a")]) == (
+        '{"unread":2,"newest":{"id":5,"text":"b"},'
+        '"messages":[{"id":3,"text":"a"},{"id":5,"text":"b"}]}'
+    )
+    assert _user_body([(3, "a"), (5, "b"), (8, "c")], bound=2) == (
+        '{"unread":3,"newest":{"id":8,"text":"c"},'
+        '"messages":[{"id":5,"text":"b"},{"id":8,"text":"c"}],"before":3}'
+    )
+    room = [(i, f"m{i}") for i in range(1, 8)]
+    assert _room_body(room).endswith('{"id":7,"text":"m7"}],"before":2}')
 
 
 def test_the_room_is_numbered_by_its_messages_ids(tmp_path: Path) -> None:

@@ -133,7 +133,8 @@ def test_publish_then_read(stack, client: httpx.Client) -> None:
         msg = r.json()
         seen = poll(client, uid)
         assert seen.headers["x-poll-source"] == "cache"  # the publish rewrote the key
-        assert seen.json() == {"unread": 1, "newest": {"id": msg["id"], "text": "hi"}}
+        one = {"id": msg["id"], "text": "hi"}
+        assert seen.json() == {"unread": 1, "newest": one, "messages": [one]}
         second = api.post("/api/messages", json={"user_id": uid, "text": "second"})
         assert poll(client, uid).json()["unread"] == 2
         r = api.post(

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from . import __version__, channels, conditional, config, metrics, signing
+from . import __version__, channels, conditional, config, history, metrics, signing
 from .announce import make_announcer
 from .cache import RateLimitedLog, make_cache
 from .config import Settings
@@ -278,6 +278,8 @@ async def poll(request: Request) -> Response:
         if key != fp.user_key(_user_id_from_query(query)):
             raise _error(403, "the signature is not for this user's poll URL")
     user_id = _user_id_from_query(query)
+    if history.is_history(query):
+        return await _history_read(request, ctx, user_id, query, chans and chans[1])
     try:
         # Checked, and read for the pace only: the app answers at once (docs/api.md: only the poll
         # server holds polls; a held poll here would keep a worker thread and a database
@@ -309,6 +311,30 @@ async def poll(request: Request) -> Response:
         headers["Content-Length"] = str(len(answer))
         return Response(b"", headers=headers)
     return Response(answer, headers=headers)
+
+
+async def _history_read(
+    request: Request, ctx: _Context, user_id: int, query: bytes, names: list[bytes] | None
+) -> Response:
+    """The history read (docs/api.md, "The history read"): after the poll's checks (ch, the
+    signature, user_id), the user's or one of the URL's channels' unread messages after
+    `after`, from the database; never cached."""
+    try:
+        read = history.parse(query, names)
+    except history.BadHistory as exc:
+        raise _error(400, str(exc)) from None
+    fp = ctx.fp
+
+    def run() -> bytes:
+        owner = user_id if read.of is None else fp.channel_owner(read.of.decode("ascii"))
+        return fp.history(owner, read.after, read.limit)
+
+    body = await run_in_threadpool(run)
+    headers = {"Cache-Control": "no-store", "Content-Type": "application/json"}
+    if request.method == "HEAD":
+        headers["Content-Length"] = str(len(body))
+        return Response(b"", headers=headers)
+    return Response(body, headers=headers)
 
 
 async def _api_body(request: Request, model: type[B]) -> B:

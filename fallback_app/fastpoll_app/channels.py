@@ -80,9 +80,12 @@ def compose(user: bytes, parts: Sequence[tuple[bytes, bytes]]) -> bytes:
     return b"".join(out)
 
 
-def encode_channel(messages: Sequence[tuple[int, str]]) -> bytes:
-    """A channel's cached value: its newest messages, ascending id; empty without messages."""
+def encode_channel(messages: Sequence[tuple[int, str]], before: int | None = None) -> bytes:
+    """A channel's cached value: its newest messages, ascending id, and `before`, the id of
+    the message before the oldest listed (None: there is none); empty without messages."""
     if not messages:
         return b""
-    doc = {"messages": [{"id": i, "text": t} for i, t in messages]}
+    doc: dict[str, object] = {"messages": [{"id": i, "text": t} for i, t in messages]}
+    if before is not None:
+        doc["before"] = before
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")

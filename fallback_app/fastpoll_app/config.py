@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from . import signing
+from . import history, signing
 
 CONFIG_ENV = "FASTPOLL_CONFIG"
 
@@ -181,6 +181,9 @@ class AppSettings:
     # refuses to start unless open_api says that is meant (a local development stack).
     api_token_file: str | None = None
     open_api: bool = False
+    # How many of a user's newest unread messages the answer lists (docs/api.md, "The poll
+    # answer"): bounded by [cache] item_max_bytes as a room's history is.
+    answer_messages: int = 10
 
     @property
     def is_postgresql(self) -> bool:
@@ -259,6 +262,7 @@ _KNOWN: dict[str, dict[str, bool]] = {
         "database_password_file": False,
         "api_token_file": False,
         "open_api": False,
+        "answer_messages": False,
     },
     "signing": {"secret_file": False, "ttl": False},
     "poll": {
@@ -357,6 +361,8 @@ def _keys(sec: dict[str, list[_Entry]], rd: _Reader) -> KeySettings:
                 raise rd.error(e.line, "[keys] params: wait is reserved for long polls")
             if n.lower() == CH_PARAM:  # any case, as wait
                 raise rd.error(e.line, "[keys] params: ch is reserved for channels")
+            if n.lower() in history.PARAMS:  # any case, as wait
+                raise rd.error(e.line, f"[keys] params: {n} is reserved for the history read")
         # The app's answers are per user: a key without user_id would be
         # shared by every user and the app would fill it with one user's answer.
         if "user_id" not in names:
@@ -588,7 +594,12 @@ def _app(sec: dict[str, list[_Entry]], rd: _Reader) -> AppSettings:
         if e.value not in ("true", "false"):
             raise rd.error(e.line, "[app] open_api must be true or false")
         open_api = e.value == "true"
-    return AppSettings(database, max_body_size, password_file, api_token_file, open_api)
+    answer_messages = d.answer_messages
+    if e := _one(sec, "answer_messages"):
+        answer_messages = _int(e, rd, "[app] answer_messages", 1, MAX_HISTORY)
+    return AppSettings(
+        database, max_body_size, password_file, api_token_file, open_api, answer_messages
+    )
 
 
 def _signing(sec: dict[str, list[_Entry]], rd: _Reader) -> SigningSettings:
@@ -660,31 +671,45 @@ def _channels(sec: dict[str, list[_Entry]], rd: _Reader) -> ChannelSettings:
 def channel_value_max(history: int) -> int:
     """The longest cached value of a room under [channels] history: that many messages of the
     longest text, every character one JSON writes longest, under the longest ids, as
-    channels.encode_channel writes them: {"messages":[{"id":N,"text":"..."},...]}."""
+    channels.encode_channel writes them: {"messages":[{"id":N,"text":"..."},...],"before":N}."""
     message = len('{"id":,"text":""}') + _MAX_ID_DIGITS + MAX_TEXT_CHARS * MAX_CHAR_BYTES
-    return len('{"messages":[]}') + history * message + (history - 1)
+    before = len(',"before":') + _MAX_ID_DIGITS
+    return len('{"messages":[]}') + history * message + (history - 1) + before
+
+
+def user_value_max(listed: int) -> int:
+    """The longest cached answer of a user under [app] answer_messages, as store.encode_answer
+    writes it: {"unread":N,"newest":{...},"messages":[...],"before":N}."""
+    message = len('{"id":,"text":""}') + _MAX_ID_DIGITS + MAX_TEXT_CHARS * MAX_CHAR_BYTES
+    head = len('{"unread":,"newest":,') + _MAX_ID_DIGITS + message
+    return head + channel_value_max(listed) - 1
 
 
 def _room_fits(secs: dict[str, dict[str, list[_Entry]]], rd: _Reader, s: Settings) -> None:
-    """Refuse a [channels] history whose room answer cannot fit [cache] item_max_bytes: the
-    cache would refuse the room's write and keep serving its older answer (docs/channels.md,
-    "A room's size"). The error names history's line, or item_max_bytes' if history is unset."""
-    history, item = s.channels.history, s.cache.item_max_bytes
-    need = channel_value_max(history) + ITEM_OVERHEAD
-    if need <= item:
-        return
-    fits = max(
-        (n for n in range(1, MAX_HISTORY + 1) if channel_value_max(n) + ITEM_OVERHEAD <= item),
-        default=0,
-    )
-    e = _one(secs.get("channels", {}), "history") or _one(secs.get("cache", {}), "item_max_bytes")
-    line = e.line if e else 0
-    raise rd.error(
-        line,
-        f"[channels] history = {history}: a room's answer can reach {need} bytes ({history} "
-        f"messages of up to {MAX_TEXT_CHARS} characters, {ITEM_OVERHEAD} bytes of item "
-        f"overhead), over [cache] item_max_bytes = {item}; at most {fits} fit",
-    )
+    """Refuse a [channels] history whose room answer, or an [app] answer_messages whose user
+    answer, cannot fit [cache] item_max_bytes: the cache would refuse the write and keep
+    serving the older answer (docs/channels.md, "A room's size"). The error names the setting's
+    line, or item_max_bytes' if the setting is unset."""
+    item = s.cache.item_max_bytes
+    for section, key, count, size, what in (
+        ("channels", "history", s.channels.history, channel_value_max, "a room's answer"),
+        ("app", "answer_messages", s.app.answer_messages, user_value_max, "a user's answer"),
+    ):
+        need = size(count) + ITEM_OVERHEAD
+        if need <= item:
+            continue
+        fits = max(
+            (n for n in range(1, MAX_HISTORY + 1) if size(n) + ITEM_OVERHEAD <= item),
+            default=0,
+        )
+        e = _one(secs.get(section, {}), key) or _one(secs.get("cache", {}), "item_max_bytes")
+        line = e.line if e else 0
+        raise rd.error(
+            line,
+            f"[{section}] {key} = {count}: {what} can reach {need} bytes ({count} "
+            f"messages of up to {MAX_TEXT_CHARS} characters, {ITEM_OVERHEAD} bytes of item "
+            f"overhead), over [cache] item_max_bytes = {item}; at most {fits} fit",
+        )
 
 
 def _one(sec: dict[str, list[_Entry]], key: str) -> _Entry | None:

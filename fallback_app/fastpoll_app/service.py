@@ -6,6 +6,7 @@ The ordering rules are explained in docs/api.md ("No stale answer").
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -166,6 +167,14 @@ class FastPoll:
             fills.append(fill)
         filled = "stored" in fills and all(f in ("stored", "exists") for f in fills)
         return compose(user, parts), filled
+
+    def history(self, owner: int, after: int, limit: int) -> bytes:
+        """The history read's answer (docs/api.md, "The history read"): the owner's unread
+        messages after `after`, ascending, at most `limit`, and whether more follow. Read from
+        the database alone: never cached, nothing filled."""
+        msgs, more = self._retrying(lambda: self.store.history_after(owner, after, limit))
+        doc = {"messages": [{"id": i, "text": t} for i, t in msgs], "more": more}
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
     def channel_part(self, name: str) -> bytes:
         owner = self.channel_owner(name)

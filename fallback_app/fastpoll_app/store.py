@@ -36,7 +36,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -164,57 +164,90 @@ class Snapshot:
     answer: bytes
 
 
-def encode_answer(unread: int, newest_id: int, newest_text: str) -> bytes:
-    """The poll answer for a user with unread messages (format: docs/api.md)."""
-    doc = {"unread": unread, "newest": {"id": newest_id, "text": newest_text}}
+def encode_answer(
+    unread: int, messages: Sequence[tuple[int, str]], before: int | None = None
+) -> bytes:
+    """The poll answer for a user with unread messages (format: docs/api.md): `messages` the
+    newest unread ones listed, ascending id (the last is `newest`); `before` the id of the
+    newest unread message older than those, None when every unread message is listed."""
+    newest_id, newest_text = messages[-1]
+    doc: dict[str, object] = {
+        "unread": unread,
+        "newest": {"id": newest_id, "text": newest_text},
+        "messages": [{"id": i, "text": t} for i, t in messages],
+    }
+    if before is not None:
+        doc["before"] = before
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def _channel_snapshot(rows: list[tuple[Any, ...]]) -> Snapshot:
+def _listed(rows: list[tuple[Any, ...]], bound: int) -> tuple[list[tuple[int, str]], int | None]:
+    """From up to bound + 1 newest rows (id, text), id NULL without messages: the newest
+    `bound` ascending, and the id of the one before them (None if there is none)."""
+    newest = sorted(((int(r[0]), r[1]) for r in rows if r[0] is not None), reverse=True)
+    before = newest[bound][0] if len(newest) > bound else None
+    return newest[:bound][::-1], before
+
+
+def _channel_snapshot(rows: list[tuple[Any, ...]], history: int) -> Snapshot:
     """From _CHANNEL_SNAPSHOT's rows (version, id, text), id NULL without messages."""
     version = int(rows[0][0] or 0) if rows else 0
-    msgs = sorted((int(r[1]), r[2]) for r in rows if r[1] is not None)
-    return Snapshot(version, encode_channel(msgs))
+    msgs, before = _listed([r[1:] for r in rows], history)
+    return Snapshot(version, encode_channel(msgs, before))
 
 
-def _snapshot(row: tuple[Any, ...] | None) -> Snapshot:
-    if row is None:
+def _snapshot(rows: list[tuple[Any, ...]], listed: int) -> Snapshot:
+    """From _SNAPSHOT's rows (version, unread, id, text), id NULL without unread messages."""
+    if not rows:
         return Snapshot(0, b"")
-    version, unread, newest_id, newest_text = row
-    if not unread:
-        return Snapshot(int(version or 0), b"")
-    return Snapshot(int(version or 0), encode_answer(int(unread), int(newest_id), newest_text))
+    version, unread = int(rows[0][0] or 0), int(rows[0][1] or 0)
+    msgs, before = _listed([r[2:] for r in rows], listed)
+    if not unread or not msgs:
+        return Snapshot(version, b"")
+    return Snapshot(version, encode_answer(unread, msgs, before))
 
 
 # The statements both stores run, written with `?` placeholders (psycopg's are `%s`: _pg_sql).
 # FALSE/TRUE: SQLite (>= 3.23) reads them as 0/1, PostgreSQL's column is a boolean.
 
-# One statement, so the version, the count and the newest message come from one snapshot.
+# One statement, so the version, the count and the newest messages come from one snapshot:
+# a row per message of the newest [app] answer_messages + 1 unread (the one past the bound
+# gives the answer's "before"), one row with a NULL id when none is unread.
 _SNAPSHOT = """
-SELECT (SELECT version FROM users WHERE user_id = ?),
-       (SELECT COUNT(*) FROM messages WHERE user_id = ? AND read = FALSE),
-       (SELECT id FROM messages WHERE user_id = ? AND read = FALSE ORDER BY id DESC LIMIT 1),
-       (SELECT text FROM messages WHERE user_id = ? AND read = FALSE ORDER BY id DESC LIMIT 1)
+SELECT v.version, v.unread, m.id, m.text
+FROM (SELECT (SELECT version FROM users WHERE user_id = ?) AS version,
+             (SELECT COUNT(*) FROM messages WHERE user_id = ? AND read = FALSE) AS unread) v
+LEFT JOIN (SELECT id, text FROM messages WHERE user_id = ? AND read = FALSE
+           ORDER BY id DESC LIMIT ?) m ON TRUE
 """
-# A channel's version and newest messages in one statement (one row with a NULL id: none).
+# A channel's version and newest history + 1 messages in one statement (one row with a NULL
+# id: none).
 _CHANNEL_SNAPSHOT = """
 SELECT v.version, m.id, m.text
 FROM (SELECT (SELECT version FROM users WHERE user_id = ?) AS version) v
 LEFT JOIN (SELECT id, text FROM messages WHERE user_id = ? AND read = FALSE
            ORDER BY id DESC LIMIT ?) m ON TRUE
 """
+# The history read (docs/api.md, "The history read"): an owner's unread messages after an id,
+# ascending, one more than asked (it says whether there are more).
+_HISTORY = (
+    "SELECT id, text FROM messages WHERE user_id = ? AND read = FALSE AND id > ? "
+    "ORDER BY id LIMIT ?"
+)
 _FIND_CHANNEL = "SELECT id FROM channels WHERE name = ?"
 _ADD_CHANNEL = "INSERT INTO channels (name) VALUES (?) ON CONFLICT (name) DO NOTHING"
 _CHANNEL_NAME = "SELECT name FROM channels WHERE id = ?"
-# _SNAPSHOT of several users at once ({} the placeholders of their ids).
+# _SNAPSHOT of several users at once ({} the placeholders of their ids; the last ? the
+# bound + 1): a row per listed message of each user, one with a NULL id for a user with none.
 _SNAPSHOTS = """
 SELECT u.user_id, u.version,
        (SELECT COUNT(*) FROM messages WHERE user_id = u.user_id AND read = FALSE),
-       (SELECT id FROM messages WHERE user_id = u.user_id AND read = FALSE
-        ORDER BY id DESC LIMIT 1),
-       (SELECT text FROM messages WHERE user_id = u.user_id AND read = FALSE
-        ORDER BY id DESC LIMIT 1)
-FROM users u WHERE u.user_id IN ({})
+       m.id, m.text
+FROM users u
+LEFT JOIN messages m ON m.user_id = u.user_id AND m.read = FALSE
+     AND m.id IN (SELECT id FROM messages WHERE user_id = u.user_id AND read = FALSE
+                  ORDER BY id DESC LIMIT ?)
+WHERE u.user_id IN ({})
 """
 _GET_MESSAGE = "SELECT id, user_id, text, created, read FROM messages WHERE id = ?"
 _FIND_IDEM = (
@@ -268,12 +301,31 @@ def _message(row: tuple[Any, ...]) -> Message:
     return Message(int(row[0]), int(row[1]), row[2], float(row[3]), bool(row[4]))
 
 
-def read_snapshot(conn: Any, sql: Callable[[str], str], owner: int, history: int) -> Snapshot:
+@dataclass(frozen=True)
+class Bounds:
+    """How many messages an answer lists: a channel's ([channels] history) and a user's
+    ([app] answer_messages)."""
+
+    history: int = 20
+    listed: int = 10
+
+
+def read_history(
+    conn: Any, sql: Callable[[str], str], owner: int, after: int, limit: int
+) -> tuple[list[tuple[int, str]], bool]:
+    """The owner's unread messages with id > after, ascending, at most `limit`; and whether
+    more follow them."""
+    rows = conn.execute(sql(_HISTORY), (owner, after, limit + 1)).fetchall()
+    return [(int(r[0]), r[1]) for r in rows[:limit]], len(rows) > limit
+
+
+def read_snapshot(conn: Any, sql: Callable[[str], str], owner: int, bounds: Bounds) -> Snapshot:
     """The owner's answer and version, read in one statement on `conn` (either store)."""
     if owner < 0:
-        rows = conn.execute(sql(_CHANNEL_SNAPSHOT), (owner, owner, history)).fetchall()
-        return _channel_snapshot(rows)
-    return _snapshot(conn.execute(sql(_SNAPSHOT), (owner,) * 4).fetchone())
+        rows = conn.execute(sql(_CHANNEL_SNAPSHOT), (owner, owner, bounds.history + 1))
+        return _channel_snapshot(rows.fetchall(), bounds.history)
+    rows = conn.execute(sql(_SNAPSHOT), (owner, owner, owner, bounds.listed + 1)).fetchall()
+    return _snapshot(rows, bounds.listed)
 
 
 class Tx:
@@ -281,12 +333,12 @@ class Tx:
     store: `conn` is a sqlite3 or a psycopg connection, `sql` adapts the placeholders."""
 
     def __init__(
-        self, conn: Any, user_id: int, sql: Callable[[str], str], history: int = 20
+        self, conn: Any, user_id: int, sql: Callable[[str], str], bounds: Bounds = Bounds()
     ) -> None:
         self._conn = conn
         self._uid = user_id
         self._sql = sql
-        self._history = history
+        self._bounds = bounds
 
     def _run(self, statement: str, params: tuple[Any, ...]) -> Any:
         return self._conn.execute(self._sql(statement), params)
@@ -318,7 +370,7 @@ class Tx:
             _RECORD_OUTBOX.format(outbox_of(self._uid)),
             (self._uid, version, time.time() + OUTBOX_GRACE),
         )
-        return read_snapshot(self._conn, self._sql, self._uid, self._history)
+        return read_snapshot(self._conn, self._sql, self._uid, self._bounds)
 
     # A batch (Store.users): a few set-wise statements for any number of messages and owners.
 
@@ -358,11 +410,15 @@ class Tx:
         out: dict[int, Snapshot] = {}
         if users:
             marks = ", ".join(["?"] * len(users))
-            for row in self._run(_SNAPSHOTS.format(marks), tuple(users)).fetchall():
-                out[int(row[0])] = _snapshot(row[1:])
+            params = (self._bounds.listed + 1, *users)
+            by_user: dict[int, list[tuple[Any, ...]]] = {}
+            for row in self._run(_SNAPSHOTS.format(marks), params).fetchall():
+                by_user.setdefault(int(row[0]), []).append(row[1:])
+            for u, user_rows in by_user.items():
+                out[u] = _snapshot(user_rows, self._bounds.listed)
         for o in owners:
             if o < 0:
-                out[o] = read_snapshot(self._conn, self._sql, o, self._history)
+                out[o] = read_snapshot(self._conn, self._sql, o, self._bounds)
         return out
 
 
@@ -393,6 +449,7 @@ class BatchSession(Protocol):
 class Store(Protocol):
     kind: str
     history: int  # [channels] history: the messages of a channel's answer
+    bounds: Bounds  # that and [app] answer_messages: the messages of a user's answer
 
     def users(self, owners: list[int]) -> Any:
         """A context manager yielding a BatchSession holding every owner's order, taken in
@@ -409,6 +466,10 @@ class Store(Protocol):
         ...
 
     def poll_answer(self, user_id: int) -> bytes: ...
+
+    def history_after(
+        self, owner: int, after: int, limit: int
+    ) -> tuple[list[tuple[int, str]], bool]: ...
 
     def get_message(self, message_id: int) -> Message | None: ...
 
@@ -504,7 +565,7 @@ class _SqliteSession:
     @contextmanager
     def write(self) -> Iterator[Tx]:
         with self._store.transaction() as conn:
-            yield Tx(conn, self._uid, _same_sql, self._store.history)
+            yield Tx(conn, self._uid, _same_sql, self._store.bounds)
 
     def snapshot(self) -> Snapshot:
         return self._store.snapshot(self._uid)
@@ -525,9 +586,12 @@ class SqliteStore:
 
     kind = "sqlite"
 
-    def __init__(self, path: str, migrate: bool = True, history: int = 20) -> None:
+    def __init__(
+        self, path: str, migrate: bool = True, history: int = 20, answer_messages: int = 10
+    ) -> None:
         self.path = path
         self.history = history
+        self.bounds = Bounds(history, answer_messages)
         self._local = threading.local()
         self._lock = threading.Lock()
         self._all: list[sqlite3.Connection] = []
@@ -638,12 +702,21 @@ class SqliteStore:
     def snapshot(self, user_id: int) -> Snapshot:
         try:
             with Timer(DB_SECONDS, "read"):
-                return read_snapshot(self.conn(), _same_sql, user_id, self.history)
+                return read_snapshot(self.conn(), _same_sql, user_id, self.bounds)
         except sqlite3.Error as exc:
             raise StoreError(str(exc)) from exc
 
     def poll_answer(self, user_id: int) -> bytes:
         return self.snapshot(user_id).answer
+
+    def history_after(
+        self, owner: int, after: int, limit: int
+    ) -> tuple[list[tuple[int, str]], bool]:
+        try:
+            with Timer(DB_SECONDS, "read"):
+                return read_history(self.conn(), _same_sql, owner, after, limit)
+        except sqlite3.Error as exc:
+            raise StoreError(str(exc)) from exc
 
     def get_message(self, message_id: int) -> Message | None:
         row = self.conn().execute(_GET_MESSAGE, (message_id,)).fetchone()
@@ -892,10 +965,10 @@ def _refuse_standby(conn: Any) -> None:
 
 
 class _PgSession:
-    def __init__(self, conn: Any, user_id: int, history: int) -> None:
+    def __init__(self, conn: Any, user_id: int, bounds: Bounds) -> None:
         self._conn = conn
         self._uid = user_id
-        self._history = history
+        self._bounds = bounds
 
     @contextmanager
     def write(self) -> Iterator[Tx]:
@@ -905,7 +978,7 @@ class _PgSession:
             with Timer(DB_SECONDS, "begin"):
                 self._conn.execute("BEGIN")
             try:
-                yield Tx(self._conn, self._uid, _pg_sql, self._history)
+                yield Tx(self._conn, self._uid, _pg_sql, self._bounds)
             except BaseException:
                 with suppress(psycopg.Error):  # a broken connection: the server rolled back
                     self._conn.execute("ROLLBACK")
@@ -918,7 +991,7 @@ class _PgSession:
     def snapshot(self) -> Snapshot:
         try:
             with Timer(DB_SECONDS, "read"):
-                return read_snapshot(self._conn, _pg_sql, self._uid, self._history)
+                return read_snapshot(self._conn, _pg_sql, self._uid, self._bounds)
         except _pg_errors() as exc:
             raise _pg_error(exc, self._conn) from exc
 
@@ -957,6 +1030,7 @@ class PgStore:
 
         self.url = settings.database
         self.history = history
+        self.bounds = Bounds(history, settings.answer_messages)
         kwargs: dict[str, Any] = {
             "autocommit": True,
             "connect_timeout": 5,
@@ -1020,7 +1094,7 @@ class PgStore:
             self._conn() as conn,
             _orders_held(conn, [user_id], self._compat(conn)),  # waits up to lock_timeout
         ):
-            yield _PgSession(conn, user_id, self.history)
+            yield _PgSession(conn, user_id, self.bounds)
 
     def _compat(self, conn: Any) -> bool:
         """Whether the orders are held as ORDERS_COMPAT (read again every ORDERS_REFRESH_S)."""
@@ -1044,7 +1118,13 @@ class PgStore:
 
     def poll_answer(self, user_id: int) -> bytes:
         with self._conn() as conn, Timer(DB_SECONDS, "read"):
-            return read_snapshot(conn, _pg_sql, user_id, self.history).answer
+            return read_snapshot(conn, _pg_sql, user_id, self.bounds).answer
+
+    def history_after(
+        self, owner: int, after: int, limit: int
+    ) -> tuple[list[tuple[int, str]], bool]:
+        with self._conn() as conn, Timer(DB_SECONDS, "read"):
+            return read_history(conn, _pg_sql, owner, after, limit)
 
     @contextmanager
     def users(self, owners: list[int]) -> Iterator[_PgBatch]:
@@ -1056,7 +1136,7 @@ class PgStore:
                 stack.enter_context(self._gate.hold(owner))
             conn = stack.enter_context(self._conn())
             stack.enter_context(_orders_held(conn, order, self._compat(conn)))
-            yield _PgBatch(conn, owners[0], self.history)
+            yield _PgBatch(conn, owners[0], self.bounds)
 
     def channel_id(self, name: str) -> int:
         with self._conn() as conn:
@@ -1149,4 +1229,4 @@ def open_store(
     [channels] history."""
     if settings.is_postgresql:
         return PgStore(settings, check_schema, history)
-    return SqliteStore(settings.database, migrate=check_schema, history=history)
+    return SqliteStore(settings.database, check_schema, history, settings.answer_messages)

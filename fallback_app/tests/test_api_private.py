@@ -189,7 +189,8 @@ def test_mark_read_up_to_id_leaves_newer_messages(client: TestClient) -> None:
     r = client.post("/api/messages/read", json={"user_id": 5, "up_to_id": seen})
     assert r.status_code == 200 and r.json()["marked_read"] == 1
     answer = client.get("/Poll/getMessages?user_id=5").json()
-    assert answer == {"unread": 1, "newest": {"id": later["id"], "text": "not yet seen"}}
+    newest = {"id": later["id"], "text": "not yet seen"}
+    assert answer == {"unread": 1, "newest": newest, "messages": [newest]}
     fp = client.app.state.fastpoll  # type: ignore[attr-defined]
     assert (
         fp._fill.get(b"/Poll/getMessages?user_id=5")

@@ -43,21 +43,65 @@ def test_publish_then_poll_then_read(client: TestClient) -> None:
     msg = r.json()
     assert msg["user_id"] == 42 and msg["text"] == "hi ☃" and msg["read"] is False
     assert r.headers["x-cache-publish"] == "ok"
+    one = {"id": msg["id"], "text": "hi ☃"}
     want = json.dumps(
-        {"unread": 1, "newest": {"id": msg["id"], "text": "hi ☃"}},
+        {"unread": 1, "newest": one, "messages": [one]},
         separators=(",", ":"),
         ensure_ascii=False,
     ).encode()
     assert cached(client) == want  # publish overwrote the filled empty value
     assert client.get("/Poll/getMessages?user_id=42").content == want
     r2 = client.post("/api/messages", json={"user_id": 42, "text": "second"})
-    assert cached(client) == (b'{"unread":2,"newest":{"id":%d,"text":"second"}}' % r2.json()["id"])
+    i1, i2 = msg["id"], r2.json()["id"]
+    assert cached(client) == (
+        f'{{"unread":2,"newest":{{"id":{i2},"text":"second"}},'
+        f'"messages":[{{"id":{i1},"text":"hi ☃"}},{{"id":{i2},"text":"second"}}]}}'
+    ).encode()
 
     r = client.post("/api/messages/read", json={"user_id": 42, "up_to_id": r2.json()["id"]})
     assert r.status_code == 200
     assert r.json() == {"user_id": 42, "marked_read": 2}
     assert cached(client) == b""
     assert client.get("/Poll/getMessages?user_id=42").content == b""
+
+
+def _bounded(settings: config.Settings, listed: int) -> config.Settings:
+    return dataclasses.replace(
+        settings, app=dataclasses.replace(settings.app, answer_messages=listed)
+    )
+
+
+def test_the_answer_lists_the_newest_unread_messages_in_order(
+    settings: config.Settings,
+) -> None:
+    """Three publishes: all three listed, ascending; with [app] answer_messages = 2 the two
+    newest, and "before" names the one left out. The batch path writes the same answer."""
+    with TestClient(create_app(settings)) as c:
+        ids = [c.post("/api/messages", json={"user_id": 42, "text": t}).json()["id"] for t in "abc"]
+        doc = json.loads(c.get("/Poll/getMessages?user_id=42").content)
+        assert doc["messages"] == [{"id": i, "text": t} for i, t in zip(ids, "abc", strict=True)]
+        assert doc["unread"] == 3 and doc["newest"] == doc["messages"][-1] and "before" not in doc
+    with TestClient(create_app(_bounded(settings, 2))) as c:
+        assert json.loads(c.get("/Poll/getMessages?user_id=42").content) == {
+            "unread": 3,
+            "newest": {"id": ids[2], "text": "c"},
+            "messages": [{"id": ids[1], "text": "b"}, {"id": ids[2], "text": "c"}],
+            "before": ids[0],
+        }
+        r = c.post("/api/messages/batch", json={"items": [{"user_id": 42, "text": "d"}]})
+        d = r.json()["ids"][0]
+        want = {
+            "unread": 4,
+            "newest": {"id": d, "text": "d"},
+            "messages": [{"id": ids[2], "text": "c"}, {"id": d, "text": "d"}],
+            "before": ids[1],
+        }
+        assert json.loads(cached(c) or b"") == want  # the batch's cache write
+        assert json.loads(c.get("/Poll/getMessages?user_id=42").content) == want
+        # Read up to the second: two unread, both listed, no "before".
+        c.post("/api/messages/read", json={"user_id": 42, "up_to_id": ids[1]})
+        doc = json.loads(cached(c) or b"")
+        assert [m["id"] for m in doc["messages"]] == [ids[2], d] and "before" not in doc
 
 
 def test_answers_are_per_user(client: TestClient) -> None:

@@ -57,8 +57,9 @@ def test_keys_signatures_bodies_values() -> None:
         assert body.decode() == c["body"], c["why"]
         assert etag_of(body) == c["etag"]
     for c in VECTORS["values"]:
-        msgs = [(i, t) for i, t in c["messages"]][-c["history"] :]
-        assert channels.encode_channel(msgs).decode() == c["value"], c["why"]
+        every, h = [(i, t) for i, t in c["messages"]], c["history"]
+        before = every[-h - 1][0] if len(every) > h else None
+        assert channels.encode_channel(every[-h:], before).decode() == c["value"], c["why"]
 
 
 def test_vectors_cover_refusals_and_acceptances() -> None:
@@ -80,8 +81,8 @@ def cached(client: TestClient, key: bytes) -> bytes | None:
     return fp_of(client)._fill.get(key)
 
 
-def room_value(*msgs: tuple[int, str]) -> bytes:
-    return channels.encode_channel(list(msgs))
+def room_value(*msgs: tuple[int, str], before: int | None = None) -> bytes:
+    return channels.encode_channel(list(msgs), before)
 
 
 @pytest.fixture
@@ -104,8 +105,8 @@ def test_channel_publish_writes_the_room_and_polls_compose(room_client: TestClie
         assert r.status_code == 201, r.text
         assert r.json()["channel"] == "room.a" and r.headers["x-cache-publish"] == "ok"
         ids.append(r.json()["id"])
-    # history 3: the newest three, ascending
-    want_a = room_value((ids[1], "two"), (ids[2], "three"), (ids[3], "four"))
+    # history 3: the newest three, ascending, and "before" the one before them
+    want_a = room_value((ids[1], "two"), (ids[2], "three"), (ids[3], "four"), before=ids[0])
     assert cached(c, ROOM) == want_a
     p = c.get("/Poll/getMessages?user_id=1&ch=room.a,room.b")
     assert p.content == b'{"user":null,"channels":{"room.a":%s,"room.b":null}}' % want_a
@@ -173,7 +174,11 @@ def test_batch_publish_users_and_channels(client: TestClient) -> None:
     assert r.headers["x-cache-publish"] == "ok"
     assert cached(client, ROOM) == room_value((ids[3], "r1"), (ids[4], "r2"))
     u1 = cached(client, b"/Poll/getMessages?user_id=1") or b""
-    assert json.loads(u1) == {"unread": 2, "newest": {"id": ids[5], "text": "again"}}
+    assert json.loads(u1) == {
+        "unread": 2,
+        "newest": {"id": ids[5], "text": "again"},
+        "messages": [{"id": ids[0], "text": "to 1"}, {"id": ids[5], "text": "again"}],
+    }
     assert json.loads(cached(client, b"/Poll/getMessages?user_id=3") or b"")["unread"] == 1
     assert fp_of(client).store.outbox_backlog() == 0
     for bad, why in [

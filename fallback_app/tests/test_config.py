@@ -192,10 +192,51 @@ def test_the_largest_room_accepted_fits_the_item_size() -> None:
                 break
             ok += 1
         worst = [(2**63 - 1, "\x01" * app.MAX_TEXT_CHARS)] * ok
-        size = len(channels.encode_channel(worst))
+        size = len(channels.encode_channel(worst, 2**63 - 1))
         assert size + config.ITEM_OVERHEAD <= item
         assert size + len(channels.encode_channel(worst[:1])) + 1 + config.ITEM_OVERHEAD > item
     assert parse("").channels.history == 20  # the defaults fit
+
+
+def test_answer_messages_default_range_and_refusals() -> None:
+    assert parse("").app.answer_messages == 10
+    assert parse("[app]\nanswer_messages = 3\n").app.answer_messages == 3
+    for bad in ("0", "-1", "x", "", "1001"):
+        msg = _refusal(f"[app]\ndatabase = x.db\nanswer_messages = {bad}\n")
+        assert msg.startswith("f.ini:3:") and "[app] answer_messages" in msg, msg
+
+
+def test_the_largest_user_answer_accepted_fits_the_item_size() -> None:
+    """As a room's: the largest [app] answer_messages accepted, every listed message (and the
+    newest again) of the largest text under the largest ids, with "before", fits the item
+    size; one more is refused, naming answer_messages' line (or item_max_bytes')."""
+    from fastpoll_app import app
+    from fastpoll_app.store import encode_answer
+
+    big = 2**63 - 1
+    for item in (1048576, 262144, 40000):
+        ok = 1
+        while ok < config.MAX_HISTORY:
+            try:
+                head = f"[cache]\nitem_max_bytes = {item}\n[channels]\nhistory = 1\n"
+                parse(f"{head}[app]\nanswer_messages = {ok + 1}\n")
+            except ConfigError as exc:
+                assert str(exc).startswith("<string>:6:") and "answer_messages" in str(exc)
+                break
+            ok += 1
+        worst = [(big, "\x01" * app.MAX_TEXT_CHARS)] * ok
+        size = len(encode_answer(big, worst, big))
+        assert size + config.ITEM_OVERHEAD <= item
+        assert size + len(channels_one()) + 1 + config.ITEM_OVERHEAD > item
+    msg = _refusal("[cache]\nbackend = redis\nitem_max_bytes = 100000\n[channels]\nhistory = 2\n")
+    assert msg.startswith("f.ini:3:") and "[app] answer_messages = 10" in msg, msg
+
+
+def channels_one() -> bytes:
+    """One listed message of the largest text under the largest id, as an answer writes it."""
+    from fastpoll_app import app, channels
+
+    return channels.encode_channel([(2**63 - 1, "\x01" * app.MAX_TEXT_CHARS)])
 
 
 def test_no_character_is_longer_in_a_rooms_answer_than_the_bound_assumes() -> None:

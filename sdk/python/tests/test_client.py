@@ -61,7 +61,8 @@ def test_publish_then_poll_through_nginx(fp: Client) -> None:
     msg = fp.publish(uid, "hi ☃")
     assert (msg.user_id, msg.text, msg.read, msg.replayed) == (uid, "hi ☃", False, False)
     assert msg.cache_publish == "ok"
-    assert poll(url) == {"unread": 1, "newest": {"id": msg.id, "text": "hi ☃"}}
+    one = {"id": msg.id, "text": "hi ☃"}
+    assert poll(url) == {"unread": 1, "newest": one, "messages": [one]}
     info = fp.poll_url_info(uid)
     assert info.expires is not None and info.expires > time.time()
 
@@ -72,7 +73,8 @@ def test_mark_read(fp: Client) -> None:
     second = fp.publish(uid, "two")
     done = fp.mark_read(uid, up_to_id=first.id)
     assert (done.user_id, done.marked_read, done.cache_publish) == (uid, 1, "ok")
-    assert poll(fp.poll_url(uid)) == {"unread": 1, "newest": {"id": second.id, "text": "two"}}
+    two = {"id": second.id, "text": "two"}
+    assert poll(fp.poll_url(uid)) == {"unread": 1, "newest": two, "messages": [two]}
     assert fp.mark_read(uid, up_to_id=second.id).marked_read == 1
     assert poll(fp.poll_url(uid)) is None
 
@@ -87,7 +89,8 @@ def test_batch(fp: Client) -> None:
         ]
     )
     assert len(ids) == 3 and ids == sorted(ids)
-    assert poll(fp.poll_url(uid)) == {"unread": 2, "newest": {"id": ids[2], "text": "b3"}}
+    b1, b3 = {"id": ids[0], "text": "b1"}, {"id": ids[2], "text": "b3"}
+    assert poll(fp.poll_url(uid)) == {"unread": 2, "newest": b3, "messages": [b1, b3]}
     answer = poll(fp.poll_url(uid, channels=[room]))
     assert answer is not None and "to the room" in json.dumps(answer["channels"])
     with pytest.raises(ValueError):
@@ -115,7 +118,8 @@ def test_idempotent_retry_stores_one_message(fp: Client) -> None:
     first = fp.publish(uid, "once", idempotency_key="k-1")
     again = fp.publish(uid, "once", idempotency_key="k-1")
     assert again.id == first.id and again.replayed and again.cache_publish is None
-    assert poll(fp.poll_url(uid)) == {"unread": 1, "newest": {"id": first.id, "text": "once"}}
+    once = {"id": first.id, "text": "once"}
+    assert poll(fp.poll_url(uid)) == {"unread": 1, "newest": once, "messages": [once]}
     with pytest.raises(Conflict) as exc:
         fp.publish(uid, "another text", idempotency_key="k-1")
     assert exc.value.status == 409
@@ -184,7 +188,9 @@ def test_a_503_is_retried(stack: Stack, fp: Client, caplog: pytest.LogCaptureFix
     assert len(retries) == 1 and "busy" in retries[0], retries
     assert 3.9 < took < 8, took
     answer = poll(fp.poll_url(uid))
-    assert answer == {"unread": 2, "newest": {"id": msg.id, "text": "after a 503"}}
+    newest = {"id": msg.id, "text": "after a 503"}
+    assert answer is not None and answer["unread"] == 2 and answer["newest"] == newest
+    assert isinstance(answer["messages"], list) and answer["messages"][-1] == newest
 
 
 def test_unavailable_after_the_retries(stack: Stack) -> None:

@@ -140,6 +140,9 @@ BAD_INPUT_BOUND_S = 5.0  # the longest a refusal may take (it is decided before 
 ROOM = "room.c"
 ROOM_USER = 0
 ROOM_HISTORY = 5  # [channels] history of the run's stack: the room's answer keeps 5 messages
+# [app] answer_messages of the run's stack: a user's answer lists the newest 3 unread, so the
+# users' answers carry "before" whenever more are unread.
+USER_LISTED = 3
 ROOM_POLLERS = (1, 2)  # users whose room pollers run (held, and plain/conditional)
 _ROOM_MARK = f',"channels":{{"{ROOM}":'
 # What a fault takes beyond its length (the nemesis waits for a restarted process to answer).
@@ -166,25 +169,31 @@ class Settings:
     )
 
 
-def _user_body(unread: list[tuple[int, str]]) -> str:
+def _listed(msgs: list[tuple[int, str]], bound: int) -> dict[str, object]:
+    """The newest `bound` of msgs as an answer lists them (ascending), and "before": the id of
+    the newest one older than those, when there is one."""
+    ordered = sorted(msgs)
+    doc: dict[str, object] = {"messages": [{"id": i, "text": t} for i, t in ordered[-bound:]]}
+    if len(ordered) > bound:
+        doc["before"] = ordered[-bound - 1][0]
+    return doc
+
+
+def _user_body(unread: list[tuple[int, str]], bound: int = USER_LISTED) -> str:
     """The poll answer of a user with these unread messages (docs/api.md, "The poll answer"): their
-    count and the newest; empty when nothing is unread."""
+    count, the newest, the newest `bound` listed and "before"; empty when nothing is unread."""
     if not unread:
         return ""
     msg_id, text = max(unread)
-    return json.dumps(
-        {"unread": len(unread), "newest": {"id": msg_id, "text": text}},
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
+    doc = {"unread": len(unread), "newest": {"id": msg_id, "text": text}, **_listed(unread, bound)}
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
 
 
 def _room_body(msgs: list[tuple[int, str]]) -> str:
-    """The room's cached value after its writes: its newest ROOM_HISTORY messages."""
+    """The room's cached value after its writes: its newest ROOM_HISTORY messages and "before"."""
     if not msgs:
         return ""
-    doc = {"messages": [{"id": i, "text": t} for i, t in msgs[-ROOM_HISTORY:]]}
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(_listed(msgs, ROOM_HISTORY), separators=(",", ":"), ensure_ascii=False)
 
 
 def room_part(body: str) -> str:
@@ -263,6 +272,7 @@ class Run:
         self.proxy_names = list(spec)
         self.proxy = ProxyControl(spec, str(st.run_dir / "proxy.log"))
         ini["channels"] = {"history": str(ROOM_HISTORY)}
+        ini["app"] = {"answer_messages": str(USER_LISTED)}
         for section, values in ini.items():
             st.extra_ini.setdefault(section, {}).update(values)
         st.start()
