@@ -6,11 +6,23 @@
 //   import { startPolling } from "/fastpoll-client/fastpoll.js";
 //   const poller = startPolling({
 //     url: signedPollUrl,                      // from the site's backend (POST /api/poll-url)
-//     onAnswer: (answer, info) => { ... },     // answer: {unread, newest} or null (nothing unread)
+//     onAnswer: (answer, info) => { ... },     // answer: {unread, newest, messages} or null
+//     onMessages: (list) => { ... },           // the user's new messages, ascending, each once
+//     onChannelMessages: (name, list) => { ... }, // a room's new messages, ascending, each once
 //     refreshUrl: async () => newSignedUrl,    // called on 403 (the signed URL expired)
 //   });
 //   ...
 //   await poller.stop();
+//
+// Messages by id (docs/api.md, "The poll answer" and "The history read"): the client keeps the
+// last id it handed over per URL and part (the user, each room) in sessionStorage, under the
+// URL without exp= and sig= (a re-signed URL keeps it). Each answer's messages newer than that
+// id go to onMessages/onChannelMessages in ascending order, exactly once, across page reloads
+// too. When an answer's "before" is newer than that id, messages were left out of it: the
+// client reads them first (the same URL plus &after=ID, and &of=NAME for a room), so nothing is
+// skipped. A history read that fails hands nothing over: the next poll asks again (no tag).
+// The first answer of a URL never seen in this tab hands over what it lists (older messages
+// are not fetched).
 //
 // Channels (docs/channels.md): a URL the backend issued with channels (POST /api/poll-url
 // {"user_id": N, "channels": ["room.a"]}) carries ch=room.a and is polled the same way; its answer
@@ -24,7 +36,45 @@ const DEFAULTS = {
   jitter: 0.2, // our own interval gets 0..20% more, so tabs opened together drift apart
   backoffBase: 500, // ms, the first retry after an error; doubles up to backoffMax
   backoffMax: 30000,
+  gapPages: 20, // history reads (100 messages each) at most per gap
 };
+
+// Where the last handed-over ids of a URL are kept: the URL without its signature (exp=,
+// sig=) and wait=, so a refreshed URL continues from the same ids.
+function stableUrl(url) {
+  const at = url.indexOf("?");
+  if (at < 0) return url;
+  const keep = url
+    .slice(at + 1)
+    .split("&")
+    .filter((p) => !/^(exp|sig|wait)(=|$)/i.test(p));
+  return url.slice(0, at) + "?" + keep.join("&");
+}
+
+function loadIds(storage, key) {
+  try {
+    const doc = JSON.parse(storage?.getItem(key) ?? "{}");
+    return doc !== null && typeof doc === "object" ? doc : {};
+  } catch {
+    return {}; // no storage (a sandboxed frame) or a bad value: start afresh
+  }
+}
+
+function saveIds(storage, key, ids) {
+  try {
+    storage?.setItem(key, JSON.stringify(ids));
+  } catch {
+    // quota or no storage: the ids live in memory for this page
+  }
+}
+
+// A part's listed messages: its "messages", or (an answer from before they were listed) its
+// newest alone.
+function listedOf(part) {
+  if (part === null || typeof part !== "object") return [];
+  if (Array.isArray(part.messages)) return part.messages;
+  return part.newest ? [part.newest] : [];
+}
 
 // What to wait after an answer, from its headers; null if it names nothing usable.
 function pacedMs(res) {
@@ -86,6 +136,68 @@ export function startPolling(options) {
   const controller = new AbortController();
   const { signal } = controller;
   const state = { url: opt.url, etag: null, failures: 0, polls: 0, lastAnswer: undefined };
+  const storage = "storage" in opt ? opt.storage : globalThis.sessionStorage;
+  const idsKey = "fastpoll:" + (opt.storageKey ?? stableUrl(opt.url));
+  const lastIds = loadIds(storage, idsKey); // {"user": id, "ch:room.a": id}
+
+  // The messages of a part (the user: name null; or room `name`) after id `after` and before
+  // id `until`, through the history read; null if a read failed.
+  async function readGap(name, after, until) {
+    const out = [];
+    let from = after;
+    for (let page = 0; page < opt.gapPages; page += 1) {
+      const url = state.url + "&after=" + from + (name === null ? "" : "&of=" + name);
+      const res = await fetch(url, { signal, cache: "no-store", credentials: "same-origin" });
+      if (res.status !== 200) {
+        await res.body?.cancel();
+        opt.onStatus?.({ status: res.status, source: "history" });
+        return null;
+      }
+      const doc = await res.json();
+      const got = Array.isArray(doc.messages) ? doc.messages : [];
+      for (const m of got) if (m.id < until) out.push(m);
+      if (!doc.more || got.length === 0 || got[got.length - 1].id >= until) return out;
+      from = got[got.length - 1].id;
+    }
+    return out;
+  }
+
+  // Hands over a part's messages newer than its last id, the gap read first; false if the
+  // gap could not be read (nothing handed over, the id unchanged).
+  async function deliverPart(slot, name, part) {
+    const listed = listedOf(part);
+    const last = lastIds[slot];
+    let fresh;
+    if (typeof last !== "number") {
+      fresh = listed; // a URL this tab never polled: what the answer lists
+    } else {
+      fresh = listed.filter((m) => m.id > last);
+      if (typeof part?.before === "number" && part.before > last) {
+        const until = listed.length ? listed[0].id : Number.MAX_SAFE_INTEGER;
+        const gap = await readGap(name, last, until);
+        if (gap === null) return false;
+        fresh = gap.filter((m) => m.id > last).concat(fresh);
+      }
+    }
+    if (fresh.length) {
+      if (name === null) opt.onMessages?.(fresh);
+      else opt.onChannelMessages?.(name, fresh);
+      lastIds[slot] = fresh[fresh.length - 1].id;
+    } else if (typeof last !== "number") {
+      lastIds[slot] = 0; // nothing yet: every message from now on is new
+    }
+    saveIds(storage, idsKey, lastIds);
+    return true;
+  }
+
+  async function deliver(answer) {
+    const { user, channels } = parts(answer);
+    if (!(await deliverPart("user", null, user))) return false;
+    for (const [name, part] of Object.entries(channels)) {
+      if (!(await deliverPart("ch:" + name, name, part))) return false;
+    }
+    return true;
+  }
 
   const backoff = () => {
     const cap = Math.min(opt.backoffMax, opt.backoffBase * 2 ** Math.min(state.failures, 16));
@@ -106,11 +218,18 @@ export function startPolling(options) {
       state.polls += 1;
       if (res.status === 200) {
         const text = await res.text();
-        state.etag = res.headers.get("ETag"); // null from a server without ETags: no condition
+        const etag = res.headers.get("ETag"); // null from a server without ETags: no condition
         state.failures = 0;
         const answer = parseAnswer(text);
         state.lastAnswer = answer;
         opt.onAnswer?.(answer, { status: 200, source: res.headers.get("X-Poll-Source") });
+        if (!(await deliver(answer))) {
+          // The gap could not be read: poll again without the tag (the answer at once), later.
+          state.etag = null;
+          state.failures += 1;
+          return backoff();
+        }
+        state.etag = etag;
         return pacedMs(res) ?? ownInterval();
       }
       if (res.status === 304) {

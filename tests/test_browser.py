@@ -3,7 +3,10 @@ chromium + chromium-driver) driven by Selenium, on the demo page the local stack
 /fastpoll-client/demo.html. A message published through the API shows on the page within a
 second; stop() ends the loop (no request after it). A room (docs/channels.md): several users'
 pages, each polling its own key and the room on one URL, all show a room message within a second,
-and a user's own message only on that user's page.
+and a user's own message only on that user's page. Messages by id: three publishes 0.5 s apart
+show as three messages in order; a reload shows them once each and continues from there, a gap
+(more published while the page was away than an answer lists, [app] answer_messages = 2 here)
+is read through the history read, and a publish after the poll server's restart shows too.
 
 The page's polls carry wait=25 and the current tag: the poll server holds them, and the app's
 announcement on the stack's Redis ([announce] server: the cache is memcached) wakes them when a
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from urllib.parse import quote
 
 import httpx
@@ -24,6 +27,7 @@ from selenium import webdriver  # make deps-browser (the Makefile) installs it
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
 from fastpoll_testkit.helpers import start_stack
@@ -44,6 +48,8 @@ def demo_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         extra_ini={
             # The app's answers ask for 1-1.2 s (3 s by default): the first, a miss, comes from it.
             "poll": {"fallback_interval_ms": "1000"},
+            # An answer lists two messages: three published while a page is away leave a gap.
+            "app": {"answer_messages": "2"},
             # Writes are announced on the stack's Redis; the poller wakes its held polls.
             "announce": {
                 "server": f"127.0.0.1:{redis_port}",
@@ -100,6 +106,68 @@ def shown(driver: webdriver.Chrome) -> list[str]:
     return [li.text for li in driver.find_elements(By.CSS_SELECTOR, "#messages li")]
 
 
+def newest_li(driver: webdriver.Chrome, css: str) -> WebElement:
+    """The last item of a list: the page lists messages in order, the newest last."""
+    return driver.find_elements(By.CSS_SELECTOR, css)[-1]
+
+
+def stop_page(driver: webdriver.Chrome) -> None:
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "window.fastpollDemo?.poller.stop().then(() => done(true)) ?? done(false);"
+    )
+
+
+def test_messages_in_order_once_each_across_a_reload_a_gap_and_a_poller_restart(
+    demo_stack: Stack, browser: webdriver.Chrome
+) -> None:
+    uid = 737373
+    page = (
+        f"{demo_stack.base_url}/fastpoll-client/demo.html"
+        f"?url={quote(demo_stack.poll_url(uid), safe='')}&interval={INTERVAL_MS}&wait=25"
+    )
+    browser.get(page)
+    wait_held(demo_stack)
+    texts = [f"m{i}" for i in range(1, 4)]
+    for t in texts:  # 0.5 s apart: each answer lists every unread message, in order
+        publish(demo_stack, uid, t)
+        time.sleep(0.5)
+
+    def shows(want: list[str]) -> Callable[[webdriver.Chrome], bool]:
+        return lambda d: shown(d) == want
+
+    WebDriverWait(browser, 5, 0.05).until(shows(texts))
+    # A reload: the page shows what it showed (its own record), and the client hands over
+    # nothing again: the answer still lists m2 and m3 (unread), both already handed over.
+    browser.refresh()
+    answers = "return window.fastpollDemo.stats.answers"
+    WebDriverWait(browser, 5, 0.05).until(lambda d: d.execute_script(answers) >= 1)
+    time.sleep(1.0)
+    assert shown(browser) == texts
+    restored = browser.find_elements(By.CSS_SELECTOR, "#messages li[data-restored]")
+    assert len(restored) == 3
+    # Away from the page while three are published: the answer lists m5 and m6 with
+    # "before" m4, newer than the last shown (m3): the page reads m4 first, then the rest.
+    stop_page(browser)
+    browser.get("about:blank")
+    away = [f"m{i}" for i in range(4, 7)]
+    for t in away:
+        publish(demo_stack, uid, t)
+    answer = httpx.get(demo_stack.base_url + demo_stack.poll_url(uid), timeout=5).json()
+    assert [m["text"] for m in answer["messages"]] == ["m5", "m6"] and "before" in answer
+    browser.get(page)
+    WebDriverWait(browser, 5, 0.05).until(shows(texts + away))
+    # The poll server restarted (stopped by its pid, started again): a publish still shows.
+    wait_held(demo_stack)
+    demo_stack.stop_proc("poller-0")
+    demo_stack.start_poller(0)
+    publish(demo_stack, uid, "m7")
+    WebDriverWait(browser, 10, 0.05).until(shows([*texts, *away, "m7"]))
+    time.sleep(0.5)
+    assert shown(browser) == [*texts, *away, "m7"]  # nothing twice
+    stop_page(browser)
+
+
 def test_messages_arrive_within_a_second_and_stop_is_clean(
     demo_stack: Stack, browser: webdriver.Chrome
 ) -> None:
@@ -123,10 +191,10 @@ def test_messages_arrive_within_a_second_and_stop_is_clean(
             return t in shown(d)
 
         WebDriverWait(browser, 5, 0.02).until(has_text)
-        at = browser.find_element(By.CSS_SELECTOR, "#messages li").get_attribute("data-shown-at")
+        at = newest_li(browser, "#messages li").get_attribute("data-shown-at")
         latencies.append(int(at or 0) / 1000 - t0)
         time.sleep(0.1)
-    assert shown(browser) == [f"message {i} ☃ <b>not html</b>" for i in (2, 1, 0)]
+    assert shown(browser) == [f"message {i} ☃ <b>not html</b>" for i in (0, 1, 2)]
     assert max(latencies) < 1.0, latencies
     print(f"publish-to-page latencies (s): {[round(x, 3) for x in latencies]}")
 
@@ -201,7 +269,7 @@ def test_a_room_shared_by_users(demo_stack: Stack, browser: webdriver.Chrome) ->
         for w in windows:
             browser.switch_to.window(w)
             WebDriverWait(browser, 5, 0.02).until(lambda d: text in room(d))
-            li = browser.find_element(By.CSS_SELECTOR, 'ul[data-room="room.demo"] li')
+            li = newest_li(browser, 'ul[data-room="room.demo"] li')
             at.append(int(li.get_attribute("data-shown-at") or 0) / 1000)
         return at
 
@@ -219,7 +287,7 @@ def test_a_room_shared_by_users(demo_stack: Stack, browser: webdriver.Chrome) ->
             time.sleep(0.1)
         for w in windows:
             browser.switch_to.window(w)
-            assert room(browser) == [f"room message {i} <i>not html</i>" for i in (2, 1, 0)]
+            assert room(browser) == [f"room message {i} <i>not html</i>" for i in (0, 1, 2)]
         print(f"room publish-to-page latencies (s): {[round(x, 3) for x in latencies]}")
         assert max(latencies) < 1.0, latencies
 
