@@ -77,6 +77,7 @@
 
 #include "cache_memcached.h"
 #include "health.h"
+#include "link.h"
 #include "node_health.h"
 #include "log.h"
 #include "mcproto.h"
@@ -103,7 +104,6 @@
 #define MC_PROBE_KEY      "fastpoll:probe" /* a key no one writes */
 
 enum mc_conn_state { MC_DOWN, MC_CONNECTING, MC_UP };
-enum mc_log_state { MC_LOG_NONE, MC_LOG_UP, MC_LOG_DOWN };
 /* What a connection speaks, learnt from its answer to "mn" (meta no-op):
  * "MN" from memcached >= 1.6 (meta commands), "ERROR" from older ones. */
 enum mc_proto { MC_PROTO_PROBING, MC_PROTO_CLASSIC, MC_PROTO_META };
@@ -154,10 +154,8 @@ struct mc_server {
     int wev_added, flush_active;
     struct mc_buf in, out;
     unsigned gen;                   /* bumped by every reset */
-    struct event *retry;            /* reconnect timer */
     enum mc_conn_state state;
-    enum mc_log_state logged;
-    struct fp_health health;        /* backoff, hung, last bytes in */
+    struct fp_link link;            /* up/down log, backoff, retry, hang check */
     struct mc_reqq pending;         /* sent, in answer order */
     size_t npending;
     struct fp_mcp mcp;              /* the answers' parse state */
@@ -167,7 +165,6 @@ struct mc_server {
     struct fp_node_recovery recovery; /* its window (node_health.h): its
                                        * keys are read through replicas */
     struct event *probe;            /* asks it when idle */
-    struct event *hangcheck;        /* a late request's: is it silent yet? */
 };
 
 struct fp_mc {
@@ -267,45 +264,22 @@ static void buf_reset(struct mc_buf *b, size_t min)
 static void server_log_up(struct mc_server *s)
 {
     struct fp_mc *mc = s->mc;
+    char note[160];
 
-    if (fp_node_back(&s->recovery, s->logged == MC_LOG_DOWN, mc->recovery_ms)) {
+    if (fp_node_back(&s->recovery, fp_link_was_down(&s->link),
+                     mc->recovery_ms)) {
         /* Back from down or hung: it may hold answers older than publishes
          * made meanwhile, until the app's outbox rewrites them. */
         fp_stat_backend_recovering((size_t)(s - mc->servers),
                                    s->recovery.until_ms);
-        fp_log(FP_LOG_INFO, "memcached %s: connected; no hit is served from "
-               "it for %u ms (recovery_ms): %s", s->name, mc->recovery_ms,
-               mc->replicas ? "its keys are read from their replicas"
-                            : "its keys fall back to the app");
-    } else if (s->logged != MC_LOG_UP) {
-        fp_log(FP_LOG_INFO, "memcached %s: connected", s->name);
+        (void)snprintf(note, sizeof(note), "; no hit is served from it for "
+                       "%u ms (recovery_ms): %s", mc->recovery_ms,
+                       mc->replicas ? "its keys are read from their replicas"
+                                    : "its keys fall back to the app");
+        fp_link_up(&s->link, note);
+    } else {
+        fp_link_up(&s->link, NULL);
     }
-    s->logged = MC_LOG_UP;
-    fp_stat_backend_up((size_t)(s - s->mc->servers), 1);
-}
-
-static void server_log_down(struct mc_server *s, const char *why)
-{
-    if (s->logged != MC_LOG_DOWN)
-        fp_log(FP_LOG_WARN, "memcached %s: %s", s->name, why);
-    else
-        fp_log(FP_LOG_DEBUG, "memcached %s: %s", s->name, why);
-    s->logged = MC_LOG_DOWN;
-    fp_stat_backend_up((size_t)(s - s->mc->servers), 0);
-}
-
-/* The delay is health.h's: at once after a connection that was answering,
- * else the jittered backoff. */
-static void server_schedule_retry(struct mc_server *s)
-{
-    struct timeval tv;
-    unsigned delay = fp_health_next_delay(&s->health);
-
-    tv.tv_sec = delay / 1000;
-    tv.tv_usec = (suseconds_t)(delay % 1000) * 1000;
-    if (evtimer_add(s->retry, &tv) != 0)
-        fp_log(FP_LOG_ERROR, "memcached %s: cannot arm reconnect timer",
-               s->name);
 }
 
 /* Drops the connection and answers everything pending on it: `first`
@@ -320,7 +294,7 @@ static void server_reset(struct mc_server *s, const char *why,
     struct mc_req *r;
 
     if (why != NULL)
-        server_log_down(s, why);
+        fp_link_down(&s->link, why);
     if (s->rev != NULL) {
         event_free(s->rev);
         s->rev = NULL;
@@ -335,13 +309,13 @@ static void server_reset(struct mc_server *s, const char *why,
     }
     if (s->flush_active)
         (void)event_del(s->flush);
-    if (s->hangcheck != NULL)
-        (void)event_del(s->hangcheck);
+    if (s->link.hangcheck != NULL)
+        (void)event_del(s->link.hangcheck);
     s->wev_added = s->flush_active = 0;
     buf_reset(&s->in, MC_IN_MIN);
     buf_reset(&s->out, MC_OUT_KEEP);
-    s->health.last_rx_ms = 0;
-    s->health.stalled = 0;
+    s->link.health.last_rx_ms = 0;
+    s->link.health.stalled = 0;
     fp_mcp_init(&s->mcp, MC_MAX_VALUE);
     s->gen++;
     s->state = MC_DOWN;
@@ -349,7 +323,7 @@ static void server_reset(struct mc_server *s, const char *why,
     TAILQ_CONCAT(&q, &s->pending, link);
     s->npending = 0;
     if (!s->mc->closing)
-        server_schedule_retry(s);
+        fp_link_retry(&s->link);
 
     if (first != NULL) {
         TAILQ_REMOVE(&q, first, link);
@@ -366,7 +340,7 @@ static void server_reset(struct mc_server *s, const char *why,
 static void server_bad(struct mc_server *s, const char *why,
                        struct mc_req *first)
 {
-    fp_health_bad(&s->health);
+    fp_health_bad(&s->link.health);
     server_reset(s, why, first, FP_CACHE_ERROR);
 }
 
@@ -447,13 +421,13 @@ static int server_parse(struct mc_server *s)
             log_skip(s, &head, ev.len);
             continue;
         case FP_MCP_MISS:
-            fp_health_good(&s->health);
+            fp_health_good(&s->link.health);
             server_log_up(s);
             req_finish(server_pop(s), FP_CACHE_MISS, NULL, 0);
             break;
         case FP_MCP_HIT:
             r = server_pop(s);
-            fp_health_good(&s->health);
+            fp_health_good(&s->link.health);
             server_log_up(s);
             /* Asked before its recovery window began, answered in it:
              * the value may be older than an acknowledged write. */
@@ -523,7 +497,7 @@ static void server_read_cb(evutil_socket_t fd, short what, void *arg)
             return;
         }
         s->in.len += (size_t)n;
-        fp_health_rx(&s->health);
+        fp_health_rx(&s->link.health);
         if (server_parse(s) < 0)
             return;
         if (s->in.off == s->in.len)
@@ -589,7 +563,7 @@ static void server_connected(struct mc_server *s)
     s->state = MC_UP;
     /* A stopped server's kernel still completes the handshake: after a
      * timeout, wait for an answer before calling it up. */
-    if (!s->health.hung)
+    if (!s->link.health.hung)
         server_log_up(s);
     if (event_add(s->rev, NULL) != 0) {
         server_reset(s, "cannot wait for the socket", NULL, FP_CACHE_ERROR);
@@ -627,11 +601,11 @@ static void server_connect(struct mc_server *s)
     fd = socket(s->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
                 0);
     if (fd < 0) {
-        server_log_down(s, "cannot create socket");
+        fp_link_down(&s->link, "cannot create socket");
         goto fail;
     }
     if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
-        server_log_down(s, "cannot set socket options");
+        fp_link_down(&s->link, "cannot set socket options");
         evutil_closesocket(fd);
         goto fail;
     }
@@ -639,7 +613,7 @@ static void server_connect(struct mc_server *s)
     s->rev = event_new(base, fd, EV_READ | EV_PERSIST, server_read_cb, s);
     s->wev = event_new(base, fd, EV_WRITE | EV_PERSIST, server_write_cb, s);
     if (s->rev == NULL || s->wev == NULL) {
-        server_log_down(s, "cannot create events");
+        fp_link_down(&s->link, "cannot create events");
         goto fail_fd;
     }
     fp_mcp_init(&s->mcp, MC_MAX_VALUE);
@@ -650,7 +624,7 @@ static void server_connect(struct mc_server *s)
      * (the server was down) and MC_OUT_MIN holds it. */
     s->proto = MC_PROTO_PROBING;
     if (buf_reserve(&s->out, 4, MC_OUT_MIN, MC_OUT_MAX) != 0) {
-        server_log_down(s, "out of memory");
+        fp_link_down(&s->link, "out of memory");
         goto fail_fd;
     }
     memcpy(s->out.data + s->out.len, "mn\r\n", 4); /* NOLINT(bugprone-not-null-terminated-result) */
@@ -662,12 +636,12 @@ static void server_connect(struct mc_server *s)
     if (errno != EINPROGRESS) {
         char why[128];
         (void)snprintf(why, sizeof(why), "connect failed: %s", strerror(errno));
-        server_log_down(s, why);
+        fp_link_down(&s->link, why);
         goto fail_fd;
     }
     /* Non-blocking; the outcome shows up as EV_WRITE (server_write_cb). */
     if (event_add(s->wev, NULL) != 0) {
-        server_log_down(s, "cannot wait for the socket");
+        fp_link_down(&s->link, "cannot wait for the socket");
         goto fail_fd;
     }
     s->wev_added = 1;
@@ -680,7 +654,7 @@ fail_fd:
     return;
 fail:
     s->state = MC_DOWN;
-    server_schedule_retry(s);
+    fp_link_retry(&s->link);
 }
 
 static void server_retry_cb(evutil_socket_t fd, short what, void *arg)
@@ -693,35 +667,29 @@ static void server_retry_cb(evutil_socket_t fd, short what, void *arg)
         server_connect(s);
 }
 
-static void server_hung(struct mc_server *s, struct mc_req *first)
+/* The link's questions (link.h): a stall (a starved CPU, a deep pipeline)
+ * costs its late requests, a hang the connection and the recovery window. */
+static int server_waiting(void *arg)
 {
-    char quiet[64], why[128];
+    const struct mc_server *s = arg;
 
-    fp_health_silence(&s->health, quiet, sizeof(quiet));
-    (void)snprintf(why, sizeof(why), "no answer within %u ms and %s, closing",
-                   s->mc->timeout_ms, quiet);
-    fp_health_bad(&s->health);
-    server_reset(s, why, first, FP_CACHE_TIMEOUT);
+    return !s->mc->closing && s->state == MC_UP && s->npending > 0;
 }
 
-/* A stall (a starved CPU, a deep pipeline) costs its late requests, a
- * hang the connection and the recovery window: health.h tells them apart. */
-static void server_hangcheck_cb(evutil_socket_t fd, short what, void *arg)
+static void server_hung(void *arg, const char *why)
 {
-    struct mc_server *s = arg;
-
-    (void)fd;
-    (void)what;
-    if (s->mc->closing || s->state != MC_UP || s->npending == 0)
-        return;
-    if (fp_health_late(&s->health, s->mc->timeout_ms, s->hangcheck) != 0)
-        server_hung(s, NULL);
+    server_reset(arg, why, NULL, FP_CACHE_TIMEOUT);
 }
+
+static const struct fp_link_ops server_link = {
+    "memcached", "answer", "closing", server_waiting, server_hung
+};
 
 static void req_timer_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct mc_req *r = arg;
     struct mc_server *s = r->srv;
+    char why[160];
 
     (void)fd;
     (void)what;
@@ -730,8 +698,8 @@ static void req_timer_cb(evutil_socket_t fd, short what, void *arg)
         req_finish(r, FP_CACHE_ERROR, NULL, 0);
         return;
     }
-    if (fp_health_late(&s->health, r->mc->timeout_ms, s->hangcheck) != 0) {
-        server_hung(s, r);
+    if (fp_link_late(&s->link, why, sizeof(why)) != 0) {
+        server_reset(s, why, r, FP_CACHE_TIMEOUT);
         return;
     }
     /* Answering, or silent for less than a hang: it alone gets TIMEOUT and
@@ -766,7 +734,7 @@ static int key_is_safe(const char *key, size_t len)
 static int server_ready(const struct mc_server *s)
 {
     return fp_node_ready(s->state == MC_DOWN, s->npending, MC_MAX_PENDING,
-                         s->mc->replicas, &s->health);
+                         s->mc->replicas, &s->link.health);
 }
 
 /* In its recovery window (server_log_up): neither primary nor replica. */
@@ -1117,11 +1085,10 @@ struct fp_mc *fp_mc_create(struct event_base *base, const struct fp_settings *st
         (void)snprintf(s->name, sizeof(s->name), "%s:%u", st->mc_servers[i].host,
                  (unsigned)st->mc_servers[i].port);
         fp_stats_backend_name(i, s->name);
-        s->retry = evtimer_new(base, server_retry_cb, s);
         s->flush = event_new(base, -1, 0, server_flush_cb, s);
-        s->hangcheck = evtimer_new(base, server_hangcheck_cb, s);
-        if (s->retry == NULL || s->flush == NULL || s->hangcheck == NULL ||
-            server_resolve(s, &st->mc_servers[i]) != 0)
+        if (fp_link_init(&s->link, base, &server_link, s->name, i,
+                         mc->timeout_ms, s, server_retry_cb) != 0 ||
+            s->flush == NULL || server_resolve(s, &st->mc_servers[i]) != 0)
             goto fail;
         {
             struct timeval tv = { MC_PROBE_MS / 1000,
@@ -1155,12 +1122,9 @@ void fp_mc_free(struct fp_mc *mc)
         struct mc_server *s = &mc->servers[i];
         if (s->fd >= 0 || !TAILQ_EMPTY(&s->pending))
             server_reset(s, NULL, NULL, FP_CACHE_ERROR);
-        if (s->retry != NULL)
-            event_free(s->retry);
+        fp_link_free(&s->link);
         if (s->probe != NULL)
             event_free(s->probe);
-        if (s->hangcheck != NULL)
-            event_free(s->hangcheck);
         if (s->flush != NULL)
             event_free(s->flush);
         free(s->in.data);

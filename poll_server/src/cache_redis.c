@@ -52,6 +52,7 @@
 
 #include "cache_redis.h"
 #include "health.h"
+#include "link.h"
 #include "log.h"
 #include "resolve.h"
 #include "sentinel.h"
@@ -59,8 +60,6 @@
 #include "stats.h"
 
 #define RD_MAX_PENDING      10000
-
-enum rd_log_state { RD_LOG_NONE, RD_LOG_UP, RD_LOG_DOWN };
 
 struct fp_redis;
 
@@ -84,8 +83,6 @@ struct fp_redis {
     int setup_failed;           /* on ac: every later reply is an ERROR */
     struct event *drop;         /* drops ac from outside hiredis */
     const char *drop_why;
-    struct event *retry;
-    struct event *hangcheck;    /* a late request's: is it silent yet? */
     char name[300];             /* for the log */
     char ip[64];                /* numeric, resolved at startup or given
                                  * by a sentinel */
@@ -96,8 +93,7 @@ struct fp_redis {
     const struct timeval *timeout;
     struct timeval timeout_tv;
     unsigned timeout_ms;
-    enum rd_log_state logged;
-    struct fp_health health;
+    struct fp_link link;        /* up/down log, backoff, retry, hang check */
     size_t inflight;            /* requests hiredis holds */
     struct rd_reqq failq;
     int closing;
@@ -112,36 +108,11 @@ struct fp_redis {
 
 static void do_connect(struct fp_redis *r);
 
-static void log_up(struct fp_redis *r)
-{
-    if (r->logged != RD_LOG_UP)
-        fp_log(FP_LOG_INFO, "redis %s: connected", r->name);
-    r->logged = RD_LOG_UP;
-    fp_stat_backend_up(0, 1);
-}
-
-static void log_down(struct fp_redis *r, const char *why)
-{
-    fp_log(r->logged != RD_LOG_DOWN ? FP_LOG_WARN : FP_LOG_DEBUG,
-           "redis %s: %s", r->name, why);
-    r->logged = RD_LOG_DOWN;
-    fp_stat_backend_up(0, 0);
-}
-
-/* Reconnects after health.h's delay: at once after a connection that was
- * answering, else the jittered backoff. */
+/* Reconnects after health.h's delay, unless closing. */
 static void schedule_retry(struct fp_redis *r)
 {
-    struct timeval tv;
-    unsigned delay;
-
-    if (r->closing)
-        return;
-    delay = fp_health_next_delay(&r->health);
-    tv.tv_sec = delay / 1000;
-    tv.tv_usec = (suseconds_t)(delay % 1000) * 1000;
-    if (evtimer_add(r->retry, &tv) != 0)
-        fp_log(FP_LOG_ERROR, "redis %s: cannot arm reconnect timer", r->name);
+    if (!r->closing)
+        fp_link_retry(&r->link);
 }
 
 /* Frees the request once nobody can reach it any more. */
@@ -174,7 +145,7 @@ static void drop_context(struct fp_redis *r)
 
     r->ac = NULL;               /* disconnect_cb and new gets see it down */
     (void)event_del(r->drop);
-    (void)event_del(r->hangcheck);
+    (void)event_del(r->link.hangcheck);
     if (ac != NULL)
         redisAsyncFree(ac);
     schedule_retry(r);
@@ -184,7 +155,7 @@ static void drop_context(struct fp_redis *r)
  * a switch of master). Replies still read on it are ERRORs meanwhile. */
 static void drop_later(struct fp_redis *r, const char *why)
 {
-    fp_health_bad(&r->health);
+    fp_health_bad(&r->link.health);
     r->setup_failed = 1;
     r->drop_why = why;
     event_active(r->drop, EV_TIMEOUT, 1);
@@ -198,7 +169,7 @@ static void drop_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     if (r->ac == NULL)
         return;
-    log_down(r, r->drop_why != NULL ? r->drop_why : "dropped");
+    fp_link_down(&r->link, r->drop_why != NULL ? r->drop_why : "dropped");
     drop_context(r);
 }
 
@@ -212,13 +183,13 @@ static void reply_cb(redisAsyncContext *ac, void *reply, void *priv)
     q->in_hiredis = 0;
     r->inflight--;
     if (rep != NULL)
-        fp_health_rx(&r->health); /* late or not, Redis is sending */
+        fp_health_rx(&r->link.health); /* late or not, Redis is sending */
     if (rep == NULL || (ac == r->ac && r->setup_failed)) {
         req_answer(q, FP_CACHE_ERROR, NULL, 0);
     } else if (rep->type == REDIS_REPLY_NIL || rep->type == REDIS_REPLY_STRING) {
         /* Only a real answer proves Redis serves: reset the backoff. */
-        fp_health_good(&r->health);
-        log_up(r);
+        fp_health_good(&r->link.health);
+        fp_link_up(&r->link, NULL);
         if (rep->type == REDIS_REPLY_NIL)
             req_answer(q, FP_CACHE_MISS, NULL, 0);
         else
@@ -243,7 +214,7 @@ static void setup_cb(redisAsyncContext *ac, void *reply, void *priv)
 
     if (rep == NULL || ac != r->ac || r->setup_failed)
         return;
-    fp_health_rx(&r->health);
+    fp_health_rx(&r->link.health);
     if (rep->type == REDIS_REPLY_ERROR) {
         (void)snprintf(why, sizeof(why), "setup command refused: %.*s",
                        (int)(rep->len < 150 ? rep->len : 150), rep->str);
@@ -273,14 +244,14 @@ static void connect_cb(const redisAsyncContext *ac, int status)
     if (status == REDIS_OK) {
         /* A stopped server's kernel still accepts: after a failure, wait
          * for a reply before calling it up. */
-        if (!r->health.hung)
-            log_up(r);
+        if (!r->link.health.hung)
+            fp_link_up(&r->link, NULL);
         return;
     }
     /* hiredis frees the context after this returns and answers the
      * pending callbacks with NULL; disconnect_cb is not called. */
     (void)snprintf(why, sizeof(why), "connect failed: %s", ac->errstr);
-    log_down(r, why);
+    fp_link_down(&r->link, why);
     r->ac = NULL;
     schedule_retry(r);
 }
@@ -294,7 +265,7 @@ static void disconnect_cb(const redisAsyncContext *ac, int status)
         return;
     (void)snprintf(why, sizeof(why), "connection lost: %s",
              status == REDIS_OK ? "closed" : ac->errstr);
-    log_down(r, why);
+    fp_link_down(&r->link, why);
     r->ac = NULL;
     schedule_retry(r);
 }
@@ -329,13 +300,13 @@ static void do_connect(struct fp_redis *r)
     else
         ac = redisAsyncConnect(r->ip, r->port);
     if (ac == NULL) {
-        log_down(r, "cannot allocate a context");
+        fp_link_down(&r->link, "cannot allocate a context");
         schedule_retry(r);
         return;
     }
     if (ac->err) {
         (void)snprintf(why, sizeof(why), "connect failed: %s", ac->errstr);
-        log_down(r, why);
+        fp_link_down(&r->link, why);
         redisAsyncFree(ac);
         schedule_retry(r);
         return;
@@ -344,7 +315,7 @@ static void do_connect(struct fp_redis *r)
     if (redisLibeventAttach(ac, r->base) != REDIS_OK ||
         redisAsyncSetConnectCallback(ac, connect_cb) != REDIS_OK ||
         redisAsyncSetDisconnectCallback(ac, disconnect_cb) != REDIS_OK) {
-        log_down(r, "cannot attach to the event loop");
+        fp_link_down(&r->link, "cannot attach to the event loop");
         redisAsyncFree(ac);
         schedule_retry(r);
         return;
@@ -352,8 +323,8 @@ static void do_connect(struct fp_redis *r)
     r->ac = ac;
     r->setup_failed = 0;
     if (queue_setup(r, ac) != 0) {
-        log_down(r, "cannot queue the setup commands");
-        fp_health_bad(&r->health);
+        fp_link_down(&r->link, "cannot queue the setup commands");
+        fp_health_bad(&r->link.health);
         drop_context(r);
     }
 }
@@ -419,11 +390,11 @@ static void switch_cb(redisAsyncContext *ac, void *reply, void *priv)
     if (r->ac != NULL)
         drop_later(r, "the master changed");
     /* The next connection goes to the new address at once, unasked. */
-    r->health.backoff_ms = 0;
-    r->health.hung = 0;
+    r->link.health.backoff_ms = 0;
+    r->link.health.hung = 0;
     r->use_known = 1;
     if (r->ac == NULL && !fp_sentinels_asking(&r->sn))
-        event_active(r->retry, EV_TIMEOUT, 1);
+        event_active(r->link.retry, EV_TIMEOUT, 1);
 }
 
 static void subscribe(struct fp_redis *r, size_t i)
@@ -450,8 +421,8 @@ static void sentinel_answer(void *arg, const char *ip, int port, size_t i)
     if (r->closing)
         return;
     if (ip == NULL) {
-        log_down(r, "no sentinel named the master");
-        fp_health_bad(&r->health);
+        fp_link_down(&r->link, "no sentinel named the master");
+        fp_health_bad(&r->link.health);
         schedule_retry(r);
         return;
     }
@@ -478,35 +449,32 @@ static void retry_cb(evutil_socket_t fd, short what, void *arg)
     do_connect(r);
 }
 
-static void hung(struct fp_redis *r)
+/* The link's questions (link.h): a stall costs its late requests, a hang
+ * the connection. */
+static int waiting(void *arg)
 {
-    char quiet[64], why[128];
+    const struct fp_redis *r = arg;
 
-    fp_health_silence(&r->health, quiet, sizeof(quiet));
-    (void)snprintf(why, sizeof(why), "no reply within %u ms and %s, "
-                   "reconnecting", r->timeout_ms, quiet);
-    fp_health_bad(&r->health);
-    log_down(r, why);
-    drop_context(r);            /* reply_cb(q, NULL) frees what hiredis held */
+    return !r->closing && r->ac != NULL && r->inflight > 0;
 }
 
-/* A stall costs its late requests, a hang the connection (health.h). */
-static void hangcheck_cb(evutil_socket_t fd, short what, void *arg)
+static void hung(void *arg, const char *why)
 {
     struct fp_redis *r = arg;
 
-    (void)fd;
-    (void)what;
-    if (r->closing || r->ac == NULL || r->inflight == 0)
-        return;
-    if (fp_health_late(&r->health, r->timeout_ms, r->hangcheck) != 0)
-        hung(r);
+    fp_link_down(&r->link, why);
+    drop_context(r);            /* reply_cb(q, NULL) frees what hiredis held */
 }
+
+static const struct fp_link_ops redis_link = {
+    "redis", "reply", "reconnecting", waiting, hung
+};
 
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct rd_req *q = arg;
     struct fp_redis *r = q->r;
+    char why[160];
 
     (void)fd;
     (void)what;
@@ -525,9 +493,8 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
     }
     /* Still replying, or silent for less than a hang: it alone is late,
      * hiredis keeps it until its reply comes. */
-    if (r->ac != NULL &&
-        fp_health_late(&r->health, r->timeout_ms, r->hangcheck) != 0)
-        hung(r);
+    if (r->ac != NULL && fp_link_late(&r->link, why, sizeof(why)) != 0)
+        hung(r, why);
 }
 
 int fp_redis_get(struct fp_redis *r, const char *key, size_t keylen,
@@ -550,7 +517,7 @@ int fp_redis_get(struct fp_redis *r, const char *key, size_t keylen,
     }
     /* Stalled (health.h): not queued behind the late ones. */
     if (keylen == 0 || keylen > FP_MAX_KEY_LEN || r->ac == NULL ||
-        r->setup_failed || r->inflight >= RD_MAX_PENDING || r->health.stalled)
+        r->setup_failed || r->inflight >= RD_MAX_PENDING || r->link.health.stalled)
         goto fail_fast;
     if (evtimer_add(q->timer, r->timeout) != 0)
         goto fail_fast;
@@ -602,10 +569,9 @@ struct fp_redis *fp_redis_create(struct event_base *base,
     r->timeout = event_base_init_common_timeout(base, &r->timeout_tv);
     if (r->timeout == NULL)
         r->timeout = &r->timeout_tv;
-    r->retry = evtimer_new(base, retry_cb, r);
     r->drop = event_new(base, -1, 0, drop_cb, r);
-    r->hangcheck = evtimer_new(base, hangcheck_cb, r);
-    if (r->retry == NULL || r->drop == NULL || r->hangcheck == NULL)
+    if (fp_link_init(&r->link, base, &redis_link, r->name, 0, r->timeout_ms,
+                     r, retry_cb) != 0 || r->drop == NULL)
         goto fail;
     if ((st->redis_password != NULL &&
          (r->password = strdup(st->redis_password)) == NULL) ||
@@ -667,12 +633,9 @@ void fp_redis_free(struct fp_redis *r)
         req_answer(q, FP_CACHE_ERROR, NULL, 0);
         req_release(q);
     }
-    if (r->retry != NULL)
-        event_free(r->retry);
+    fp_link_free(&r->link);
     if (r->drop != NULL)
         event_free(r->drop);
-    if (r->hangcheck != NULL)
-        event_free(r->hangcheck);
     if (r->password != NULL) {
         explicit_bzero(r->password, strlen(r->password));
         free(r->password);
