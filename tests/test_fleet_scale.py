@@ -196,3 +196,31 @@ def test_the_150_poller_rollout_fits_15_minutes(tmp_path: Path) -> None:
     # The old settings (the default ramp, each instance alone) would not.
     old, _, _ = rollout(tmp_path, '[1, "10%", "25%", "100%"]', parallel=1)
     assert old > TARGET_S
+
+
+def test_the_pre_flight_names_a_host_that_does_not_answer(tmp_path: Path) -> None:
+    """site.yml's first play (tags: always) on a host that answers and one that refuses ssh (a
+    closed loopback port): the run stops there, naming the silent host; with only the host that
+    answers, the pre-flight passes."""
+    site = yaml.safe_load((ANSIBLE / "site.yml").read_text())
+    preflight = tmp_path / "preflight.yml"
+    preflight.write_text(yaml.safe_dump(site[:1], sort_keys=False))
+    hosts = {
+        "here": {"ansible_connection": "local"},
+        "gone": {"ansible_host": "127.0.0.254", "ansible_port": 1, "ansible_ssh_timeout": 2},
+    }
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+
+    def run(*limit: str) -> subprocess.CompletedProcess[str]:
+        argv = [str(PLAYBOOK), "-i", str(inventory), str(preflight), *limit]
+        return subprocess.run(
+            argv, capture_output=True, text=True, env=env(tmp_path), check=False, timeout=120
+        )
+
+    refused = run()
+    assert refused.returncode != 0
+    assert "These hosts do not answer: gone. Nothing was changed." in refused.stdout
+    assert "--limit '!gone'" in refused.stdout
+    passed = run("--limit", "here")
+    assert passed.returncode == 0, passed.stdout[-2000:]
