@@ -59,9 +59,9 @@ status:
 
 test-unit: venv build
 	$(MAKE) -C poll_server test check
-	$(VENV)/bin/ruff check fallback_app tests loadtests testkit poll_server/tests sdk/python  # ruff.toml
+	$(VENV)/bin/ruff check fallback_app tests loadtests testkit poll_server/tests sdk/python sdk/node/tests  # ruff.toml
 	$(VENV)/bin/mypy fallback_app/fastpoll_app testkit/fastpoll_testkit tests loadtests \
-		poll_server/tests sdk/python/src/fastpoll_client sdk/python/tests  # mypy.ini
+		poll_server/tests sdk/python/src/fastpoll_client sdk/python/tests sdk/node/tests  # mypy.ini
 	$(VENV)/bin/pytest -q fallback_app/tests
 
 # The integration suite runs once, on the ASan+UBSan poll server: any sanitizer report in a poll
@@ -73,6 +73,16 @@ test-integration: venv build deps-monitoring deps-browser
 	# The Python SDK against a real stack (its own rootdir: sdk/python/pyproject.toml).
 	$(VENV)/bin/pytest -q sdk/python/tests
 	$(VENV)/bin/pytest -q -m soak tests
+
+# The Node SDK (sdk/node, @fastpoll/client): built with tsc, its node --test suite run against a
+# real stack by sdk/node/tests. Debian's nodejs and npm are installed only when no npm is found.
+.PHONY: sdk-node deps-node
+NODE_PACKAGES := $(if $(shell command -v npm),,nodejs npm)
+deps-node:
+	$(call apt_install,$(NODE_PACKAGES))
+sdk-node: venv build deps-node
+	cd sdk/node && npm ci --no-audit --no-fund && npm run build
+	$(VENV)/bin/pytest -q sdk/node/tests
 
 # tests/test_browser.py: the browser client (client/) in headless Chromium, driven by Selenium.
 .PHONY: deps-browser
@@ -88,10 +98,10 @@ deps-browser: venv
 # and the exit code is the failure's). Every package and the venv are installed first, so that
 # the two never run apt or pip at the same time.
 # tests/test_monitoring.py is part of test-integration's run, so make test adds only the rule checks.
-TEST_STAGES := test-unit monitoring-rules test-integration bench-quick lint-c fuzz valgrind \
+TEST_STAGES := test-unit monitoring-rules test-integration sdk-node bench-quick lint-c fuzz valgrind \
 	check-contract-gate
 TEST_ALONGSIDE := test-deploy
-test: venv build deps-monitoring deps-browser deps-security deps-fleet $(VENV)/.ansible
+test: venv build deps-monitoring deps-browser deps-security deps-fleet deps-node $(VENV)/.ansible
 	@tools/stage-times --alongside $(TEST_ALONGSIDE) $(MAKE) $(TEST_STAGES)
 
 # Monitoring (docs/operations.md, "Monitoring"): promtool checks the rules and runs their unit
