@@ -2,6 +2,9 @@
 // polls"). It polls one poll URL with If-None-Match and wait=, waits what each answer asks
 // (Poll-Interval-Ms, or Retry-After on a 429/503), backs off with full jitter on errors, and
 // stops at once on stop() (an AbortController cancels the request in flight and the pause).
+// Offline (navigator.onLine false, the window's "offline" event) it sends nothing: the request
+// in flight is cancelled and the loop waits; on "online" it polls at once, with no back-off
+// left over, and continues from the last id it handed over (a gap is read as after a reload).
 //
 //   import { startPolling } from "/fastpoll-client/fastpoll.js";
 //   const poller = startPolling({
@@ -92,17 +95,20 @@ function retryAfterMs(res) {
   return Number.isNaN(when) ? null : Math.max(0, when - Date.now());
 }
 
-// Sleeps ms, or less if signal aborts (then it resolves false).
-function pause(ms, signal) {
+// Sleeps ms, or less if signal aborts (then it resolves false) or wake() is called (then it
+// resolves true at once): hooks.wake is set for the length of the sleep.
+function pause(ms, signal, hooks) {
   return new Promise((resolve) => {
     if (signal.aborted) return resolve(false);
     const done = () => {
       clearTimeout(timer);
       signal.removeEventListener("abort", done);
+      if (hooks.wake === done) hooks.wake = null;
       resolve(!signal.aborted);
     };
-    const timer = setTimeout(done, ms);
+    const timer = Number.isFinite(ms) ? setTimeout(done, ms) : undefined;
     signal.addEventListener("abort", done, { once: true });
+    hooks.wake = done;
   });
 }
 
@@ -134,15 +140,45 @@ export function startPolling(options) {
   const opt = { ...DEFAULTS, ...options };
   if (typeof opt.url !== "string" || opt.url === "") throw new TypeError("url is required");
   const controller = new AbortController();
-  const { signal } = controller;
-  const state = { url: opt.url, etag: null, failures: 0, polls: 0, lastAnswer: undefined };
+  const mainSignal = controller.signal;
+  const state = {
+    url: opt.url,
+    etag: null,
+    failures: 0,
+    polls: 0,
+    lastAnswer: undefined,
+    offline: false,
+  };
   const storage = "storage" in opt ? opt.storage : globalThis.sessionStorage;
   const idsKey = "fastpoll:" + (opt.storageKey ?? stableUrl(opt.url));
   const lastIds = loadIds(storage, idsKey); // {"user": id, "ch:room.a": id}
 
+  // Online/offline: the browser's own view (navigator.onLine, its "online"/"offline" events on
+  // the window). hooks.wake ends the pause in progress; hooks.request cancels the request in
+  // flight (its own AbortController, also aborted by stop()).
+  const nav = "navigator" in opt ? opt.navigator : globalThis.navigator;
+  const events = "events" in opt ? opt.events : globalThis;
+  const isOffline = () => nav?.onLine === false || state.offline;
+  const hooks = { wake: null, request: null };
+  const onOffline = () => {
+    state.offline = true;
+    hooks.request?.abort(); // a held poll would hang on a dead network: send nothing now
+    hooks.wake?.();
+  };
+  const onOnline = () => {
+    state.offline = false;
+    state.failures = 0; // the errors were the network's: no back-off carried over
+    hooks.wake?.();
+  };
+  const listen = typeof events?.addEventListener === "function";
+  if (listen) {
+    events.addEventListener("offline", onOffline);
+    events.addEventListener("online", onOnline);
+  }
+
   // The messages of a part (the user: name null; or room `name`) after id `after` and before
   // id `until`, through the history read; null if a read failed.
-  async function readGap(name, after, until) {
+  async function readGap(name, after, until, signal) {
     const out = [];
     let from = after;
     for (let page = 0; page < opt.gapPages; page += 1) {
@@ -164,7 +200,7 @@ export function startPolling(options) {
 
   // Hands over a part's messages newer than its last id, the gap read first; false if the
   // gap could not be read (nothing handed over, the id unchanged).
-  async function deliverPart(slot, name, part) {
+  async function deliverPart(slot, name, part, signal) {
     const listed = listedOf(part);
     const last = lastIds[slot];
     let fresh;
@@ -174,7 +210,7 @@ export function startPolling(options) {
       fresh = listed.filter((m) => m.id > last);
       if (typeof part?.before === "number" && part.before > last) {
         const until = listed.length ? listed[0].id : Number.MAX_SAFE_INTEGER;
-        const gap = await readGap(name, last, until);
+        const gap = await readGap(name, last, until, signal);
         if (gap === null) return false;
         fresh = gap.filter((m) => m.id > last).concat(fresh);
       }
@@ -190,11 +226,11 @@ export function startPolling(options) {
     return true;
   }
 
-  async function deliver(answer) {
+  async function deliver(answer, signal) {
     const { user, channels } = parts(answer);
-    if (!(await deliverPart("user", null, user))) return false;
+    if (!(await deliverPart("user", null, user, signal))) return false;
     for (const [name, part] of Object.entries(channels)) {
-      if (!(await deliverPart("ch:" + name, name, part))) return false;
+      if (!(await deliverPart("ch:" + name, name, part, signal))) return false;
     }
     return true;
   }
@@ -207,6 +243,12 @@ export function startPolling(options) {
 
   async function once() {
     const headers = state.etag ? { "If-None-Match": state.etag } : {};
+    // This request's own controller: stop() and going offline both cancel it.
+    const request = new AbortController();
+    const signal = request.signal;
+    const cancel = () => request.abort();
+    mainSignal.addEventListener("abort", cancel, { once: true });
+    hooks.request = request;
     let res;
     try {
       res = await fetch(withWait(state.url, opt.wait), {
@@ -223,7 +265,8 @@ export function startPolling(options) {
         const answer = parseAnswer(text);
         state.lastAnswer = answer;
         opt.onAnswer?.(answer, { status: 200, source: res.headers.get("X-Poll-Source") });
-        if (!(await deliver(answer))) {
+        if (!(await deliver(answer, signal))) {
+          if (signal.aborted) return 0; // stopped or offline during the gap's read
           // The gap could not be read: poll again without the tag (the answer at once), later.
           state.etag = null;
           state.failures += 1;
@@ -252,16 +295,26 @@ export function startPolling(options) {
       state.failures += 1;
       return retryAfterMs(res) ?? backoff(); // 429/503 shed by nginx carry Retry-After
     } catch (err) {
-      if (signal.aborted) return 0;
+      if (signal.aborted) return 0; // stop(), or offline: no error, no back-off
       if (err instanceof Error && err.message.startsWith("poll refused")) throw err;
       state.failures += 1; // the network, a reset, a bad body
       opt.onError?.(err);
-      return backoff();
+      return isOffline() ? 0 : backoff(); // offline: the loop waits for "online" instead
+    } finally {
+      mainSignal.removeEventListener("abort", cancel);
+      if (hooks.request === request) hooks.request = null;
     }
   }
 
   const done = (async () => {
-    while (!signal.aborted) {
+    while (!mainSignal.aborted) {
+      if (isOffline()) {
+        // Offline: nothing is sent until the browser is back online ("online" wakes this; with
+        // no events to listen to, navigator.onLine is looked at every interval).
+        opt.onStatus?.({ status: 0, source: "offline" });
+        if (!(await pause(listen ? Infinity : opt.interval, mainSignal, hooks))) break;
+        continue;
+      }
       let delay;
       try {
         delay = await once();
@@ -269,9 +322,15 @@ export function startPolling(options) {
         opt.onError?.(err);
         break;
       }
-      if (!(await pause(delay, signal))) break;
+      if (isOffline()) continue; // gone offline meanwhile: wait above, then poll at once
+      if (!(await pause(delay, mainSignal, hooks))) break;
     }
-  })();
+  })().finally(() => {
+    if (listen) {
+      events.removeEventListener("offline", onOffline);
+      events.removeEventListener("online", onOnline);
+    }
+  });
 
   return {
     // Resolves when the loop has ended (no request in flight, no timer left).
@@ -285,6 +344,10 @@ export function startPolling(options) {
     },
     get etag() {
       return state.etag;
+    },
+    // True while the browser is offline and the poller waits for it to come back.
+    get offline() {
+      return isOffline();
     },
   };
 }

@@ -310,3 +310,65 @@ def test_a_room_shared_by_users(demo_stack: Stack, browser: webdriver.Chrome) ->
             browser.switch_to.window(w)
             browser.close()
         browser.switch_to.window(windows[0])
+
+
+def set_offline(driver: webdriver.Chrome, offline: bool) -> None:
+    """Chromium's own network emulation (DevTools): offline, every request fails and the page
+    gets navigator.onLine false and its "offline" event; back, "online"."""
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd(
+        "Network.emulateNetworkConditions",
+        {"offline": offline, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1},
+    )
+
+
+def test_offline_sends_nothing_and_online_polls_at_once(
+    demo_stack: Stack, browser: webdriver.Chrome
+) -> None:
+    """Offline (network emulation), the page's held poll is cancelled and nothing is sent: no
+    request fails (onError is never called), no answer comes. Three published meanwhile (more
+    than an answer lists: a gap) show within a second of going back online, in order, once."""
+    uid = 818181
+    browser.get(
+        f"{demo_stack.base_url}/fastpoll-client/demo.html"
+        f"?url={quote(demo_stack.poll_url(uid), safe='')}&interval={INTERVAL_MS}&wait=25"
+    )
+    wait_held(demo_stack)
+    publish(demo_stack, uid, "before")
+    WebDriverWait(browser, 5, 0.05).until(lambda d: shown(d) == ["before"])
+    wait_held(demo_stack)
+    stats = "return window.fastpollDemo.stats"
+    try:
+        set_offline(browser, True)
+        WebDriverWait(browser, 5, 0.05).until(
+            lambda d: d.execute_script(
+                "return !navigator.onLine && window.fastpollDemo.poller.offline"
+            )
+        )
+        wait_held(demo_stack, 0)  # the held poll was cancelled, not left hanging
+        polls = browser.execute_script("return window.fastpollDemo.poller.polls")
+        away = ["away 1", "away 2", "away 3"]
+        for t in away:
+            publish(demo_stack, uid, t)
+            time.sleep(0.3)
+        time.sleep(2.0)  # an error back-off (0.5 s x 2^n) would have retried several times
+        assert shown(browser) == ["before"]
+        assert browser.execute_script("return window.fastpollDemo.poller.polls") == polls
+        assert browser.execute_script(stats)["errors"] == 0  # nothing was sent to fail
+        assert browser.execute_script(stats)["offline"] >= 1
+    finally:
+        t0 = time.time()
+        set_offline(browser, False)
+    WebDriverWait(browser, 3, 0.02).until(lambda d: shown(d) == ["before", *away])
+    at = newest_li(browser, "#messages li").get_attribute("data-shown-at")
+    latency = int(at or 0) / 1000 - t0
+    print(f"online-to-page latency (s): {latency:.3f}")
+    assert latency < 1.0, latency
+    assert browser.execute_script("return window.fastpollDemo.poller.offline") is False
+    time.sleep(0.5)
+    assert shown(browser) == ["before", *away]  # once each
+    # Still polling as before: a publish now shows too.
+    wait_held(demo_stack)
+    publish(demo_stack, uid, "after")
+    WebDriverWait(browser, 5, 0.05).until(lambda d: shown(d) == ["before", *away, "after"])
+    stop_page(browser)
