@@ -84,6 +84,12 @@ sdk-node: venv build deps-node
 	cd sdk/node && npm ci --no-audit --no-fund && npm run build
 	$(VENV)/bin/pytest -q sdk/node/tests
 
+# The browser client as the npm package @fastpoll/browser (client/): esbuild's minified copy in
+# client/dist/, then tsc --noEmit of its types and the npm pack file list (npm test).
+.PHONY: client-package
+client-package: deps-node
+	cd client && npm ci --no-audit --no-fund && npm run build && npm test
+
 # tests/test_browser.py: the browser client (client/) in headless Chromium, driven by Selenium.
 .PHONY: deps-browser
 BROWSER_PACKAGES := chromium chromium-driver
@@ -98,7 +104,7 @@ deps-browser: venv
 # and the exit code is the failure's). Every package and the venv are installed first, so that
 # the two never run apt or pip at the same time.
 # tests/test_monitoring.py is part of test-integration's run, so make test adds only the rule checks.
-TEST_STAGES := test-unit monitoring-rules test-integration sdk-node bench-quick lint-c fuzz valgrind \
+TEST_STAGES := test-unit monitoring-rules test-integration sdk-node client-package bench-quick lint-c fuzz valgrind \
 	check-contract-gate
 TEST_ALONGSIDE := test-deploy
 test: venv build deps-monitoring deps-browser deps-security deps-fleet deps-node $(VENV)/.ansible
