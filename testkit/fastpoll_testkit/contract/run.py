@@ -1050,6 +1050,10 @@ class Run:
             f.paths, f.delay_s = [hist.CACHE_SLOW if slow else hist.CACHE_DELAY], float(
                 str(p["delay"])
             )
+            if slow:
+                # The proxy holds the answers of every connection that has not written yet: an
+                # app's new connection too (its gets before a cas), so its writes may fail.
+                f.paths.append(hist.APP_PATH)
             self._ctl(node, "read_delay", f.delay_s)
             time.sleep(length)
             self._ctl(node, "read_delay", 0.0)
