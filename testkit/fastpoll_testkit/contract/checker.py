@@ -249,11 +249,20 @@ def _app_path_exception(h: History, model: _Model, p: Params, op: Op, j: int, m:
     if any(w.headers.get("x-cache-publish") != "pending" for w in missed):
         return False
     return any(
-        _touches(f, [APP_PATH])
+        (_touches(f, [APP_PATH]) or _unseen_hang(h, f, op))
         and f.start - p.pad_s <= op.start  # in effect before the poll: a later one excuses nothing
         and f.end >= missed[0].start
         and f.end + p.outbox_s >= op.start
         for f in h.faults
+    )
+
+
+def _unseen_hang(h: History, f: Fault, op: Op) -> bool:
+    """design.md, the same list: "on a poll server started after the node came back (it saw no
+    failure)". A node hung (f) and a poll server restarted between the hang's start and the
+    poll: the restarted one may read the node at once, before the outbox rewrote the key."""
+    return _touches(f, [CACHE_DOWN]) and any(
+        g.kind == "poller-restart" and g.end >= f.start and g.start <= op.start for g in h.faults
     )
 
 
