@@ -548,8 +548,10 @@ class Run:
                 if not self._batch(clients, n, owners, rng, unread):
                     return
                 if last:
+                    # A user the last batch did not store (a definite refusal: the held order's
+                    # 503) has nothing unread to mark.
                     for u in self.batch_users:
-                        if not self._read_batch_user(clients, u, unread, False):
+                        if unread[u] and not self._read_batch_user(clients, u, unread, False):
                             return
                     return
                 if not self.finishing.is_set():
