@@ -227,3 +227,12 @@ def test_big_client_headers_do_not_reach_the_poller(
     )
     miss = poll(client, new_uid(), headers=big)
     assert (miss.status_code, miss.headers["x-poll-source"]) == (200, "app")
+
+
+def test_the_client_module_is_served_but_not_the_package_tree(client: httpx.Client) -> None:
+    """/fastpoll-client/ serves the browser module and its demo, not the npm package's
+    development files (node_modules/ after npm ci, check/)."""
+    assert client.get("/fastpoll-client/fastpoll.js").status_code == 200
+    assert client.get("/fastpoll-client/demo.html").status_code == 200
+    assert client.get("/fastpoll-client/check/usage.ts").status_code == 404
+    assert client.get("/fastpoll-client/node_modules/.package-lock.json").status_code == 404
