@@ -87,3 +87,14 @@ def test_the_command_refuses_a_patch_without_an_expectation(tmp_path: Path) -> N
     )
     assert proc.returncode == 2
     assert "refused" in proc.stderr and "FOUND" not in proc.stdout
+
+
+@pytest.mark.parametrize("patch", sorted(DEFECTS.glob("*.patch")), ids=lambda p: p.name)
+def test_every_shipped_patch_applies_to_this_tree(patch: Path) -> None:
+    """A patch the code moved away from would make check-contract-defects fail to build its copy,
+    not test the checker: each must still apply (git apply --check, nothing written)."""
+    root = DEFECTS.parents[2]
+    r = subprocess.run(
+        ["git", "apply", "--check", str(patch)], cwd=root, capture_output=True, text=True
+    )
+    assert r.returncode == 0, f"{patch.name} no longer applies: {r.stderr}"
