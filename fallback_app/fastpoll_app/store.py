@@ -282,9 +282,8 @@ def settle_outbox(
 ) -> None:
     """Drop the outbox rows of [(owner, version)] up to each version: a channel's from both
     tables (an earlier channels release recorded it in the users')."""
-    users = [p for p in pairs if p[0] >= 0]
     rooms = [p for p in pairs if p[0] < 0]
-    for table, rows in ((OUTBOXES[0], pairs if rooms else users), (OUTBOXES[1], rooms)):
+    for table, rows in ((OUTBOXES[0], pairs), (OUTBOXES[1], rooms)):
         if rows:
             executemany(sql(_SETTLE_OUTBOX.format(table)), rows)
 
