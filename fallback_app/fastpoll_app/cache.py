@@ -30,9 +30,9 @@ import ctypes.util
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import pylibmc
 import redis
@@ -49,7 +49,7 @@ from .config import (
     read_password,
     read_sentinel_password,
 )
-from .metrics import CACHE_TOO_LARGE
+from .metrics import CACHE_RECONNECTS, CACHE_TOO_LARGE
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ VERSION_SUFFIX = b"#v"  # never in a poll key: '#' is escaped by the key scheme 
 # the bound, the writes of a hung node's users took every connection and thread of the process
 # and the other nodes' users waited behind them.
 SUSPECT_IN_FLIGHT = 4
+
+T = TypeVar("T")
 
 
 class Cache(Protocol):
@@ -259,12 +261,18 @@ class MemcachedCache:
                 self._guards[addr] = _NodeGuard(addr)
         self._warn = RateLimitedLog(log)
 
-    @contextmanager
-    def _client(self, addr: str) -> Iterator[pylibmc.Client]:
-        """This thread's client of node `addr`; CacheError at once if the node is suspect and
-        SUSPECT_IN_FLIGHT operations already wait on it."""
+    def _on(self, addr: str, op: Callable[[pylibmc.Client], T]) -> T:
+        """op on this thread's client of node `addr`; CacheError at once if the node is suspect
+        and SUSPECT_IN_FLIGHT operations already wait on it. A pooled connection that a
+        restarted node closed fails its first use and libmemcached reconnects on the next, so
+        a lost connection is tried once more at once (every operation here may be repeated:
+        add and cas are conditional, a repeated delete or get changes nothing)."""
         with self._guards[addr].use(), self._pools[addr].reserve() as mc:
-            yield mc
+            try:
+                return op(mc)
+            except pylibmc.ConnectionError:
+                CACHE_RECONNECTS.inc()
+                return op(mc)
 
     def nodes(self, key: bytes) -> tuple[str, ...]:
         """Every node that holds `key`: the current list's primary first, then its replica,
@@ -281,8 +289,7 @@ class MemcachedCache:
         failed: list[str] = []
         for addr in self.nodes(key):
             try:
-                with self._client(addr) as mc:
-                    done = bool(mc.add(key, value, time=self._ttl))
+                done = self._on(addr, lambda mc: bool(mc.add(key, value, time=self._ttl)))
             except pylibmc.TooBig:
                 CACHE_TOO_LARGE.labels("fill").inc()
                 failed.append(f"{addr}: {len(value)} bytes, over the node's item size")
@@ -297,20 +304,19 @@ class MemcachedCache:
         return bool(stored)
 
     def _put_one(self, addr: str, key: bytes, value: bytes) -> None:
-        with self._client(addr) as mc:
-            try:
-                self._put_tries(mc, addr, key, value)
-            except pylibmc.TooBig:
-                # The node keeps the older answer of a refused `cas`: the key goes, so polls
-                # miss and the app answers them. A failed delete raises: the outbox retries.
-                mc.delete(key)
-                CACHE_TOO_LARGE.labels("put").inc()
-                self._warn.warning(
-                    "too-large",
-                    f"memcached {addr} refused {key[:80]!r} ({len(value)} bytes) as too large "
-                    "for its item size: deleted it there, the app answers its polls; keep "
-                    "[cache] item_max_bytes at or below memcached's -I",
-                )
+        try:
+            self._on(addr, lambda mc: self._put_tries(mc, addr, key, value))
+        except pylibmc.TooBig:
+            # The node keeps the older answer of a refused `cas`: the key goes, so polls
+            # miss and the app answers them. A failed delete raises: the outbox retries.
+            self._on(addr, lambda mc: mc.delete(key))
+            CACHE_TOO_LARGE.labels("put").inc()
+            self._warn.warning(
+                "too-large",
+                f"memcached {addr} refused {key[:80]!r} ({len(value)} bytes) as too large "
+                "for its item size: deleted it there, the app answers its polls; keep "
+                "[cache] item_max_bytes at or below memcached's -I",
+            )
 
     def _put_tries(self, mc: pylibmc.Client, addr: str, key: bytes, value: bytes) -> None:
         """put's read-and-retry loop on one node; pylibmc.TooBig if the node refuses the value."""
@@ -375,8 +381,7 @@ class MemcachedCache:
         errors: list[str] = []
         for addr in self.nodes(key):
             try:
-                with self._client(addr) as mc:
-                    value = mc.get(key)
+                value = self._on(addr, lambda mc: mc.get(key))
             except (pylibmc.Error, CacheError) as exc:
                 errors.append(f"{addr}: {exc}")
                 continue
@@ -387,8 +392,7 @@ class MemcachedCache:
         failed: list[str] = []
         for addr in self.nodes(key):
             try:
-                with self._client(addr) as mc:
-                    mc.delete(key)
+                self._on(addr, lambda mc: mc.delete(key))
             except (pylibmc.Error, CacheError) as exc:
                 failed.append(f"{addr}: {exc}")
         if failed:

@@ -79,6 +79,11 @@ REPAIR_PENDING = Gauge(
     "(rows in the database's outbox, as counted by the last repair round). Alert if it grows.",
     multiprocess_mode="livemax",
 )
+CACHE_RECONNECTS = Counter(
+    "fastpoll_app_cache_reconnects",
+    "memcached operations tried once more at once because the pooled connection was lost (a "
+    "restarted node closes it; libmemcached reconnects on the next use).",
+)
 CACHE_TOO_LARGE = Counter(
     "fastpoll_app_cache_too_large",
     "Cache writes a memcached node refused as too large for its item size (-I), by op: put (a "

@@ -94,3 +94,27 @@ def test_previous_servers_write_both_placements_each_node_once(nodes: list[Serve
         cache.close()
         now.close()
         before.close()
+
+
+def test_a_restarted_node_is_written_on_the_first_try(nodes: list[Server]) -> None:
+    """A pooled connection that a restarted node closed fails its first use; libmemcached
+    reconnects on the next. Each operation tries once more at once, so a write after the
+    restart is not left to the outbox while the poll servers already read the node."""
+    addrs = tuple(n.addr for n in nodes[:1])
+    cache = MemcachedCache(addrs, 60, 300)
+    try:
+        k = keys(1)[0]
+        cache.put(k, b"one", 1)
+        for step in (
+            lambda: cache.put(k, b"two", 2),
+            lambda: cache.get(k),
+            lambda: cache.fill(k, b"fill", 3),
+            lambda: cache.delete(k),
+        ):
+            nodes[0].stop()
+            nodes[0].start()
+            step()  # no CacheError
+        cache.put(k, b"three", 4)
+        assert holds(nodes[0], k) == b"three"
+    finally:
+        cache.close()

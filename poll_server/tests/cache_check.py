@@ -795,8 +795,10 @@ def scenario_stall(drv: list[str], tmp: str) -> None:
                 if not hung:
                     time.sleep(0.05)  # the late answers are read and dropped
                     r = d.gets(["/Poll/k"])
+                    # The resumed server must be scheduled first: on a loaded box that took
+                    # 23 ms once. Still well under a timeout; no reconnect is checked below.
                     check(
-                        r["/Poll/k"][0] == "HIT" and r["/Poll/k"][1] < FAST_MS,
+                        r["/Poll/k"][0] == "HIT" and r["/Poll/k"][1] < FAST_MS + SLACK_MS,
                         f"{name} stall of {stall_ms} ms: a hit at once after it ({r})",
                     )
                 else:
