@@ -446,6 +446,23 @@ def test_the_locked_user_and_its_batches_may_wait_and_get_503() -> None:
     assert violations(h, "4-5xx") == 0
 
 
+def test_a_lock_of_two_users_holds_both() -> None:
+    both = Fault("user-lock", "users 2+5", 10.0, 14.0, [USER_LOCK], params={"users": [2, 5]})
+    waited = [Op("api", u, 11.0, 14.0, 503, note="publish") for u in (2, 5)]
+    h = history(*waited, faults=[both])
+    assert violations(h, "9-isolation") == 0
+    assert violations(h, "4-5xx") == 0
+
+
+def test_an_order_an_idle_session_still_holds_after_the_run_is_found() -> None:
+    leaked = Op("idle-orders", 0, 30.0, 30.1, 409, note="1 advisory lock(s) held by idle ...")
+    assert violations(history(leaked), "9-isolation") == 1
+    none = Op("idle-orders", 0, 30.0, 30.1, 200, note="0 advisory lock(s)")
+    assert violations(history(none), "9-isolation") == 0
+    unread = Op("idle-orders", 0, 30.0, 30.1, 0, note="cannot read pg_locks: ...")
+    assert violations(history(unread), "9-isolation") == 1
+
+
 def test_isolation_is_not_judged_during_another_fault() -> None:
     slow = Op("poll", 3, 11.0, 14.0, 200, "", source="app")
     pg = Fault("pg-restart", "postgres", 10.5, 12.0, [DB])

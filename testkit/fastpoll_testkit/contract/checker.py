@@ -474,7 +474,7 @@ def _rule8(h: History, model: _Model, p: Params, r: RuleResult) -> None:
 
 
 def _lock_victims(f: Fault) -> set[int]:
-    return {int(str(f.params.get("user", -1)))} if USER_LOCK in f.paths else set()
+    return f.lock_users()
 
 
 def _op_users(op: Op) -> set[int]:
@@ -492,6 +492,13 @@ def _rule9(h: History, p: Params, r: RuleResult) -> None:
     if any other fault met it (widened by pad_s, and db_grace_s after a database fault, the
     poll servers' logged cache trouble included): only users whose order and nodes are healthy
     are promised this."""
+    for op in h.ops:
+        # After the drain no idle session holds an order (a failed write or batch let go of
+        # what it took): a leaked one would slow its users' writes from every other connection.
+        if op.kind == "idle-orders":
+            r.checked += 1
+            if op.status != 200:
+                r.violations.append(Violation("9-isolation", f"after the run: {op.note}", [op]))
     locks = [f for f in h.faults if USER_LOCK in f.paths]
     batches = [o for o in h.ops if o.kind == "api" and o.note.startswith("batch")]
     others = [f for f in h.faults if USER_LOCK not in f.paths]

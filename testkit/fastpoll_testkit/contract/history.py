@@ -23,7 +23,7 @@ OBSERVED = "cache-observed"
 APP_PATH = "cache-app-path"
 DB = "db"  # PostgreSQL down or restarting (or its sessions terminated)
 DB_READ_ONLY = "db-read-only"  # PostgreSQL refuses writes (default_transaction_read_only on)
-USER_LOCK = "user-lock"  # one user's order held from outside (Fault.params["user"])
+USER_LOCK = "user-lock"  # users' orders held from outside (Fault.lock_users)
 APPS_DOWN = "apps-down"  # no app process can answer
 POLLER = "poller:"  # + index: that poll server restarting
 APP = "app:"  # + index: that app process restarting
@@ -64,6 +64,15 @@ class Fault:
     paths: list[str] = field(default_factory=list)
     delay_s: float = 0.0
     params: dict[str, object] = field(default_factory=dict)
+
+    def lock_users(self) -> set[int]:
+        """A user-lock's users: params "users" (a list), or "user" (one, older histories)."""
+        if USER_LOCK not in self.paths:
+            return set()
+        many = self.params.get("users")
+        if isinstance(many, list):
+            return {int(u) for u in many}
+        return {int(str(self.params.get("user", -1)))}
 
 
 @dataclass

@@ -1003,13 +1003,11 @@ class Run:
         elif kind == "db-read-only":
             p.update(length=rng.uniform(2.0, 4.0))
         elif kind == "user-lock":
-            # Mostly a batch user above the lowest (a batch holding lower slots then fails on it),
-            # else a single writer's user.
-            batch = self.batch_users[1:]
-            singles = list(range(1, self.s.users + 1))
-            victim = rng.choice(batch) if rng.random() < 0.6 else rng.choice(singles)
+            # Two users at once: a batch user above the lowest (a batch holding lower slots then
+            # fails on it: what it took before must be let go) and a single writer's user.
+            victims = [rng.choice(self.batch_users[1:]), rng.randint(1, self.s.users)]
             # Longer than the app's 3 s wait for an order: its writes, and batches naming it, fail.
-            p.update(length=rng.uniform(3.5, 5.0), user=victim)
+            p.update(length=rng.uniform(3.5, 5.0), users=sorted(victims))
         elif kind in ("cache-hang", "cache-kill", "redis-stop", "pg-restart"):
             p.update(length=rng.uniform(1.0, 2.5))
         elif kind == "cache-stall":
@@ -1063,8 +1061,10 @@ class Run:
             f.target, f.paths = "postgres", [hist.DB_READ_ONLY]
             self._read_only(length)
         elif f.kind == "user-lock":
-            f.target, f.paths = f"user {p['user']}", [hist.USER_LOCK]
-            self._hold_user_lock(int(str(p["user"])), length)
+            f.paths = [hist.USER_LOCK]
+            users = sorted(f.lock_users())
+            f.target = "users " + "+".join(map(str, users))
+            self._hold_user_lock(users, length)
         elif f.kind == "cache-hold-writes":
             f.paths = [hist.CACHE, hist.APP_PATH]
             self._ctl(node, "hold", True)
@@ -1148,12 +1148,13 @@ class Run:
                 conn.execute(f"ALTER DATABASE {PG_DB} SET default_transaction_read_only = off")
                 self._terminate_sessions(conn)
 
-    def _hold_user_lock(self, uid: int, length: float) -> None:
-        """The user's order taken from outside for `length` s: the advisory lock the app takes
-        for it (store.py's key), held by a session of the nemesis (a host that hangs holding
-        it). The user's writes wait and get 503; every other user's must not notice (rule 9)."""
+    def _hold_user_lock(self, uids: list[int], length: float) -> None:
+        """The users' orders taken from outside for `length` s: the advisory locks the app takes
+        for them (store.py's keys), held by a session of the nemesis (a host that hangs holding
+        them). Their writes wait and get 503; every other user's must not notice (rule 9)."""
         with self._pg(PG_DB) as conn:
-            conn.execute("SELECT pg_advisory_lock(%s, %s)", (PG_ORDER_CLASS, order_slot(uid)))
+            for uid in uids:
+                conn.execute("SELECT pg_advisory_lock(%s, %s)", (PG_ORDER_CLASS, order_slot(uid)))
             try:
                 time.sleep(length)
             finally:
@@ -1213,6 +1214,30 @@ class Run:
         op.end = time.monotonic()
         op.status = 200 if zero >= 2 else 0
         op.note = f"outbox backlog {last} after {op.end - op.start:.1f} s"
+        self.history.add(op)
+
+    def idle_orders(self) -> None:
+        """After the drain (PostgreSQL): no session that is idle holds a user's order. An order
+        a failed write or batch did not let go stays on its pooled connection, and every later
+        write of those users from any other connection waits for it and gets 503 (rule 9)."""
+        if self.config.db != "postgresql":
+            return
+        op = Op("idle-orders", 0, time.monotonic())
+        query = (
+            "SELECT l.pid, l.classid, l.objid, a.state FROM pg_locks l "
+            "JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid() "
+            "AND a.state LIKE 'idle%%'"
+        )
+        try:
+            with self._pg(PG_DB) as conn:
+                rows = conn.execute(query).fetchall()
+        except psycopg.Error as e:
+            rows, op.note = [], f"cannot read pg_locks: {e}"
+        else:
+            op.status = 200 if not rows else 409
+            op.note = f"{len(rows)} advisory lock(s) held by idle sessions: {rows[:10]}"
+        op.end = time.monotonic()
         self.history.add(op)
 
     def final_reads(self) -> None:
@@ -1345,6 +1370,7 @@ class Run:
             t.join(timeout=90)
         self.renumber_room()
         self.drain()
+        self.idle_orders()
         self.final_reads()
         self.nginx_errors()
         self.poller_events()
