@@ -493,8 +493,9 @@ def _rule9(h: History, p: Params, r: RuleResult) -> None:
     poll servers' logged cache trouble included): only users whose order and nodes are healthy
     are promised this."""
     for op in h.ops:
-        # After the drain no idle session holds an order (a failed write or batch let go of
-        # what it took): a leaked one would slow its users' writes from every other connection.
+        # After each user-lock and after the drain, no idle session holds an order (a failed
+        # write or batch let go of what it took): a leaked one slows its users' writes from
+        # every other connection.
         if op.kind == "idle-orders":
             r.checked += 1
             if op.status != 200:

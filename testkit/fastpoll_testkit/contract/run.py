@@ -146,7 +146,17 @@ USER_LISTED = 3
 ROOM_POLLERS = (1, 2)  # users whose room pollers run (held, and plain/conditional)
 _ROOM_MARK = f',"channels":{{"{ROOM}":'
 # What a fault takes beyond its length (the nemesis waits for a restarted process to answer).
-OVERHEAD_S = {"app-restart": 2.0, "pg-restart": 2.0, "cache-kill": 0.5, "poller-restart": 0.5}
+# After a user-lock, the wait before the idle-orders probe (an order an idle session has held
+# longer than IDLE_HOLD_S is a leaked one: a request holds one for milliseconds between statements).
+IDLE_HOLD_S = 1.0
+ORDER_PROBE_S = 1.5
+OVERHEAD_S = {
+    "app-restart": 2.0,
+    "pg-restart": 2.0,
+    "cache-kill": 0.5,
+    "poller-restart": 0.5,
+    "user-lock": ORDER_PROBE_S,
+}
 ROOM_ITEM_SIZE = "16k"  # memcached -I on the memcached configurations
 LONG_TEXT = "☃" * 2000  # the longest text (2,000 characters, 6,000 bytes): a third of the room's
 ROOM_WRITERS = 2  # threads publishing to the room, besides the batches' room items
@@ -1065,6 +1075,9 @@ class Run:
             users = sorted(f.lock_users())
             f.target = "users " + "+".join(map(str, users))
             self._hold_user_lock(users, length)
+            # A batch that failed on one of them must have let go of the orders it took.
+            time.sleep(ORDER_PROBE_S)
+            self.idle_orders()
         elif f.kind == "cache-hold-writes":
             f.paths = [hist.CACHE, hist.APP_PATH]
             self._ctl(node, "hold", True)
@@ -1217,21 +1230,23 @@ class Run:
         self.history.add(op)
 
     def idle_orders(self) -> None:
-        """After the drain (PostgreSQL): no session that is idle holds a user's order. An order
-        a failed write or batch did not let go stays on its pooled connection, and every later
-        write of those users from any other connection waits for it and gets 503 (rule 9)."""
+        """PostgreSQL, after each user-lock and after the drain: no idle session has held a
+        user's order (a slot's lock, or a user's own in ORDERS_COMPAT) for IDLE_HOLD_S. An
+        order a failed write or batch did not let go stays on its pooled connection, and every
+        later write of those users from any other connection waits for it and gets 503."""
         if self.config.db != "postgresql":
             return
         op = Op("idle-orders", 0, time.monotonic())
         query = (
-            "SELECT l.pid, l.classid, l.objid, a.state FROM pg_locks l "
+            "SELECT l.pid, l.classid, l.objid, l.objsubid FROM pg_locks l "
             "JOIN pg_stat_activity a ON a.pid = l.pid "
             "WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid() "
-            "AND a.state LIKE 'idle%%'"
+            "AND ((l.objsubid = 2 AND l.classid = %s::oid) OR l.objsubid = 1) "
+            "AND a.state = 'idle' AND now() - a.state_change > make_interval(secs => %s)"
         )
         try:
             with self._pg(PG_DB) as conn:
-                rows = conn.execute(query).fetchall()
+                rows = conn.execute(query, (PG_ORDER_CLASS, IDLE_HOLD_S)).fetchall()
         except psycopg.Error as e:
             rows, op.note = [], f"cannot read pg_locks: {e}"
         else:
