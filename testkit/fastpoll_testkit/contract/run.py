@@ -146,16 +146,16 @@ USER_LISTED = 3
 ROOM_POLLERS = (1, 2)  # users whose room pollers run (held, and plain/conditional)
 _ROOM_MARK = f',"channels":{{"{ROOM}":'
 # What a fault takes beyond its length (the nemesis waits for a restarted process to answer).
-# After a user-lock, the wait before the idle-orders probe (an order an idle session has held
-# longer than IDLE_HOLD_S is a leaked one: a request holds one for milliseconds between statements).
+# After a user-lock, the wait before the idle-orders probe, and the time between its two looks
+# (an order one idle session holds in both is a leaked one: a request holds one for milliseconds).
+ORDER_PROBE_S = 1.0
 IDLE_HOLD_S = 1.0
-ORDER_PROBE_S = 1.5
 OVERHEAD_S = {
     "app-restart": 2.0,
     "pg-restart": 2.0,
     "cache-kill": 0.5,
     "poller-restart": 0.5,
-    "user-lock": ORDER_PROBE_S,
+    "user-lock": ORDER_PROBE_S + IDLE_HOLD_S,
 }
 ROOM_ITEM_SIZE = "16k"  # memcached -I on the memcached configurations
 LONG_TEXT = "☃" * 2000  # the longest text (2,000 characters, 6,000 bytes): a third of the room's
@@ -1230,28 +1230,34 @@ class Run:
         self.history.add(op)
 
     def idle_orders(self) -> None:
-        """PostgreSQL, after each user-lock and after the drain: no idle session has held a
-        user's order (a slot's lock, or a user's own in ORDERS_COMPAT) for IDLE_HOLD_S. An
-        order a failed write or batch did not let go stays on its pooled connection, and every
-        later write of those users from any other connection waits for it and gets 503."""
+        """PostgreSQL, after each user-lock and after the drain: no order (a slot's lock, or a
+        user's own in ORDERS_COMPAT) held by the same session, idle, in two looks IDLE_HOLD_S
+        apart. A request holds one for milliseconds between its statements; an order a failed
+        write or batch did not let go stays on its pooled connection (which goes on serving
+        other requests), and every later write of those users from any other connection waits
+        for it and gets 503."""
         if self.config.db != "postgresql":
             return
         op = Op("idle-orders", 0, time.monotonic())
         query = (
-            "SELECT l.pid, l.classid, l.objid, l.objsubid FROM pg_locks l "
+            "SELECT l.pid, l.classid::bigint, l.objid::bigint, l.objsubid FROM pg_locks l "
             "JOIN pg_stat_activity a ON a.pid = l.pid "
             "WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid() "
             "AND ((l.objsubid = 2 AND l.classid = %s::oid) OR l.objsubid = 1) "
-            "AND a.state = 'idle' AND now() - a.state_change > make_interval(secs => %s)"
+            "AND a.state = 'idle'"
         )
         try:
             with self._pg(PG_DB) as conn:
-                rows = conn.execute(query, (PG_ORDER_CLASS, IDLE_HOLD_S)).fetchall()
+                first = set(conn.execute(query, (PG_ORDER_CLASS,)).fetchall())
+                time.sleep(IDLE_HOLD_S)
+                rows = sorted(first & set(conn.execute(query, (PG_ORDER_CLASS,)).fetchall()))
         except psycopg.Error as e:
             rows, op.note = [], f"cannot read pg_locks: {e}"
         else:
             op.status = 200 if not rows else 409
-            op.note = f"{len(rows)} advisory lock(s) held by idle sessions: {rows[:10]}"
+            op.note = f"{len(rows)} order(s) held by idle sessions {IDLE_HOLD_S:g} s apart: "
+            held = [f"pid {pid} {('user', 'slot')[sub == 2]} {obj}" for pid, _, obj, sub in rows]
+            op.note += ", ".join(held[:10]) or "none"
         op.end = time.monotonic()
         self.history.add(op)
 
