@@ -2,9 +2,9 @@
  *
  * One table names every key the poll server knows (Redis's config.c style):
  * its section, name, kind, field, bounds, default and a line of help. The
- * defaults, the setters, fp_config_free() and --dump-config (the example
- * INI, docs/configuration.md's tables, JSON for the tests) all read it, so a
- * new key is one row. The INI handler, the command-line flags and the tests
+ * defaults, the setters, fp_config_free() and --dump-config (config_dump.c:
+ * the example INI, docs/configuration.md's tables, JSON for the tests) all
+ * read it, so a new key is one row. The INI handler, the command-line flags and the tests
  * all go through fp_config_set(), so a value is checked the same way
  * wherever it comes from.
  *
@@ -32,10 +32,10 @@
 #include <nettle/sha2.h>
 
 #include "config.h"
+#include "config_table.h"
 #include "log.h"
 #include "sign.h"
 
-#define PASSWORD_MAX 1024
 #define HOST_MAX     253
 #define UNIX_PATH_MAX_ 107 /* sizeof(sun_path) - 1 */
 
@@ -207,51 +207,7 @@ static int replace_str(char **field, const char *v, char *why, size_t whylen)
 }
 
 
-/* ---- the option table: kinds and rows --------------------------------- */
-
-enum opt_kind {
-    OPT_UINT,    /* unsigned in [min, max] */
-    OPT_SIZE,    /* size_t in [min, max] */
-    OPT_INT,     /* int in [min, max] */
-    OPT_PORT,    /* uint16_t in [min, max] */
-    OPT_ENUM,    /* int: the value's index in names[0..max] */
-    OPT_TEXT,    /* char *: min..max bytes of 0x21-0x7E (0x20 too: OPT_SPACES) */
-    OPT_NAME,    /* char *: up to max bytes of 0x21-0x7E; empty: NULL */
-    OPT_ADDRESS, /* char *: a loopback or private address, or localhost */
-    OPT_SERVER,  /* struct fp_server_addr: host:port or unix:/path */
-    OPT_SECRET,  /* char *: the first line of the file named; empty: NULL */
-    OPT_PATH,    /* char *: an absolute path; empty: NULL */
-    OPT_CUSTOM,  /* the row's own setter */
-};
-
-#define OPT_REPEAT   0x01u /* may appear more than once (appends) */
-#define OPT_SPACES   0x02u /* OPT_TEXT: spaces allowed */
-#define OPT_REQUIRED 0x04u /* OPT_NAME: empty refused */
-#define OPT_UNSET    0x08u /* OPT_SERVER: empty unsets it */
-#define OPT_NUMERIC  0x10u /* OPT_CUSTOM: an integer in [min, max] */
-#define OPT_UNUSED   0x20u /* the app's: checked here, not kept */
-
-struct option_def;
-typedef int parse_fn(struct fp_settings *s, const struct option_def *o,
-                     const char *v, char *why, size_t whylen);
-
-struct option_def {
-    const char *section;
-    const char *name;
-    size_t offset;              /* the field; NO_FIELD: checked, not kept */
-    unsigned long long min, max; /* numbers: bounds; text, names: length */
-    const char *def;            /* default as the file spells it; NULL: unset */
-    const char *help;           /* one line: the example's comment, the docs' */
-    parse_fn *custom;           /* OPT_CUSTOM */
-    const char *const *names;   /* OPT_ENUM: max + 1 names */
-    const char *shown_def;      /* for the docs, when def cannot say it */
-    const char *shown_bounds;   /* for the docs, when the kind cannot say them */
-    const char *example;        /* an unset key's sample value, commented */
-    enum opt_kind kind;
-    unsigned flags;
-};
-
-#define NO_FIELD SIZE_MAX
+/* ---- the option table ------------------------------------------------ */
 
 /* The field a row names, as the kind's type. */
 #define FIELD(s, o, type) ((type *)(void *)((char *)(s) + (o)->offset))
@@ -865,8 +821,7 @@ static int set_number(struct fp_settings *s, const struct option_def *o,
     return 0;
 }
 
-/* "a, b or c": the names of an enum row, each wrapped in q. */
-static void join_names(const struct option_def *o, const char *q, char *out,
+void fp_config_join_names(const struct option_def *o, const char *q, char *out,
                        size_t outlen)
 {
     size_t n = 0;
@@ -897,7 +852,7 @@ static int set_enum(struct fp_settings *s, const struct option_def *o,
             return 0;
         }
     }
-    join_names(o, "", names, sizeof(names));
+    fp_config_join_names(o, "", names, sizeof(names));
     fmt(why, whylen, "not %s", names);
     return -1;
 }
@@ -1182,6 +1137,12 @@ static const struct option_def options[] = {
 
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
 
+const struct option_def *fp_config_options(size_t *n)
+{
+    *n = NOPTIONS;
+    return options;
+}
+
 static int known_section(const char *section)
 {
     for (size_t i = 0; i < NOPTIONS; i++)
@@ -1272,258 +1233,6 @@ int fp_config_set(struct fp_settings *s, const char *section, const char *key,
         return -1;
     }
     return set_value(s, o, value, why, whylen);
-}
-
-/* ---- --dump-config: the table as an example INI, markdown or JSON ----- */
-
-struct dump {
-    FILE *out;
-    int failed; /* a write failed: reported once, at the end */
-};
-
-static void put(struct dump *d, const char *f, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static void put(struct dump *d, const char *f, ...)
-{
-    va_list ap;
-
-    va_start(ap, f);
-    if (vfprintf(d->out, f, ap) < 0)
-        d->failed = 1;
-    va_end(ap);
-}
-
-static int is_number(const struct option_def *o)
-{
-    return o->kind == OPT_UINT || o->kind == OPT_SIZE || o->kind == OPT_INT ||
-           o->kind == OPT_PORT ||
-           (o->kind == OPT_CUSTOM && (o->flags & OPT_NUMERIC));
-}
-
-/* What a value may be, in words; md: names in backticks. */
-static void bounds_text(const struct option_def *o, int md, char *out,
-                        size_t outlen)
-{
-    if (o->shown_bounds != NULL) {
-        fmt(out, outlen, "%s", o->shown_bounds);
-        return;
-    }
-    switch (o->kind) {
-    case OPT_ENUM:
-        join_names(o, md ? "`" : "", out, outlen);
-        return;
-    case OPT_TEXT:
-        fmt(out, outlen, "%llu..%llu bytes of 0x%02X-0x7E", o->min, o->max,
-            (o->flags & OPT_SPACES) ? 0x20 : 0x21);
-        return;
-    case OPT_NAME:
-        /* Empty is unset, or refused (OPT_REQUIRED): never a name. */
-        fmt(out, outlen, "1..%llu printable bytes, no spaces", o->max);
-        return;
-    case OPT_ADDRESS:
-        fmt(out, outlen, "a loopback or private address, or localhost");
-        return;
-    case OPT_SERVER:
-        fmt(out, outlen, "host:port or unix:/path");
-        return;
-    case OPT_SECRET:
-        fmt(out, outlen, "a file whose first line is 1..%d bytes", PASSWORD_MAX);
-        return;
-    case OPT_PATH:
-        fmt(out, outlen, "an absolute path");
-        return;
-    default:
-        break;
-    }
-    if (is_number(o) && o->min == 0 && o->max == UINT_MAX)
-        fmt(out, outlen, "any integer");
-    else if (is_number(o))
-        fmt(out, outlen, "%llu..%llu", o->min, o->max);
-    else
-        out[0] = '\0';
-}
-
-/* A comment, wrapped at spaces to lines of at most WRAP bytes where it can
- * be (a word longer than that stays whole: the file's limit is 198). */
-#define WRAP 98
-
-static void put_wrapped(struct dump *d, const char *text)
-{
-    const char *p = text;
-
-    while (*p != '\0') {
-        size_t n = strlen(p), cut = n;
-
-        if (n > WRAP - 2) {
-            for (cut = WRAP - 2; cut > 0 && p[cut] != ' '; cut--)
-                ;
-            if (cut == 0)
-                cut = strcspn(p, " ");
-        }
-        put(d, "; %.*s\n", (int)cut, p);
-        p += cut;
-        while (*p == ' ')
-            p++;
-    }
-}
-
-static void dump_ini(struct dump *d)
-{
-    const char *section = "";
-    char b[256], text[512];
-
-    put(d, "; fastpoll.ini -- every key the poll server reads, with its "
-        "default and [bounds]\n"
-        "; (poll_server --dump-config; the app's own [app] section is not "
-        "shown). An unset key is\n"
-        "; commented. Comments start with ';' or '#' at the start of a line "
-        "or after a space. Lines\n"
-        "; are at most 198 bytes (Debian's libinih): repeat `servers =` to "
-        "append.\n"
-        "; Reference: docs/configuration.md.\n");
-    for (size_t i = 0; i < NOPTIONS; i++) {
-        const struct option_def *o = &options[i];
-
-        if (strcmp(o->section, section) != 0) {
-            section = o->section;
-            put(d, "\n[%s]\n", section);
-        }
-        bounds_text(o, 0, b, sizeof(b));
-        fmt(text, sizeof(text), "%s%s%s%s", o->help, b[0] ? " [" : "", b,
-            b[0] ? "]" : "");
-        put_wrapped(d, text);
-        if (o->def != NULL)
-            put(d, "%s = %s\n", o->name, o->def);
-        else if (o->example != NULL)
-            put(d, ";%s = %s\n", o->name, o->example);
-        else
-            put(d, ";%s =\n", o->name);
-    }
-}
-
-static void dump_markdown(struct dump *d)
-{
-    const char *section = "";
-    char b[256];
-
-    for (size_t i = 0; i < NOPTIONS; i++) {
-        const struct option_def *o = &options[i];
-
-        if (strcmp(o->section, section) != 0) {
-            put(d, "%s<!-- [%s]: generated by poll_server --dump-config="
-                "markdown -->\n| key | default | bounds | meaning |\n"
-                "| --- | --- | --- | --- |\n", section[0] ? "\n" : "",
-                o->section);
-            section = o->section;
-        }
-        bounds_text(o, 1, b, sizeof(b));
-        put(d, "| `%s` | ", o->name);
-        if (o->shown_def != NULL)
-            put(d, "%s", o->shown_def);
-        else if (o->def != NULL && o->def[0] != '\0')
-            put(d, "`%s`", o->def);
-        else
-            put(d, "(none)");
-        put(d, " | %s | %s |\n", b, o->help);
-    }
-}
-
-/* A JSON string; the table's text is ASCII, anything else is escaped. */
-static void put_json_str(struct dump *d, const char *v)
-{
-    if (v == NULL) {
-        put(d, "null");
-        return;
-    }
-    put(d, "\"");
-    for (; *v != '\0'; v++) {
-        unsigned char c = (unsigned char)*v;
-        if (c == '"' || c == '\\')
-            put(d, "\\%c", c);
-        else if (c < 0x20 || c >= 0x7F)
-            put(d, "\\u%04x", c);
-        else
-            put(d, "%c", c);
-    }
-    put(d, "\"");
-}
-
-static const char *const kind_names[] = {
-    [OPT_UINT] = "uint", [OPT_SIZE] = "size", [OPT_INT] = "int",
-    [OPT_PORT] = "port", [OPT_ENUM] = "enum", [OPT_TEXT] = "text",
-    [OPT_NAME] = "name", [OPT_ADDRESS] = "address", [OPT_SERVER] = "server",
-    [OPT_SECRET] = "secret_file", [OPT_PATH] = "path", [OPT_CUSTOM] = "custom",
-};
-
-static void dump_json(struct dump *d)
-{
-    char b[256];
-
-    put(d, "{\"keys\": [");
-    for (size_t i = 0; i < NOPTIONS; i++) {
-        const struct option_def *o = &options[i];
-
-        put(d, "%s\n  {\"section\": ", i ? "," : "");
-        put_json_str(d, o->section);
-        put(d, ", \"key\": ");
-        put_json_str(d, o->name);
-        put(d, ", \"kind\": ");
-        put_json_str(d, kind_names[o->kind]);
-        put(d, ", \"default\": ");
-        put_json_str(d, o->def);
-        if (is_number(o))
-            put(d, ", \"min\": %llu, \"max\": %llu", o->min, o->max);
-        else
-            put(d, ", \"min\": null, \"max\": null");
-        if (o->kind == OPT_TEXT || o->kind == OPT_NAME)
-            put(d, ", \"length\": [%llu, %llu]",
-                o->kind == OPT_TEXT || (o->flags & OPT_REQUIRED) ? o->min : 0,
-                o->max);
-        else
-            put(d, ", \"length\": null");
-        put(d, ", \"choices\": ");
-        if (o->kind == OPT_ENUM) {
-            put(d, "[");
-            for (unsigned long long k = 0; k <= o->max; k++) {
-                put(d, "%s", k ? ", " : "");
-                put_json_str(d, o->names[k]);
-            }
-            put(d, "]");
-        } else {
-            put(d, "null");
-        }
-        bounds_text(o, 0, b, sizeof(b));
-        put(d, ", \"bounds\": ");
-        put_json_str(d, b);
-        put(d, ", \"help\": ");
-        put_json_str(d, o->help);
-        put(d, ", \"repeat\": %s, \"kept\": %s}",
-            (o->flags & OPT_REPEAT) ? "true" : "false",
-            (o->flags & OPT_UNUSED) ? "false" : "true");
-    }
-    put(d, "\n]}\n");
-}
-
-int fp_config_dump(FILE *out, const char *format, char *err, size_t errlen)
-{
-    struct dump d = { out, 0 };
-
-    if (strcmp(format, "ini") == 0)
-        dump_ini(&d);
-    else if (strcmp(format, "markdown") == 0)
-        dump_markdown(&d);
-    else if (strcmp(format, "json") == 0)
-        dump_json(&d);
-    else {
-        fmt(err, errlen, "--dump-config=%s: not ini, markdown or json", format);
-        return -1;
-    }
-    if (d.failed || fflush(out) != 0 || ferror(out)) {
-        fmt(err, errlen, "--dump-config: write error");
-        return -1;
-    }
-    return 0;
 }
 
 /* ---- the INI file ----------------------------------------------------- */
