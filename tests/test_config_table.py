@@ -1,8 +1,9 @@
 """The poll server's config table (poll_server/src/config.c, `options[]`) against everything that
 restates it: docs/configuration.md's key tables and etc/fastpoll.ini.example must be what
-`poll_server --dump-config` writes; the Ansible roles' defaults, argument specs and range checks,
-and the app's reader (fallback_app/fastpoll_app/config.py) must give every key they share the
-table's default and bounds. Reads the built binary's `--dump-config=json`; starts nothing else."""
+`poll_server --dump-config` writes; the Ansible roles' defaults, argument specs, range checks and
+README, and the app's reader (fallback_app/fastpoll_app/config.py) must give every key they
+share the table's default and bounds. Reads the built binary's `--dump-config=json`; starts
+nothing else."""
 
 from __future__ import annotations
 
@@ -202,6 +203,30 @@ def test_ansible_range_checks() -> None:
             f"{ASSERTS.relative_to(ROOT)}: {var} {lo}..{hi}, the table "
             f"[{key[0]}] {key[1]} {table()[key]['bounds']}"
         )
+
+
+def test_ansible_readme_defaults_and_ranges() -> None:
+    readme = ROLES / "fastpoll" / "README.md"
+    checked = 0
+    for var, default, sec, key, rest in re.findall(
+        r"^\| `(fastpoll_\w+)` \| ([^|]*) \| `\[(\w+)\] (\w+)`([^|]*)\|", readme.read_text(), re.M
+    ):
+        row = table().get((sec, key))
+        if row is None:
+            continue
+        where = f"{readme.relative_to(ROOT)}: {var}"
+        literal = re.fullmatch(r"`([^`]*)`", default.strip())
+        if literal and row["default"] is not None:
+            value = literal.group(1)
+            if value.startswith("[") and value.endswith("]"):
+                value = " ".join(v.strip() for v in value[1:-1].split(","))
+            assert value == row["default"], f"{where}: {value!r}, the table {row['default']!r}"
+            checked += 1
+        if rng := re.match(r" \((\d+)(?:\.\.| or )(\d+)", rest):
+            lo_hi = (int(rng.group(1)), int(rng.group(2)))
+            assert lo_hi == bounds(row), f"{where}: {lo_hi}, the table {row['bounds']}"
+            checked += 1
+    assert checked >= 20, checked
 
 
 # ---- the app's reader ----------------------------------------------------------------------------
