@@ -63,6 +63,8 @@ test-unit: venv build
 	$(VENV)/bin/mypy fallback_app/fastpoll_app testkit/fastpoll_testkit tests loadtests \
 		poll_server/tests sdk/python/src/fastpoll_client sdk/python/tests sdk/node/tests  # mypy.ini
 	$(VENV)/bin/pytest -q fallback_app/tests
+	# The poll server's config table against the docs, the example, Ansible and the app (no stack).
+	$(VENV)/bin/pytest -q tests/test_config_table.py
 
 # The integration suite runs once, on the ASan+UBSan poll server: any sanitizer report in a poll
 # server's log fails it (tests/conftest.py). The soak runs on the plain build: it checks that the

@@ -1,9 +1,12 @@
 /* config.c -- settings from defaults, fastpoll.ini and flags.
  *
- * One table names every key the poll server knows: its section, name and
- * parser (Redis's config.c style). The INI handler, the command-line flags
- * and the tests all go through fp_config_set(), so a value is checked the
- * same way wherever it comes from.
+ * One table names every key the poll server knows (Redis's config.c style):
+ * its section, name, kind, field, bounds, default and a line of help. The
+ * defaults, the setters, fp_config_free() and --dump-config (config_dump.c:
+ * the example INI, docs/configuration.md's tables, JSON for the tests) all
+ * read it, so a new key is one row. The INI handler, the command-line flags and the tests
+ * all go through fp_config_set(), so a value is checked the same way
+ * wherever it comes from.
  *
  * The file dialect is the one the Python app reads too (docs/configuration.md;
  * tests/vectors/config.json holds the cases both readers are tested with):
@@ -11,8 +14,8 @@
  * of a line or after whitespace, no continuation lines, names case-sensitive.
  * Debian's libinih reads lines into a 200-byte buffer (INI_MAX_LINE, a compile
  * time constant there): a line over 198 bytes (line end excluded) is an error
- * naming the line, as in the app, and a long memcached server list is written as several `servers =` lines, which
- * append. */
+ * naming the line, as in the app, and a long memcached server list is written
+ * as several `servers =` lines, which append. */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -29,10 +32,10 @@
 #include <nettle/sha2.h>
 
 #include "config.h"
+#include "config_table.h"
 #include "log.h"
 #include "sign.h"
 
-#define PASSWORD_MAX 1024
 #define HOST_MAX     253
 #define UNIX_PATH_MAX_ 107 /* sizeof(sun_path) - 1 */
 
@@ -203,76 +206,13 @@ static int replace_str(char **field, const char *v, char *why, size_t whylen)
     return 0;
 }
 
-/* ---- the option table ------------------------------------------------- */
 
-struct option_def;
-typedef int parse_fn(struct fp_settings *s, const struct option_def *o,
-                     const char *v, char *why, size_t whylen);
+/* ---- the option table ------------------------------------------------ */
 
-struct option_def {
-    const char *section;
-    const char *name;
-    parse_fn *parse;
-    size_t offset;              /* field, for the numeric parsers */
-    unsigned long long min, max;
-    bool repeat;                /* may appear more than once (appends) */
-};
+/* The field a row names, as the kind's type. */
+#define FIELD(s, o, type) ((type *)(void *)((char *)(s) + (o)->offset))
 
-#define NO_FIELD SIZE_MAX
-
-static int set_uint(struct fp_settings *s, const struct option_def *o,
-                    const char *v, char *why, size_t whylen)
-{
-    unsigned long long n;
-
-    if (parse_ull(v, o->min, o->max, &n) < 0) {
-        fmt(why, whylen, "not an integer in %llu..%llu", o->min, o->max);
-        return -1;
-    }
-    if (o->offset != NO_FIELD)
-        *(unsigned *)(void *)((char *)s + o->offset) = (unsigned)n;
-    return 0;
-}
-
-static int set_size(struct fp_settings *s, const struct option_def *o,
-                    const char *v, char *why, size_t whylen)
-{
-    unsigned long long n;
-
-    if (parse_ull(v, o->min, o->max, &n) < 0) {
-        fmt(why, whylen, "not an integer in %llu..%llu", o->min, o->max);
-        return -1;
-    }
-    *(size_t *)(void *)((char *)s + o->offset) = (size_t)n;
-    return 0;
-}
-
-static int set_port(struct fp_settings *s, const struct option_def *o,
-                    const char *v, char *why, size_t whylen)
-{
-    unsigned long long n;
-
-    (void)o;
-    if (parse_ull(v, 1, 65535, &n) < 0) {
-        fmt(why, whylen, "not an integer in 1..65535");
-        return -1;
-    }
-    s->port = (uint16_t)n;
-    return 0;
-}
-
-static int set_db(struct fp_settings *s, const struct option_def *o,
-                  const char *v, char *why, size_t whylen)
-{
-    unsigned long long n;
-
-    if (parse_ull(v, o->min, o->max, &n) < 0) {
-        fmt(why, whylen, "not an integer in %llu..%llu", o->min, o->max);
-        return -1;
-    }
-    s->redis_db = (int)n;
-    return 0;
-}
+/* ---- the custom setters and their helpers ---------------------------- */
 
 /* A name or IPv4 literal, or an IPv6 literal such as ::1. */
 /* Loopback, private (RFC 1918, RFC 4193), shared (RFC 6598) or link-local:
@@ -423,32 +363,6 @@ static int set_mode(struct fp_settings *s, const struct option_def *o,
     return 0;
 }
 
-static int set_admin_listen(struct fp_settings *s, const struct option_def *o,
-                            const char *v, char *why, size_t whylen)
-{
-    (void)o;
-    return set_address(&s->admin_listen, v, why, whylen);
-}
-
-static int set_prefix(struct fp_settings *s, const struct option_def *o,
-                      const char *v, char *why, size_t whylen)
-{
-    size_t n = strlen(v);
-
-    (void)o;
-    if (n > FP_MAX_PREFIX_LEN) {
-        fmt(why, whylen, "longer than %d bytes", FP_MAX_PREFIX_LEN);
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if ((unsigned char)v[i] < 0x21 || (unsigned char)v[i] > 0x7E) {
-            fmt(why, whylen, "only printable ASCII without spaces (0x21-0x7E)");
-            return -1;
-        }
-    }
-    return replace_str(&s->key_prefix, v, why, whylen);
-}
-
 static int is_param_char(char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
@@ -543,41 +457,6 @@ out:
     for (i = 0; i < n; i++)
         free(names[i]);
     return rc;
-}
-
-static int set_backend(struct fp_settings *s, const struct option_def *o,
-                       const char *v, char *why, size_t whylen)
-{
-    (void)o;
-    if (strcmp(v, "memcached") == 0) {
-        s->backend = FP_BACKEND_MEMCACHED;
-    } else if (strcmp(v, "redis") == 0) {
-        s->backend = FP_BACKEND_REDIS;
-    } else {
-        fmt(why, whylen, "not memcached or redis");
-        return -1;
-    }
-    return 0;
-}
-
-static int set_content_type(struct fp_settings *s, const struct option_def *o,
-                            const char *v, char *why, size_t whylen)
-{
-    size_t n = strlen(v);
-
-    (void)o;
-    /* It goes into a response header: no CR/LF or other control bytes. */
-    if (n == 0 || n > 255) {
-        fmt(why, whylen, "must be 1..255 bytes");
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if ((unsigned char)v[i] < 0x20 || (unsigned char)v[i] > 0x7E) {
-            fmt(why, whylen, "only printable ASCII (0x20-0x7E)");
-            return -1;
-        }
-    }
-    return replace_str(&s->content_type, v, why, whylen);
 }
 
 /* Appends host:port entries; the caller clears the list first when a
@@ -702,25 +581,6 @@ static int set_redis_addr(struct fp_server_addr *field, const char *v,
     return 0;
 }
 
-static int set_redis_server(struct fp_settings *s, const struct option_def *o,
-                            const char *v, char *why, size_t whylen)
-{
-    (void)o;
-    return set_redis_addr(&s->redis, v, why, whylen);
-}
-
-/* [announce] server: empty means unset (the default). */
-static int set_announce_server(struct fp_settings *s, const struct option_def *o,
-                               const char *v, char *why, size_t whylen)
-{
-    (void)o;
-    if (*v == '\0') {
-        addr_free(&s->announce);
-        return 0;
-    }
-    return set_redis_addr(&s->announce, v, why, whylen);
-}
-
 /* The password is the first line of the file, without its line end. */
 static int read_password_file(char **field, const char *v, char *why,
                               size_t whylen)
@@ -769,29 +629,6 @@ out:
     explicit_bzero(line, sizeof(line));
     (void)fclose(f);
     return rc;
-}
-
-static int set_password_file(struct fp_settings *s, const struct option_def *o,
-                             const char *v, char *why, size_t whylen)
-{
-    (void)o;
-    return read_password_file(&s->redis_password, v, why, whylen);
-}
-
-static int set_sentinel_password_file(struct fp_settings *s,
-                                      const struct option_def *o,
-                                      const char *v, char *why, size_t whylen)
-{
-    (void)o;
-    return read_password_file(&s->redis_sentinel_password, v, why, whylen);
-}
-
-static int set_announce_password_file(struct fp_settings *s,
-                                      const struct option_def *o,
-                                      const char *v, char *why, size_t whylen)
-{
-    (void)o;
-    return read_password_file(&s->announce_password, v, why, whylen);
 }
 
 static void clear_secrets(struct fp_settings *s)
@@ -920,40 +757,6 @@ static int set_name(char **field, const char *v, size_t max, char *why,
     return replace_str(field, v, why, whylen);
 }
 
-static int set_username(struct fp_settings *s, const struct option_def *o,
-                        const char *v, char *why, size_t whylen)
-{
-    (void)o;
-    return set_name(&s->redis_username, v, 256, why, whylen);
-}
-
-static int set_announce_username(struct fp_settings *s,
-                                 const struct option_def *o, const char *v,
-                                 char *why, size_t whylen)
-{
-    (void)o;
-    return set_name(&s->announce_username, v, 256, why, whylen);
-}
-
-/* Not empty: the app refuses an empty channel too. */
-static int set_channel(struct fp_settings *s, const struct option_def *o,
-                       const char *v, char *why, size_t whylen)
-{
-    (void)o;
-    if (*v == '\0') {
-        fmt(why, whylen, "empty (expected 1..128 printable ASCII bytes)");
-        return -1;
-    }
-    return set_name(&s->announce_channel, v, 128, why, whylen);
-}
-
-static int set_master_name(struct fp_settings *s, const struct option_def *o,
-                           const char *v, char *why, size_t whylen)
-{
-    (void)o;
-    return set_name(&s->redis_master_name, v, 128, why, whylen);
-}
-
 static void clear_sentinels(struct fp_settings *s)
 {
     for (size_t i = 0; i < s->nredis_sentinels; i++)
@@ -995,23 +798,156 @@ static int set_sentinels(struct fp_settings *s, const struct option_def *o,
     return 0;
 }
 
-static int set_log_file(struct fp_settings *s, const struct option_def *o,
-                        const char *v, char *why, size_t whylen)
+/* ---- the kinds' setters ------------------------------------------------ */
+
+static int set_number(struct fp_settings *s, const struct option_def *o,
+                      const char *v, char *why, size_t whylen)
 {
-    (void)o;
-    if (*v == '\0') { /* empty: stderr */
-        free(s->log_file);
-        s->log_file = NULL;
+    unsigned long long n;
+
+    if (parse_ull(v, o->min, o->max, &n) < 0) {
+        fmt(why, whylen, "not an integer in %llu..%llu", o->min, o->max);
+        return -1;
+    }
+    if (o->offset == NO_FIELD)
+        return 0;
+    switch (o->kind) {
+    case OPT_UINT: *FIELD(s, o, unsigned) = (unsigned)n; break;
+    case OPT_SIZE: *FIELD(s, o, size_t) = (size_t)n; break;
+    case OPT_INT:  *FIELD(s, o, int) = (int)n; break;
+    case OPT_PORT: *FIELD(s, o, uint16_t) = (uint16_t)n; break;
+    default: return -1;
+    }
+    return 0;
+}
+
+void fp_config_join_names(const struct option_def *o, const char *q, char *out,
+                       size_t outlen)
+{
+    size_t n = 0;
+
+    out[0] = '\0';
+    for (unsigned long long i = 0; i <= o->max && n < outlen; i++) {
+        const char *sep = i == 0 ? "" : i == o->max ? " or " : ", ";
+        int r = snprintf(out + n, outlen - n, "%s%s%s%s", sep, q, o->names[i],
+                         q);
+        if (r < 0)
+            break;
+        n += (size_t)r;
+    }
+}
+
+/* The enums' fields are int (enum fp_backend is stored as one too). */
+_Static_assert(sizeof(enum fp_backend) == sizeof(int), "backend is an int");
+
+static int set_enum(struct fp_settings *s, const struct option_def *o,
+                    const char *v, char *why, size_t whylen)
+{
+    char names[128];
+
+    for (unsigned long long i = 0; i <= o->max; i++) {
+        if (strcmp(v, o->names[i]) == 0) {
+            int n = (int)i;
+            memcpy(FIELD(s, o, char), &n, sizeof(n));
+            return 0;
+        }
+    }
+    fp_config_join_names(o, "", names, sizeof(names));
+    fmt(why, whylen, "not %s", names);
+    return -1;
+}
+
+/* Printable ASCII of min..max bytes; it may go into a header (content_type)
+ * or a key (prefix): no control bytes. */
+static int set_text(struct fp_settings *s, const struct option_def *o,
+                    const char *v, char *why, size_t whylen)
+{
+    size_t n = strlen(v);
+    unsigned char lo = (o->flags & OPT_SPACES) ? 0x20 : 0x21;
+
+    if (n < o->min || n > o->max) {
+        if (o->min == 0)
+            fmt(why, whylen, "longer than %llu bytes", o->max);
+        else
+            fmt(why, whylen, "must be %llu..%llu bytes", o->min, o->max);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if ((unsigned char)v[i] < lo || (unsigned char)v[i] > 0x7E) {
+            fmt(why, whylen, "only printable ASCII%s (0x%02X-0x7E)",
+                lo == 0x21 ? " without spaces" : "", lo);
+            return -1;
+        }
+    }
+    return replace_str(FIELD(s, o, char *), v, why, whylen);
+}
+
+static int set_path(struct fp_settings *s, const struct option_def *o,
+                    const char *v, char *why, size_t whylen)
+{
+    char **field = FIELD(s, o, char *);
+
+    if (*v == '\0') { /* empty: unset (the log goes to stderr) */
+        free(*field);
+        *field = NULL;
         return 0;
     }
     if (v[0] != '/') {
         fmt(why, whylen, "needs an absolute path");
         return -1;
     }
-    return replace_str(&s->log_file, v, why, whylen);
+    return replace_str(field, v, why, whylen);
+}
+
+static int set_value(struct fp_settings *s, const struct option_def *o,
+                     const char *v, char *why, size_t whylen)
+{
+    switch (o->kind) {
+    case OPT_UINT:
+    case OPT_SIZE:
+    case OPT_INT:
+    case OPT_PORT:
+        return set_number(s, o, v, why, whylen);
+    case OPT_ENUM:
+        return set_enum(s, o, v, why, whylen);
+    case OPT_TEXT:
+        return set_text(s, o, v, why, whylen);
+    case OPT_NAME:
+        /* The app refuses an empty channel too. */
+        if (*v == '\0' && (o->flags & OPT_REQUIRED)) {
+            fmt(why, whylen, "empty (expected 1..%llu printable ASCII bytes)",
+                o->max);
+            return -1;
+        }
+        return set_name(FIELD(s, o, char *), v, (size_t)o->max, why, whylen);
+    case OPT_ADDRESS:
+        return set_address(FIELD(s, o, char *), v, why, whylen);
+    case OPT_SERVER:
+        if (*v == '\0' && (o->flags & OPT_UNSET)) {
+            addr_free(FIELD(s, o, struct fp_server_addr));
+            return 0;
+        }
+        return set_redis_addr(FIELD(s, o, struct fp_server_addr), v, why,
+                              whylen);
+    case OPT_SECRET:
+        return read_password_file(FIELD(s, o, char *), v, why, whylen);
+    case OPT_PATH:
+        return set_path(s, o, v, why, whylen);
+    case OPT_CUSTOM:
+        return o->custom(s, o, v, why, whylen);
+    }
+    fmt(why, whylen, "unknown kind");
+    return -1;
 }
 
 static const char *const level_names[] = { "debug", "info", "warn", "error" };
+static const char *const format_names[] = { "text", "json" };
+static const char *const backend_names[] = { "memcached", "redis" };
+
+_Static_assert(FP_LOG_DEBUG == 0 && FP_LOG_ERROR == 3, "level_names");
+_Static_assert(FP_LOG_TEXT == 0 && FP_LOG_JSON == 1, "format_names");
+_Static_assert(FP_BACKEND_MEMCACHED == 0 && FP_BACKEND_REDIS == 1,
+               "backend_names");
 
 const char *fp_config_level_name(int level)
 {
@@ -1020,101 +956,197 @@ const char *fp_config_level_name(int level)
     return level_names[level];
 }
 
-static int set_level(struct fp_settings *s, const struct option_def *o,
-                     const char *v, char *why, size_t whylen)
-{
-    (void)o;
-    for (int i = FP_LOG_DEBUG; i <= FP_LOG_ERROR; i++) {
-        if (strcmp(v, level_names[i]) == 0) {
-            s->log_level = i;
-            return 0;
-        }
-    }
-    fmt(why, whylen, "not debug, info, warn or error");
-    return -1;
-}
-
-static int set_log_format(struct fp_settings *s, const struct option_def *o,
-                          const char *v, char *why, size_t whylen)
-{
-    (void)o;
-    if (strcmp(v, "text") == 0 || strcmp(v, "json") == 0) {
-        s->log_format = v[0] == 'j' ? FP_LOG_JSON : FP_LOG_TEXT;
-        return 0;
-    }
-    fmt(why, whylen, "not text or json");
-    return -1;
-}
-
 #define F(field) offsetof(struct fp_settings, field)
+#define NAMES(a) .names = (a), .max = sizeof(a) / sizeof((a)[0]) - 1
 
-/* Every key of the sections the poll server reads. [cache] ttl and
- * item_max_bytes belong to the app but live in a shared section: checked
- * the same way, not used.
- * [channels] history is the app's alone (its range too: config.json's
- * app-only cases): any integer, not used. */
+/* Rows: section, key, kind, field, min, max, default, help, then extras. */
+#define ROW(sec, key, kind_, off, lo, hi, dflt, text, ...)                   \
+    { .section = (sec), .name = (key), .kind = (kind_), .offset = (off),     \
+      .min = (lo), .max = (hi), .def = (dflt), .help = (text), __VA_ARGS__ }
+#define NUM(kind_, sec, key, field, lo, hi, dflt, text)                      \
+    ROW(sec, key, kind_, F(field), lo, hi, dflt, text)
+#define ENUM(sec, key, field, names_, dflt, text)                             \
+    { .section = (sec), .name = (key), .kind = OPT_ENUM, .offset = F(field),  \
+      .def = (dflt), .help = (text), NAMES(names_) }
+#define CUSTOM(sec, key, fn, dflt, bounds, text, ...)                         \
+    ROW(sec, key, OPT_CUSTOM, NO_FIELD, 0, 0, dflt, text, .custom = (fn),    \
+        .shown_bounds = (bounds), __VA_ARGS__)
+
+/* The app's keys in shared sections: checked, not kept. */
+#define APP(sec, key, lo, hi, dflt, text)                                     \
+    ROW(sec, key, OPT_UINT, NO_FIELD, lo, hi, dflt, text, .flags = OPT_UNUSED)
+
+#define SERVERS_BOUNDS "1..64 host:port, space- or comma-separated"
+
+/* Every key of the sections the poll server reads, in the example's order.
+ * [cache] ttl and item_max_bytes, [signing] ttl, [poll] fallback_interval_ms
+ * and [memcached] previous_servers belong to the app but live in shared
+ * sections: checked the same way, not kept (NO_FIELD). [channels] history is
+ * the app's alone, its range too (config.json's app-only cases): any
+ * integer here. */
 static const struct option_def options[] = {
-    { "server", "listen", set_listen, 0, 0, 0, false },
-    { "server", "port", set_port, 0, 0, 0, false },
-    { "server", "unix_mode", set_mode, 0, 0, 0, false },
-    { "server", "max_header_size", set_size, F(max_header_size), 256, 1048576, false },
-    { "server", "max_body_size", set_size, F(max_body_size), 0, 67108864, false },
-    { "server", "request_timeout_ms", set_uint, F(request_timeout_ms), 1, 3600000, false },
-    { "server", "idle_timeout_ms", set_uint, F(idle_timeout_ms), 1, 3600000, false },
-    { "server", "shutdown_timeout_ms", set_uint, F(shutdown_timeout_ms), 0, 600000, false },
-    { "server", "max_held", set_uint, F(max_held), 0, 1000000, false },
-    { "server", "recheck_ms", set_uint, F(recheck_ms), 100, 600000, false },
-    { "server", "recheck_subscribed_ms", set_uint, F(recheck_subscribed_ms), 100, 600000, false },
-    { "server", "announce_ping_ms", set_uint, F(announce_ping_ms), 100, 60000, false },
-    { "server", "announce_timeout_ms", set_uint, F(announce_timeout_ms), 200, 600000, false },
-    { "keys", "prefix", set_prefix, 0, 0, 0, false },
-    { "keys", "params", set_params, 0, 0, 0, false },
-    { "channels", "max", set_uint, F(channels_max), 1, FP_MAX_CHANNELS, false },
-    { "channels", "history", set_uint, NO_FIELD, 0, UINT_MAX, false },
-    { "cache", "backend", set_backend, 0, 0, 0, false },
-    { "cache", "timeout_ms", set_uint, F(cache_timeout_ms), 1, 60000, false },
-    { "cache", "content_type", set_content_type, 0, 0, 0, false },
-    { "cache", "ttl", set_uint, NO_FIELD, 0, 2592000, false },
-    { "cache", "item_max_bytes", set_uint, NO_FIELD, 1024, 1048576, false },
-    { "memcached", "servers", set_servers, 0, 0, 0, true },
-    { "memcached", "previous_servers", set_previous_servers, 0, 0, 0, true },
-    { "memcached", "replicas", set_replicas, 0, 0, 1, false },
-    { "memcached", "recovery_ms", set_uint, F(mc_recovery_ms), 0, 600000, false },
-    { "redis", "server", set_redis_server, 0, 0, 0, false },
-    { "redis", "password_file", set_password_file, 0, 0, 0, false },
-    { "redis", "db", set_db, 0, 0, 65535, false },
-    { "redis", "username", set_username, 0, 0, 0, false },
-    { "redis", "sentinels", set_sentinels, 0, 0, 0, false },
-    { "redis", "master_name", set_master_name, 0, 0, 0, false },
-    { "redis", "sentinel_password_file", set_sentinel_password_file, 0, 0, 0, false },
-    { "signing", "secret_file", set_sign_secret_file, 0, 0, 0, false },
-    { "signing", "ttl", set_uint, NO_FIELD, 1, 31536000, false },
-    { "poll", "interval_ms", set_uint, F(poll_interval_ms), 0, 3600000, false },
-    { "poll", "fallback_interval_ms", set_uint, NO_FIELD, 0, 3600000, false },
-    { "poll", "jitter_pct", set_uint, F(poll_jitter_pct), 0, 100, false },
-    { "poll", "max_wait", set_uint, F(poll_max_wait), 0, 300, false },
-    { "announce", "server", set_announce_server, 0, 0, 0, false },
-    { "announce", "password_file", set_announce_password_file, 0, 0, 0, false },
-    { "announce", "username", set_announce_username, 0, 0, 0, false },
-    { "announce", "channel", set_channel, 0, 0, 0, false },
-    { "admin", "listen", set_admin_listen, 0, 0, 0, false },
-    { "admin", "port", set_uint, F(admin_port), 0, 65535, false },
-    { "log", "level", set_level, 0, 0, 0, false },
-    { "log", "file", set_log_file, 0, 0, 0, false },
-    { "log", "format", set_log_format, 0, 0, 0, false },
+    CUSTOM("server", "listen", set_listen, "127.0.0.1",
+           "a loopback or private address, or localhost; and/or unix:/path",
+           "address to bind (with port), unix:/path of a socket, or both: "
+           "nothing but nginx may reach a poll server"),
+    NUM(OPT_PORT, "server", "port", port, 1, 65535, "8101",
+        "TCP port; one instance per core, each on its own port (usually set "
+        "with -p)"),
+    CUSTOM("server", "unix_mode", set_mode, "0660", "octal, 0..0777",
+           "permissions of listen's unix: socket"),
+    NUM(OPT_SIZE, "server", "max_header_size", max_header_size, 256, 1048576,
+        "8192", "a larger request head (request line and headers) gets 431 "
+        "and the connection is closed (bytes)"),
+    NUM(OPT_SIZE, "server", "max_body_size", max_body_size, 0, 67108864,
+        "65536", "a POST body is read up to this size and discarded; larger "
+        "gets 413 (bytes)"),
+    NUM(OPT_UINT, "server", "request_timeout_ms", request_timeout_ms, 1,
+        3600000, "10000", "a connection's first request must be in within "
+        "this of the accept, each later one within idle_timeout_ms plus this "
+        "(ms)"),
+    NUM(OPT_UINT, "server", "idle_timeout_ms", idle_timeout_ms, 1, 3600000,
+        "60000", "an idle keep-alive connection is closed after this time "
+        "(ms)"),
+    NUM(OPT_UINT, "server", "shutdown_timeout_ms", shutdown_timeout_ms, 0,
+        600000, "5000", "after SIGTERM, requests in flight get this long to "
+        "finish (ms); held long polls get 304 at once"),
+    NUM(OPT_UINT, "server", "max_held", max_held, 0, 1000000, "20000",
+        "long polls (wait=) held at once; past it a poll is answered at once "
+        "(304)"),
+    NUM(OPT_UINT, "server", "recheck_ms", recheck_ms, 100, 600000, "2000",
+        "every held key is read again at least this often while announcements "
+        "are not subscribed (ms)"),
+    NUM(OPT_UINT, "server", "recheck_subscribed_ms", recheck_subscribed_ms,
+        100, 600000, "10000", "... and while they are: only an announcement "
+        "lost without a disconnect needs it (ms)"),
+    NUM(OPT_UINT, "server", "announce_ping_ms", announce_ping_ms, 100, 60000,
+        "1000", "the announcement subscriber asks Redis this often whether "
+        "the connection is alive (ms)"),
+    NUM(OPT_UINT, "server", "announce_timeout_ms", announce_timeout_ms, 200,
+        600000, "3000", "... and reconnects one silent this long; larger than "
+        "announce_ping_ms (ms)"),
+
+    ROW("keys", "prefix", OPT_TEXT, F(key_prefix), 0, FP_MAX_PREFIX_LEN,
+        "/Poll", "prepended to the path to make the cache key"),
+    CUSTOM("keys", "params", set_params, "user_id",
+           "1..16 names of [A-Za-z0-9_.-], 1..64 bytes each",
+           "query parameters that select the answer, space- or "
+           "comma-separated (the app needs user_id)"),
+
+    NUM(OPT_UINT, "channels", "max", channels_max, 1, FP_MAX_CHANNELS, "16",
+        "the most channels one poll's ch= may name; more is refused (400)"),
+    APP("channels", "history", 0, UINT_MAX, "20",
+        "app: how many of a channel's newest messages its cached answer holds "
+        "(the app's range: 1..1000)"),
+
+    ENUM("cache", "backend", backend, backend_names, "memcached",
+         "the cache both programs use"),
+    NUM(OPT_UINT, "cache", "timeout_ms", cache_timeout_ms, 1, 60000, "100",
+        "poll server: a cache answer later than this is a 503, nginx then "
+        "falls back (ms)"),
+    ROW("cache", "content_type", OPT_TEXT, F(content_type), 1, 255,
+        "application/json", "Content-Type of a poll answer, from the cache "
+        "and from the app", .flags = OPT_SPACES),
+    APP("cache", "ttl", 0, 2592000, "300",
+        "app: seconds a filled poll answer lives in the cache (0: no expiry)"),
+    APP("cache", "item_max_bytes", 1024, 1048576,
+        "1048576", "app: the largest value the cache stores (memcached -I); a "
+        "room's and a user's answer must fit"),
+
+    CUSTOM("memcached", "servers", set_servers, "127.0.0.1:11211",
+           SERVERS_BOUNDS, "the order matters (ketama); repeat the key to "
+           "append", .flags = OPT_REPEAT),
+    CUSTOM("memcached", "previous_servers", set_previous_servers, NULL,
+           SERVERS_BOUNDS, "app: the list before a membership change; every "
+           "key is written to both placements while it is set",
+           .flags = OPT_REPEAT | OPT_UNUSED),
+    ROW("memcached", "replicas", OPT_CUSTOM, NO_FIELD, 0, 1, NULL,
+        "1: every key also on its replica, read when the key's node is down, "
+        "hung or recovering", .custom = set_replicas, .flags = OPT_NUMERIC,
+        .shown_def = "`1` with 2+ servers, else `0`", .example = "1"),
+    NUM(OPT_UINT, "memcached", "recovery_ms", mc_recovery_ms, 0, 600000,
+        "5000", "poll server: a node back from down or hung serves no hit "
+        "this long (ms)"),
+
+    ROW("redis", "server", OPT_SERVER, F(redis), 0, 0, "127.0.0.1:6379",
+        "host:port, or unix:/path/to/redis.sock"),
+    ROW("redis", "password_file", OPT_SECRET, F(redis_password), 0, 0, NULL,
+        "file whose first line is the AUTH password (mode 0600/0640); empty: "
+        "no AUTH"),
+    NUM(OPT_INT, "redis", "db", redis_db, 0, 65535, "0",
+        "database number (SELECT)"),
+    ROW("redis", "username", OPT_NAME, F(redis_username), 0, 256, NULL,
+        "a Redis ACL user: AUTH username password (needs password_file)",
+        .example = "fastpoll"),
+    CUSTOM("redis", "sentinels", set_sentinels, NULL,
+           "1..8 host:port, space- or comma-separated",
+           "ask these Redis Sentinels for master_name's address instead of "
+           "using server", .example = "10.0.0.5:26379,10.0.0.6:26379"),
+    ROW("redis", "master_name", OPT_NAME, F(redis_master_name), 0, 128, NULL,
+        "the name the sentinels monitor the master under (needs sentinels)",
+        .example = "mymaster"),
+    ROW("redis", "sentinel_password_file", OPT_SECRET,
+        F(redis_sentinel_password), 0, 0, NULL, "file whose first line is the "
+        "sentinels' own password (their requirepass); empty: no AUTH"),
+
+    CUSTOM("signing", "secret_file", set_sign_secret_file, NULL,
+           "file of 1..4 lines of 32..1024 printable bytes, mode 0600/0640",
+           "secrets, one a line: the first signs poll URLs, all verify; "
+           "unset: poll URLs are not signed"),
+    APP("signing", "ttl", 1, 31536000, "3600",
+        "app: seconds a URL from POST /api/poll-url stays valid"),
+
+    NUM(OPT_UINT, "poll", "interval_ms", poll_interval_ms, 0, 3600000, "1000",
+        "Poll-Interval-Ms of a poll server's 200 and 304, plus 0..jitter_pct "
+        "% of it (ms)"),
+    APP("poll", "fallback_interval_ms", 0, 3600000,
+        "3000", "the app's Poll-Interval-Ms when the cache could not answer "
+        "(ms)"),
+    NUM(OPT_UINT, "poll", "jitter_pct", poll_jitter_pct, 0, 100, "20",
+        "each Poll-Interval-Ms gets up to this % of its interval added"),
+    NUM(OPT_UINT, "poll", "max_wait", poll_max_wait, 0, 300, "30",
+        "the longest wait= honoured (seconds); larger values are clamped"),
+
+    ROW("announce", "server", OPT_SERVER, F(announce), 0, 0, NULL,
+        "Redis pub/sub of written keys; unset: the sentinels' master, else "
+        "[redis] with the Redis backend, else none", .flags = OPT_UNSET,
+        .example = "127.0.0.1:6379"),
+    ROW("announce", "password_file", OPT_SECRET, F(announce_password), 0, 0,
+        NULL, "file whose first line is the AUTH password; needs server"),
+    ROW("announce", "username", OPT_NAME, F(announce_username), 0, 256, NULL,
+        "ACL user for AUTH username password; needs password_file"),
+    ROW("announce", "channel", OPT_NAME, F(announce_channel), 1, 128,
+        "fastpoll:announce", "the app publishes each written key there, each "
+        "poll server subscribes", .flags = OPT_REQUIRED),
+
+    ROW("admin", "listen", OPT_ADDRESS, F(admin_listen), 0, 0, "127.0.0.1",
+        "address of /metrics and /healthz: keep it loopback"),
+    NUM(OPT_UINT, "admin", "port", admin_port, 0, 65535, "0",
+        "TCP port of /metrics and /healthz (usually set with -A); 0: no admin "
+        "listener"),
+
+    ENUM("log", "level", log_level, level_names, "info",
+         "nothing is logged per request unless debug"),
+    ROW("log", "file", OPT_PATH, F(log_file), 0, 0, NULL,
+        "append here instead of stderr; SIGHUP reopens it (logrotate)",
+        .shown_def = "(none: stderr)",
+        .example = "/var/log/fastpoll/poller.log"),
+    ENUM("log", "format", log_format, format_names, "text",
+         "text (time pid level: message) or json (one JSON object a line)"),
 };
 
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
 
-static const char *const sections[] = {
-    "server", "keys", "channels", "cache", "memcached", "redis", "signing", "poll",
-    "announce", "admin", "log"
-};
+const struct option_def *fp_config_options(size_t *n)
+{
+    *n = NOPTIONS;
+    return options;
+}
 
 static int known_section(const char *section)
 {
-    for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++)
-        if (strcmp(section, sections[i]) == 0)
+    for (size_t i = 0; i < NOPTIONS; i++)
+        if (strcmp(section, options[i].section) == 0)
             return 1;
     return 0;
 }
@@ -1133,79 +1165,57 @@ static const struct option_def *find_option(const char *section,
 
 void fp_config_free(struct fp_settings *s)
 {
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        const struct option_def *o = &options[i];
+
+        if (o->offset == NO_FIELD)
+            continue;
+        switch (o->kind) {
+        case OPT_TEXT:
+        case OPT_NAME:
+        case OPT_ADDRESS:
+        case OPT_PATH:
+            free(*FIELD(s, o, char *));
+            break;
+        case OPT_SECRET: {
+            char *p = *FIELD(s, o, char *);
+            if (p != NULL) {
+                explicit_bzero(p, strlen(p));
+                free(p);
+            }
+            break;
+        }
+        case OPT_SERVER:
+            addr_free(FIELD(s, o, struct fp_server_addr));
+            break;
+        default:
+            break;
+        }
+    }
+    /* What the custom rows own. */
     free(s->listen);
     free(s->listen_unix);
-    free(s->admin_listen);
-    free(s->key_prefix);
     for (size_t i = 0; i < s->nkey_params; i++)
         free(s->key_params[i]);
-    free(s->content_type);
     clear_servers(s);
-    addr_free(&s->redis);
     clear_sentinels(s);
-    free(s->redis_username);
-    free(s->redis_master_name);
-    free(s->log_file);
-    addr_free(&s->announce);
-    free(s->announce_username);
-    free(s->announce_channel);
-    if (s->announce_password != NULL) {
-        explicit_bzero(s->announce_password, strlen(s->announce_password));
-        free(s->announce_password);
-    }
     clear_secrets(s);
-    if (s->redis_sentinel_password != NULL) {
-        explicit_bzero(s->redis_sentinel_password,
-                       strlen(s->redis_sentinel_password));
-        free(s->redis_sentinel_password);
-    }
-    if (s->redis_password != NULL) {
-        explicit_bzero(s->redis_password, strlen(s->redis_password));
-        free(s->redis_password);
-    }
     memset(s, 0, sizeof(*s));
 }
 
 int fp_config_defaults(struct fp_settings *s, char *err, size_t errlen)
 {
-    static const struct { const char *section, *name, *value; } defs[] = {
-        { "server", "listen", "127.0.0.1" },
-        { "admin", "listen", "127.0.0.1" },
-        { "keys", "prefix", "/Poll" },
-        { "keys", "params", "user_id" },
-        { "cache", "content_type", "application/json" },
-        { "memcached", "servers", "127.0.0.1:11211" },
-        { "redis", "server", "127.0.0.1:6379" },
-        { "announce", "channel", "fastpoll:announce" },
-    };
-
     memset(s, 0, sizeof(*s));
-    s->port = 8101;
-    s->unix_mode = 0660;
-    s->max_header_size = 8192;
-    s->max_body_size = 65536;
-    s->request_timeout_ms = 10000;
-    s->idle_timeout_ms = 60000;
-    s->shutdown_timeout_ms = 5000;
-    s->max_held = 20000;
-    s->recheck_ms = 2000;
-    s->recheck_subscribed_ms = 10000;
-    s->announce_ping_ms = 1000;
-    s->announce_timeout_ms = 3000;
-    s->poll_interval_ms = 1000;
-    s->poll_jitter_pct = 20;
-    s->poll_max_wait = 30;
-    s->channels_max = 16;
-    s->backend = FP_BACKEND_MEMCACHED;
-    s->cache_timeout_ms = 100;
-    s->mc_replicas = -1;
-    s->mc_recovery_ms = 5000;
-    s->redis_db = 0;
-    s->log_level = FP_LOG_INFO;
-    s->log_format = FP_LOG_TEXT;
-    for (size_t i = 0; i < sizeof(defs) / sizeof(defs[0]); i++) {
-        if (fp_config_set(s, defs[i].section, defs[i].name, defs[i].value,
-                          err, errlen) < 0) {
+    s->mc_replicas = -1; /* unset: fp_config_finish follows the servers */
+    for (size_t i = 0; i < NOPTIONS; i++) {
+        const struct option_def *o = &options[i];
+        char why[256];
+
+        if (o->def == NULL)
+            continue;
+        if (set_value(s, o, o->def, why, sizeof(why)) < 0) {
+            fmt(err, errlen, "[%s] %s default \"%s\": %s", o->section, o->name,
+                o->def, why);
             fp_config_free(s);
             return -1;
         }
@@ -1222,7 +1232,7 @@ int fp_config_set(struct fp_settings *s, const char *section, const char *key,
         fmt(why, whylen, "unknown key");
         return -1;
     }
-    return o->parse(s, o, value, why, whylen);
+    return set_value(s, o, value, why, whylen);
 }
 
 /* ---- the INI file ----------------------------------------------------- */
@@ -1382,24 +1392,24 @@ static int fp_ini_handler(void *user, const char *section, const char *name,
         goto fail;
     }
     idx = (size_t)(o - options);
-    if (c->set_line[idx] != 0 && !o->repeat) {
+    if (c->set_line[idx] != 0 && !(o->flags & OPT_REPEAT)) {
         fmt(c->err, c->errlen, "%s:%d: [%s] %s given twice (first on line %d)",
             c->name, c->lineno, section, name, c->set_line[idx]);
         goto fail;
     }
     if (c->set_line[idx] == 0)
         c->set_line[idx] = c->lineno;
-    if (o->parse == set_servers && !c->servers_seen) {
+    if (o->custom == set_servers && !c->servers_seen) {
         clear_servers(c->s); /* the file's list replaces the default */
         c->servers_seen = true;
     }
-    if (o->parse(c->s, o, value, why, sizeof(why)) < 0) {
+    if (set_value(c->s, o, value, why, sizeof(why)) < 0) {
         quote(q, sizeof(q), value);
         fmt(c->err, c->errlen, "%s:%d: [%s] %s = %s: %s", c->name, c->lineno,
             section, name, q, why);
         goto fail;
     }
-    if (o->parse == set_replicas)
+    if (o->custom == set_replicas)
         c->s->mc_replicas_line = c->lineno;
     return 1;
 fail:
@@ -1591,6 +1601,7 @@ void fp_config_usage(FILE *out, const char *prog)
         "usage: %s [-c FILE] [-t] [-l ADDR] [-p PORT] [-b memcached|redis]\n"
         "       [-s \"host:port host:port\"] [-r host:port|unix:/path]\n"
         "       [-L debug|info|warn|error] [-A PORT] [-h] [-V]\n"
+        "       [--dump-config[=ini|markdown|json]]\n"
         "  -c, --config FILE     read FILE (fastpoll.ini); without it, defaults\n"
         "  -t, --test            check the configuration, print \"config OK\", exit\n"
         "  -l, --listen ADDR     [server] listen: ADDR, unix:/path or both\n"
@@ -1602,6 +1613,9 @@ void fp_config_usage(FILE *out, const char *prog)
         "  -A, --admin-port PORT [admin] port (0: no admin listener)\n"
         "  -h, --help            this text\n"
         "  -V, --version         print the version\n"
+        "  --dump-config[=FMT]   print every key with its default, bounds and help,\n"
+        "                        exit: ini (default) an example fastpoll.ini, markdown\n"
+        "                        docs/configuration.md's tables, json for tools\n"
         "Flags override the file. See docs/configuration.md.\n", prog);
 }
 
@@ -1620,6 +1634,7 @@ int fp_config_from_args(struct fp_settings *s, struct fp_cli *cli,
         { "admin-port", required_argument, NULL, 'A' },
         { "help", no_argument, NULL, 'h' },
         { "version", no_argument, NULL, 'V' },
+        { "dump-config", optional_argument, NULL, 'D' },
         { NULL, 0, NULL, 0 },
     };
     /* Flags are applied after the file, in command-line order. */
@@ -1640,6 +1655,16 @@ int fp_config_from_args(struct fp_settings *s, struct fp_cli *cli,
         case 't': cli->test_only = 1; continue;
         case 'h': cli->help = 1; return 0;
         case 'V': cli->version = 1; return 0;
+        case 'D': /* long only: -D is not in the short options */
+            cli->dump_config = optarg != NULL ? optarg : "ini";
+            if (strcmp(cli->dump_config, "ini") != 0 &&
+                strcmp(cli->dump_config, "markdown") != 0 &&
+                strcmp(cli->dump_config, "json") != 0) {
+                fmt(err, errlen, "--dump-config=%s: not ini, markdown or json",
+                    cli->dump_config);
+                return -1;
+            }
+            return 0;
         case ':':
             fmt(err, errlen, "option %s needs a value", argv[optind - 1]);
             return -1;

@@ -16,6 +16,7 @@ struct fp_cli {
     int test_only;           /* -t: check the config and exit */
     int help;                /* -h */
     int version;             /* -V */
+    const char *dump_config; /* --dump-config: "ini", "markdown" or "json" */
 };
 
 /* Sets every default. Returns 0, or -1 (out of memory, err set). */
@@ -45,13 +46,19 @@ int fp_config_finish(struct fp_settings *s, const char *name, char *err,
                      size_t errlen);
 
 /* The whole start-up path: parses argv (getopt_long), sets defaults, reads
- * -c FILE if given, then applies the overriding flags. On -h or -V only cli
- * is filled. Returns 0, or -1 with err set; s is always safe to
+ * -c FILE if given, then applies the overriding flags. On -h, -V or
+ * --dump-config only cli is filled. Returns 0, or -1 with err set; s is always safe to
  * fp_config_free(). */
 int fp_config_from_args(struct fp_settings *s, struct fp_cli *cli,
                         int argc, char **argv, char *err, size_t errlen);
 
 void fp_config_usage(FILE *out, const char *prog);
+
+/* Writes every key of the table with its default, bounds and help: format
+ * "ini" (an example fastpoll.ini), "markdown" (docs/configuration.md's
+ * tables) or "json". Returns 0, or -1 with err set (unknown format, write
+ * error). */
+int fp_config_dump(FILE *out, const char *format, char *err, size_t errlen);
 
 /* "debug", "info", ... for a FP_LOG_* level. */
 const char *fp_config_level_name(int level);

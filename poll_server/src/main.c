@@ -175,6 +175,14 @@ int main(int argc, char **argv)
         rc = 0;
         goto out;
     }
+    if (cli.dump_config != NULL) {
+        if (fp_config_dump(stdout, cli.dump_config, err, sizeof(err)) < 0) {
+            (void)fprintf(stderr, "%s\n", err);
+            goto out;
+        }
+        rc = 0;
+        goto out;
+    }
     if (cli.version) {
         printf("poll_server %s\n", FP_VERSION);
         rc = 0;

@@ -660,6 +660,93 @@ static void test_poll_and_announce(void **state)
     unlink(path);
 }
 
+/* --dump-config: the example it writes is a file both readers accept and
+ * that sets every key to its default; the other formats are written whole;
+ * the flag takes a format and refuses others. */
+static void test_dump_config(void **state)
+{
+    static const char *const formats[] = { "ini", "markdown", "json" };
+    struct fp_settings s, d;
+    struct fp_cli cli;
+    char *buf = NULL, line[256];
+    size_t len = 0;
+    FILE *f;
+    (void)state;
+
+    for (size_t i = 0; i < 3; i++) {
+        f = open_memstream(&buf, &len);
+        assert_non_null(f);
+        assert_int_equal(fp_config_dump(f, formats[i], err, sizeof(err)), 0);
+        assert_int_equal(fclose(f), 0);
+        assert_true(len > 1000);
+        if (i == 0) {
+            assert_int_equal(load(&s, buf), 0);
+            assert_int_equal(fp_config_finish(&s, "fastpoll.ini", err,
+                                              sizeof(err)), 0);
+        }
+        free(buf);
+        buf = NULL;
+    }
+    assert_int_equal(fp_config_defaults(&d, err, sizeof(err)), 0);
+    assert_int_equal(fp_config_finish(&d, NULL, err, sizeof(err)), 0);
+    assert_string_equal(s.listen, d.listen);
+    assert_int_equal(s.unix_mode, d.unix_mode);
+    assert_int_equal(s.port, d.port);
+    assert_int_equal(s.max_held, d.max_held);
+    assert_string_equal(s.key_prefix, d.key_prefix);
+    assert_int_equal(s.nkey_params, 1);
+    assert_string_equal(s.key_params[0], "user_id");
+    assert_int_equal(s.nmc_servers, 1);
+    assert_int_equal(s.mc_replicas, 0);
+    assert_string_equal(s.content_type, d.content_type);
+    assert_string_equal(s.redis.host, d.redis.host);
+    assert_null(s.redis_password);
+    assert_null(s.announce.host);
+    assert_string_equal(s.announce_channel, "fastpoll:announce");
+    assert_string_equal(s.admin_listen, d.admin_listen);
+    assert_int_equal(s.log_level, FP_LOG_INFO);
+    assert_int_equal(s.log_format, FP_LOG_TEXT);
+    assert_null(s.log_file);
+    fp_config_free(&s);
+    fp_config_free(&d);
+
+    /* No line of the example reaches libinih's limit. */
+    f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    assert_int_equal(fp_config_dump(f, "ini", err, sizeof(err)), 0);
+    assert_int_equal(fclose(f), 0);
+    f = fmemopen(buf, len, "r");
+    assert_non_null(f);
+    while (fgets(line, sizeof(line), f) != NULL)
+        assert_true(strlen(line) <= 99);
+    assert_int_equal(fclose(f), 0);
+    free(buf);
+
+    f = fopen("/dev/null", "w");
+    assert_non_null(f);
+    assert_int_equal(fp_config_dump(f, "yaml", err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "yaml"));
+    assert_int_equal(fclose(f), 0);
+    {
+        char *argv[] = { "poll_server", "--dump-config", NULL };
+        assert_int_equal(run_args(&s, &cli, 2, argv), 0);
+        assert_string_equal(cli.dump_config, "ini");
+        fp_config_free(&s);
+    }
+    {
+        char *argv[] = { "poll_server", "--dump-config=markdown", NULL };
+        assert_int_equal(run_args(&s, &cli, 2, argv), 0);
+        assert_string_equal(cli.dump_config, "markdown");
+        fp_config_free(&s);
+    }
+    {
+        char *argv[] = { "poll_server", "--dump-config=yaml", NULL };
+        assert_int_equal(run_args(&s, &cli, 2, argv), -1);
+        assert_non_null(strstr(err, "--dump-config=yaml"));
+        fp_config_free(&s);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -676,6 +763,7 @@ int main(void)
         cmocka_unit_test(test_example_file),
         cmocka_unit_test(test_redis_sentinel_and_log_file),
         cmocka_unit_test(test_poll_and_announce),
+        cmocka_unit_test(test_dump_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
