@@ -98,7 +98,10 @@ class UserGate:
             w.count += 1
         try:
             if not w.lock.acquire(timeout=self._timeout):
-                raise self._busy(f"the user's order was not free within {self._timeout:g} s")
+                raise self._busy(
+                    f"the user's order was not free within {self._timeout:g} s "
+                    "(another request of this user in this process held it)"
+                )
             try:
                 yield
             finally:

@@ -906,7 +906,10 @@ def _pg_error(exc: Exception, conn: Any = None) -> StoreError:
             conn.close()  # this session stays read-only: the pool replaces it
         return WritesRefused(msg)
     if isinstance(exc, errors.LockNotAvailable):  # lock_timeout: the user's order stayed taken
-        return UserBusy(f"the user's order was not free within {USER_WAIT_S:g} s")
+        return UserBusy(
+            f"the user's order was not free within {USER_WAIT_S:g} s (another database "
+            "session held it)"
+        )
     if isinstance(exc, psycopg_pool.PoolTimeout):
         return Unavailable(f"no database connection within {PG_POOL_TIMEOUT_S:g} s ({msg})")
     if isinstance(exc, errors.QueryCanceled):  # statement_timeout
