@@ -4,6 +4,7 @@ contract, as checked")."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -517,3 +518,53 @@ def test_a_later_fault_on_the_app_s_path_excuses_no_earlier_stale_answer() -> No
     during = Fault("cache-hold-writes", "memcached-0", 2.9, 3.3, [CACHE, APP_PATH])
     h = History(seed=7, config="test", ops=[*ops, stale], faults=[during])
     assert violations(h, "1-no-stale") == 0
+
+
+def messages_history(*ops: Op) -> History:
+    """User 1's publishes 11 "a" [1.0, 1.1], 12 "b" [2.0, 2.1], 13 "c" [3.0, 3.1]; a mark-read up
+    to 11 [4.0, 4.1]; then the given ops."""
+    writes = [
+        Op("publish", 1, 1.0 + n, 1.1 + n, 201, f"body{n}", index=n + 1, ids=[11 + n], note=t)
+        for n, t in enumerate("abc")
+    ]
+    writes.append(Op("read", 1, 4.0, 4.1, 200, "", index=4, note="up_to 11"))
+    return History(seed=7, config="test", ops=[*writes, *ops])
+
+
+def read_after(
+    after: int, listed: list[tuple[int, str]], more: bool = False, at: float = 5.0
+) -> Op:
+    body = json.dumps({"messages": [{"id": i, "text": t} for i, t in listed], "more": more})
+    return Op("history", 1, at, at + 0.05, 200, body, ids=[after], note=f"&after={after}")
+
+
+def test_a_history_read_listing_every_unread_message_after_its_id_passes() -> None:
+    ok = [read_after(0, [(12, "b"), (13, "c")]), read_after(12, [(13, "c")])]
+    cut = read_after(0, [(12, "b")], more=True)  # limit=1: `more` says so
+    early = read_after(0, [(11, "a"), (12, "b")], at=2.5)  # before the mark-read; "c" not sent
+    rep = check(messages_history(*ok, cut, early)).rules["10-no-skip"]
+    assert rep.checked == 4 and not rep.violations
+
+
+def test_a_history_read_that_skips_an_acknowledged_message_is_found() -> None:
+    skipped = read_after(0, [(13, "c")])
+    cut_silently = read_after(0, [(12, "b")])  # "c" left out, but `more` is false
+    for op in (skipped, cut_silently):
+        assert violations(messages_history(op), "10-no-skip") == 1, op
+
+
+def test_a_history_read_listing_what_it_must_not_is_found() -> None:
+    for listed in (
+        [(11, "a"), (12, "b"), (13, "c")],  # 11 was marked read before the read was sent
+        [(12, "b"), (13, "x")],  # not the text its publish made
+        [(13, "c"), (12, "b")],  # not ascending
+        [(12, "b"), (13, "c"), (14, "d")],  # no publish made it
+    ):
+        assert violations(messages_history(read_after(0, listed)), "10-no-skip") == 1, listed
+    assert violations(messages_history(read_after(12, [(12, "b"), (13, "c")])), "10-no-skip") == 1
+
+
+def test_a_message_being_marked_read_may_be_left_out() -> None:
+    marking = Op("read", 1, 5.0, 5.2, 200, "", index=5, note="up_to 13")
+    h = messages_history(marking, read_after(0, [], at=5.1))
+    assert violations(h, "10-no-skip") == 0

@@ -48,6 +48,7 @@ RULES = {
     "7-bad-input": "bad input to the API is refused with a well-formed 4xx",
     "8-held-stall": "held polls answered within the bound while cache reads are slow or stalled",
     "9-isolation": "a user's order held from outside slows no other user",
+    "10-no-skip": "a history read lists every acknowledged unread message after its id, no other",
 }
 
 
@@ -180,7 +181,12 @@ def canonical(body: str | None) -> str | None:
 
 
 def _canonical_history(h: History) -> History:
-    ops = [replace(o, body=canonical(o.body), inm_body=canonical(o.inm_body)) for o in h.ops]
+    ops = [
+        o
+        if o.kind == "history"
+        else replace(o, body=canonical(o.body), inm_body=canonical(o.inm_body))
+        for o in h.ops
+    ]
     return replace(h, ops=ops)
 
 
@@ -199,6 +205,7 @@ def check(h: History, p: Params | None = None) -> Report:
     _rule7(h, rules["7-bad-input"])
     _rule8(h, model, p, rules["8-held-stall"])
     _rule9(h, p, rules["9-isolation"])
+    _rule10(h, model, rules["10-no-skip"])
     return Report(h.seed, h.config, rules, t0)
 
 
@@ -546,6 +553,89 @@ def _rule9(h: History, p: Params, r: RuleResult) -> None:
         r.violations.append(Violation("9-isolation", what, [op], held))
 
 
+def _history_list(op: Op) -> tuple[list[tuple[int, str]], bool] | None:
+    """A history read's answer: its (id, text) list and `more`; None if malformed."""
+    try:
+        doc = json.loads(op.body or "")
+        listed = [(int(m["id"]), str(m["text"])) for m in doc["messages"]]
+        return listed, bool(doc["more"])
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def _up_to(op: Op) -> int:
+    """A mark-read's up_to_id (its note: "up_to N ...")."""
+    parts = op.note.split()
+    return int(parts[1]) if len(parts) > 1 and parts[0] == "up_to" else -1
+
+
+def _rule10(h: History, model: _Model, r: RuleResult) -> None:
+    """A history read (after=A, sent at s, answered at e) lists, ascending, messages of the user
+    with id > A that a publish made (its id and text; a publish without a definite answer, by its
+    text), none marked read by a mark-read that returned before s; and every message whose
+    publish returned before s with id > A, unless a mark-read up to it was sent before e, up to
+    the last one listed when `more` says the list was cut."""
+    pubs: dict[int, list[Op]] = {}
+    reads: dict[int, list[Op]] = {}
+    for o in h.ops:
+        if o.kind == "publish":
+            pubs.setdefault(o.user, []).append(o)
+        elif o.kind == "read":
+            reads.setdefault(o.user, []).append(o)
+    for op in h.ops:
+        if op.kind != "history" or op.status != 200:
+            continue  # a failed read is rule 4's
+        if not model.certain(op.user, op.end):
+            r.excluded += 1
+            continue
+        r.checked += 1
+        got = _history_list(op)
+        if got is None:
+            r.violations.append(Violation("10-no-skip", f"user {op.user}: malformed answer", [op]))
+            continue
+        listed, more = got
+        after = op.ids[0] if op.ids else 0
+        mine = pubs.get(op.user, [])
+        by_id = {o.ids[0]: o for o in mine if o.ids}
+        texts = {o.note for o in mine if not o.ids and o.start < op.end}
+        read_before = max(
+            (_up_to(o) for o in reads.get(op.user, []) if o.status == 200 and o.end < op.start),
+            default=-1,
+        )
+        maybe_read = max(
+            (_up_to(o) for o in reads.get(op.user, []) if o.start < op.end), default=-1
+        )
+        ids = [i for i, _ in listed]
+        problems: list[str] = []
+        if ids != sorted(set(ids)):
+            problems.append(f"ids not ascending: {ids}")
+        for i, text in listed:
+            made = by_id.get(i)
+            if i <= after:
+                problems.append(f"lists {i}, not after {after}")
+            elif made is not None and (made.note != text or made.start >= op.end):
+                problems.append(f"lists {i} {text!r}, which its publish did not make then")
+            elif made is None and text not in texts:
+                problems.append(f"lists {i} {text!r}, which no publish made")
+            elif i <= read_before:
+                problems.append(f"lists {i}, marked read (up to {read_before}) before the read")
+        last = ids[-1] if more and ids else float("inf")
+        skipped = [
+            o
+            for o in mine
+            if o.ids
+            and o.status == 201
+            and o.end < op.start
+            and after < o.ids[0] <= last
+            and o.ids[0] > maybe_read
+            and o.ids[0] not in ids
+        ]
+        problems += [f"skips {o.ids[0]} (its publish returned before the read)" for o in skipped]
+        if problems:
+            what = f"user {op.user}: history read {op.note}: " + "; ".join(problems[:3])
+            r.violations.append(Violation("10-no-skip", what, [*skipped[:3], op]))
+
+
 def _cached_at(h: History) -> dict[int, list[float]]:
     """Per user, the times its key was known to be in the cache: a poll through nginx answered
     from it (X-Poll-Source: cache), or the end of a write answered X-Cache-Publish: ok."""
@@ -580,7 +670,7 @@ def _rule4(h: History, p: Params, r: RuleResult) -> None:
     gives one."""
     seen = _cached_at(h)
     for op in h.ops:
-        if op.kind in NGINX_POLLS:
+        if op.kind in NGINX_POLLS or op.kind == "history":
             r.checked += 1
             if op.status and op.status < 500:
                 continue
@@ -589,7 +679,8 @@ def _rule4(h: History, p: Params, r: RuleResult) -> None:
             app_cannot = any(_touches(f, [APPS_DOWN]) for f in around) or any(
                 _touches(f, [DB]) for f in db
             )
-            if app_cannot and _needed_the_app(h, p, op, seen):
+            # A history read always needs the app (nginx sends it there).
+            if app_cannot and (op.kind == "history" or _needed_the_app(h, p, op, seen)):
                 continue
             shed = _overlapping(h.faults, op.start, op.end, p.pad_s, p.pad_s + p.shed_grace_s)
             # Every poll of a node whose reads fail goes to the app: shed beyond its share.
@@ -680,7 +771,7 @@ def _rule7(h: History, r: RuleResult) -> None:
         if op.status in op.expect and well_formed and took <= op.wait:
             continue
         what = f"{op.note}: answered {op.status} in {took:.2f} s with {op.body!r}, documented: "
-        what += f"{op.expect} with {{\"error\": ...}} within {op.wait} s"
+        what += f'{op.expect} with {{"error": ...}} within {op.wait} s'
         r.violations.append(Violation("7-bad-input", what, [op]))
 
 

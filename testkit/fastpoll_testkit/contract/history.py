@@ -33,9 +33,10 @@ APP = "app:"  # + index: that app process restarting
 class Op:
     """One client operation. kind: publish, read (mark-read), api (one attempt of either, or a
     poll URL asked for), bad-api (bad input to the private API), poll, cond, held, hostile,
-    final-nginx, final-app. For writes, `index` is the model's state
-    number after this write and `body` the poll answer it makes; for polls `body` is the answer
-    the poll shows (a 304's is the body of the tag it sent)."""
+    history (a history read through nginx), idle-orders, drain, final-nginx, final-app. For
+    writes, `index` is the model's state number after this write and `body` the poll answer it
+    makes; for polls `body` is the answer the poll shows (a 304's is the body of the tag it
+    sent)."""
 
     kind: str
     user: int
@@ -51,7 +52,8 @@ class Op:
     target: str = ""
     expect: list[int] = field(default_factory=list)  # hostile, bad-api: the documented statuses
     note: str = ""
-    # publishes: the ids of the messages stored; a batch's attempt (api): its owners
+    # publishes: the ids of the messages stored; a batch's attempt (api): its owners; a history
+    # read: [after]
     ids: list[int] = field(default_factory=list)
 
 

@@ -160,6 +160,10 @@ OVERHEAD_S = {
 ROOM_ITEM_SIZE = "16k"  # memcached -I on the memcached configurations
 LONG_TEXT = "☃" * 2000  # the longest text (2,000 characters, 6,000 bytes): a third of the room's
 ROOM_WRITERS = 2  # threads publishing to the room, besides the batches' room items
+# Of a plain poller's turns, the share that is a history read (docs/api.md, "The history read"),
+# and the limits it asks for (None: the default); a small one cuts the list, `more` says so.
+HISTORY_SHARE = 0.15
+HISTORY_LIMITS = (1, 2, None)
 BATCH_USERS = 3  # users written by batches only
 
 
@@ -837,6 +841,10 @@ class Run:
                             self.held_sent.notify_all()
                     wait = rng.choice([2, 3, 5])
                     op = self._poll(client, "held", uid, url, etag, body, wait, room)
+                elif not held and not room and body and rng.random() < HISTORY_SHARE:
+                    self._history_read(client, uid, url, body, rng)
+                    self.stop.wait(rng.uniform(0.05, 0.4))
+                    continue
                 elif etag is not None and rng.random() < 0.5:
                     op = self._poll(client, "cond", uid, url, etag, body, 0, room)
                 else:
@@ -847,6 +855,30 @@ class Run:
                     self.stop.wait(0.2)
                 if not held:
                     self.stop.wait(rng.uniform(0.05, 0.4))
+
+    def _history_read(
+        self, client: httpx.Client, uid: int, url: str, body: str, rng: random.Random
+    ) -> None:
+        """The gap a client fills (docs/api.md, "The history read"): the poll URL plus `after`,
+        the id of one of the last answer's messages or 0 (every unread message), sometimes with
+        a small `limit`; through nginx to the app. ids: [after]; rule 10 judges the list."""
+        try:
+            listed = [int(m["id"]) for m in json.loads(body).get("messages", [])]
+        except (ValueError, TypeError, KeyError, AttributeError):
+            listed = []
+        after = rng.choice([0, *listed])
+        limit = rng.choice(HISTORY_LIMITS)
+        query = f"&after={after}" + (f"&limit={limit}" if limit else "")
+        op = Op("history", uid, time.monotonic(), target="nginx", ids=[after], note=query)
+        try:
+            r = client.get(url + query, timeout=20)
+            op.status = r.status_code
+            op.source = r.headers.get("x-poll-source", "")
+            op.body = r.content.decode("utf-8", "replace")
+        except httpx.HTTPError as e:
+            op.note += " " + type(e).__name__
+        op.end = time.monotonic()
+        self.history.add(op)
 
     def _poll_url(self, client: httpx.Client, uid: int, room: bool, app: int) -> str | None:
         """The user's signed poll URL from app process `app` (with the room if `room`), through
@@ -1057,8 +1089,9 @@ class Run:
         node = str(p.get("node", ""))
         if f.kind in ("cache-delay-reads", "cache-slow-reads", "cache-read-stall"):
             slow = f.kind != "cache-delay-reads"
-            f.paths, f.delay_s = [hist.CACHE_SLOW if slow else hist.CACHE_DELAY], float(
-                str(p["delay"])
+            f.paths, f.delay_s = (
+                [hist.CACHE_SLOW if slow else hist.CACHE_DELAY],
+                float(str(p["delay"])),
             )
             if slow:
                 # The proxy holds the answers of every connection that has not written yet: an
