@@ -524,7 +524,7 @@ def messages_history(*ops: Op) -> History:
     """User 1's publishes 11 "a" [1.0, 1.1], 12 "b" [2.0, 2.1], 13 "c" [3.0, 3.1]; a mark-read up
     to 11 [4.0, 4.1]; then the given ops."""
     writes = [
-        Op("publish", 1, 1.0 + n, 1.1 + n, 201, f"body{n}", index=n + 1, ids=[11 + n], note=t)
+        Op("publish", 1, 1.0 + n, 1.1 + n, 201, f"body{n}", index=n + 1, ids=[11 + n], text=t)
         for n, t in enumerate("abc")
     ]
     writes.append(Op("read", 1, 4.0, 4.1, 200, "", index=4, note="up_to 11"))

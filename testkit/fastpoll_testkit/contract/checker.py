@@ -597,7 +597,7 @@ def _rule10(h: History, model: _Model, r: RuleResult) -> None:
         after = op.ids[0] if op.ids else 0
         mine = pubs.get(op.user, [])
         by_id = {o.ids[0]: o for o in mine if o.ids}
-        texts = {o.note for o in mine if not o.ids and o.start < op.end}
+        texts = {o.text for o in mine if not o.ids and o.start < op.end}
         read_before = max(
             (_up_to(o) for o in reads.get(op.user, []) if o.status == 200 and o.end < op.start),
             default=-1,
@@ -613,7 +613,7 @@ def _rule10(h: History, model: _Model, r: RuleResult) -> None:
             made = by_id.get(i)
             if i <= after:
                 problems.append(f"lists {i}, not after {after}")
-            elif made is not None and (made.note != text or made.start >= op.end):
+            elif made is not None and (made.text != text or made.start >= op.end):
                 problems.append(f"lists {i} {text!r}, which its publish did not make then")
             elif made is None and text not in texts:
                 problems.append(f"lists {i} {text!r}, which no publish made")

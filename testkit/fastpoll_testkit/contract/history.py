@@ -55,6 +55,7 @@ class Op:
     # publishes: the ids of the messages stored; a batch's attempt (api): its owners; a history
     # read: [after]
     ids: list[int] = field(default_factory=list)
+    text: str = ""  # publishes: the message's text
 
 
 @dataclass

@@ -371,7 +371,7 @@ class Run:
                 elif publish:
                     app = (index + 1) % self.config.apps
                     text = f"u{uid} n{index + 1} {rng.getrandbits(32):08x}" + rng.choice(["", " ☃"])
-                    op = Op("publish", uid, time.monotonic(), target=str(app), note=text)
+                    op = Op("publish", uid, time.monotonic(), target=str(app), note=text, text=text)
                     ok, got = self._write(
                         clients,
                         app,
@@ -444,7 +444,7 @@ class Run:
         user. Both commit in the user's order, so their states follow their ids; the ops are
         returned in that order (a failed one last)."""
         texts = [f"u{uid} n{index + 1 + i} {rng.getrandbits(32):08x} pair" for i in range(2)]
-        ops = [Op("publish", uid, 0.0, target=str(i), note=texts[i]) for i in range(2)]
+        ops = [Op("publish", uid, 0.0, target=str(i), note=t, text=t) for i, t in enumerate(texts)]
         res: list[tuple[bool, dict[str, object]]] = [(False, {}), (False, {})]
 
         def one(i: int, client_list: list[httpx.Client]) -> None:
@@ -492,7 +492,8 @@ class Run:
                 text = f"room w{n} n{index} {rng.getrandbits(32):08x}" + rng.choice(["", " ☃"])
                 if rng.random() < 0.35:
                     text = (text + " " + LONG_TEXT)[:2000]  # the room may grow past -I
-                op = Op("publish", ROOM_USER, time.monotonic(), target=str(app), note=text)
+                op = Op("publish", ROOM_USER, time.monotonic(), target=str(app), text=text)
+                op.note = text
                 ok, got = self._write(
                     clients,
                     app,
@@ -629,6 +630,8 @@ class Run:
             o: Op("publish", o, start, target=str(app), note=f"{texts[o]} (batch {n})")
             for o in owners
         }
+        for o in owners:
+            ops[o].text = texts[o]
         att = Op("api", owners[0], start, target=str(app), note=f"batch {n} {owners}")
         att.ids = list(owners)
         got: dict[str, object] = {}
