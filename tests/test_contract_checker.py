@@ -460,6 +460,14 @@ def test_the_locked_user_and_its_batches_may_wait_and_get_503() -> None:
     assert violations(h, "4-5xx") == 0
 
 
+def test_a_room_poll_waits_for_its_users_order() -> None:
+    # User 2's URL with the room: a miss is composed at the app with user 2's own key.
+    room = Op("poll", 0, 11.0, 13.8, 200, "", source="app", note="room poll of user 2", ids=[2])
+    assert violations(history(room, faults=[user_lock()]), "9-isolation") == 0
+    other = replace(room, note="room poll of user 3", ids=[3])
+    assert violations(history(other, faults=[user_lock()]), "9-isolation") == 1
+
+
 def test_a_lock_of_two_users_holds_both() -> None:
     both = Fault("user-lock", "users 2+5", 10.0, 14.0, [USER_LOCK], params={"users": [2, 5]})
     waited = [Op("api", u, 11.0, 14.0, 503, note="publish") for u in (2, 5)]

@@ -496,8 +496,11 @@ def _lock_victims(f: Fault) -> set[int]:
 
 
 def _op_users(op: Op) -> set[int]:
-    """The users an operation waits for: its own, and a batch's owners."""
-    return {op.user, *(op.ids if op.kind == "api" and op.note.startswith("batch") else [])}
+    """The users an operation waits for: its own, a batch's owners, and a room poll's user (its
+    URL's own key: a miss composes both at the app)."""
+    batch = op.kind == "api" and op.note.startswith("batch")
+    room_poll = op.kind in POLLS and op.note.startswith("room poll")
+    return {op.user, *(op.ids if batch or room_poll else [])}
 
 
 ISOLATED = ("api", "poll", "cond", "bad-api")

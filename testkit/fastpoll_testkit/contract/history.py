@@ -53,7 +53,7 @@ class Op:
     expect: list[int] = field(default_factory=list)  # hostile, bad-api: the documented statuses
     note: str = ""
     # publishes: the ids of the messages stored; a batch's attempt (api): its owners; a history
-    # read: [after]
+    # read: [after]; a room poll: [the user whose URL it is]
     ids: list[int] = field(default_factory=list)
     text: str = ""  # publishes: the message's text
 

@@ -792,7 +792,7 @@ class Run:
         """part: a room poll, recorded as ROOM_USER's with the room's part of the answer."""
         op = Op(kind, ROOM_USER if part else uid, time.monotonic(), wait=wait, target="nginx")
         if part:
-            op.note = f"room poll of user {uid}"
+            op.note, op.ids = f"room poll of user {uid}", [uid]
         headers = {}
         if etag is not None:
             headers["If-None-Match"] = etag
