@@ -301,6 +301,13 @@ static size_t server_flights(const struct mc_server *s)
     return (size_t)(s->batch_seq + 1 - s->batch_first);
 }
 
+/* Batch b's unanswered gets (b is in flight). */
+static size_t *server_batch_left(struct mc_server *s, uint64_t b)
+{
+    /* cppcheck-suppress moduloofone ; MC_BATCHES_IN_FLIGHT may be raised */
+    return &s->batch_left[b % MC_BATCHES_IN_FLIGHT];
+}
+
 /* The held gets go out at the end of this loop turn, with every get the
  * callbacks still to run in it queue, if a batch may be sent. */
 static void server_flush_soon(struct mc_server *s)
@@ -319,7 +326,7 @@ static void server_release(struct mc_server *s)
     if (s->nheld == 0)
         return;
     s->batch_seq++;
-    s->batch_left[s->batch_seq % MC_BATCHES_IN_FLIGHT] = s->nheld;
+    *server_batch_left(s, s->batch_seq) = s->nheld;
     if (s->nheld_keys > 0)
         fp_stat_backend_batch((size_t)(s - s->mc->servers), s->nheld_keys);
     s->held = s->nheld = s->nheld_keys = 0;
@@ -451,7 +458,7 @@ static struct mc_req *server_pop(struct mc_server *s)
     TAILQ_REMOVE(&s->pending, r, link);
     s->npending--;
     if (r->batch >= s->batch_first && r->batch <= s->batch_seq &&
-        --s->batch_left[r->batch % MC_BATCHES_IN_FLIGHT] == 0)
+        --*server_batch_left(s, r->batch) == 0)
         server_batch_over(s, r->batch);
     return r;
 }

@@ -174,6 +174,13 @@ static size_t flights(const struct fp_redis *r)
     return (size_t)(r->batch_seq + 1 - r->batch_first);
 }
 
+/* Batch b's unanswered GETs (b is in flight). */
+static size_t *batch_left(struct fp_redis *r, uint64_t b)
+{
+    /* cppcheck-suppress moduloofone ; RD_BATCHES_IN_FLIGHT may be raised */
+    return &r->batch_left[b % RD_BATCHES_IN_FLIGHT];
+}
+
 /* The held GETs go at the end of this loop turn, with every GET the
  * callbacks still to run in it ask for, if a batch may be sent (or fail,
  * if the connection is gone). */
@@ -233,7 +240,7 @@ static void flush_cb(evutil_socket_t fd, short what, void *arg)
         r->inflight++;
         n++;
     }
-    r->batch_left[r->batch_seq % RD_BATCHES_IN_FLIGHT] = n;
+    *batch_left(r, r->batch_seq) = n;
     if (n > 0)
         fp_stat_backend_batch(0, n);
     else
@@ -287,7 +294,7 @@ static void reply_cb(redisAsyncContext *ac, void *reply, void *priv)
     q->in_hiredis = 0;
     r->inflight--;
     if (q->batch >= r->batch_first && q->batch <= r->batch_seq &&
-        --r->batch_left[q->batch % RD_BATCHES_IN_FLIGHT] == 0)
+        --*batch_left(r, q->batch) == 0)
         batch_over(r, q->batch);
     if (rep != NULL)
         fp_health_rx(&r->link.health); /* late or not, Redis is sending */
