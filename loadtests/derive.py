@@ -328,5 +328,9 @@ def _hit_table(results: list[Row]) -> Row:
                 "vs_ceiling": per_round(rows, system, "ceiling"),
                 "vs_memcached_pass": per_round(rows, system, "memcached_pass"),
                 "us": split_us(rows, system),
+                # The poll servers' keys per memcached round trip (runs that counted them).
+                "keys_per_round_trip": _median(
+                    pick(rows, system=system), key="keys_per_round_trip"
+                ),
             }
     return table

@@ -132,6 +132,9 @@ def run_plan(ctx: Ctx, p: Plan, users: int) -> Row:
         if p.system in ("fastpoll", "direct") and p.scenario.startswith("hit"):
             env["FP_SOURCE"] = "cache"
     meter = sysinfo.CpuMeter(cpu_groups(ctx))
+    ours = p.system in ("fastpoll", "fastpoll_all", "direct")
+    admin = ctx.target.stack.admin_ports if ours else []
+    batches_before = stackctl.cache_batches(admin)
     mc_before = stackctl.memcached_stats(ctx.target.memcached_ports)
     meter.start()
     busy0, irq0, total0 = sysinfo.machine_cpu()
@@ -164,6 +167,7 @@ def run_plan(ctx: Ctx, p: Plan, users: int) -> Row:
     busy1, irq1, total1 = sysinfo.machine_cpu()
     tcp1 = sysinfo.tcp_counters()
     mc = stackctl.mc_delta(mc_before, stackctl.memcached_stats(ctx.target.memcached_ports))
+    keys_per_trip = stackctl.keys_per_round_trip(batches_before, stackctl.cache_batches(admin))
     row: Row = {
         "name": p.name,
         "group": p.group,
@@ -193,6 +197,9 @@ def run_plan(ctx: Ctx, p: Plan, users: int) -> Row:
     # (the app's fill is an `add`, counted in cmd_set).
     if p.system in ("fastpoll", "direct") and p.scenario.startswith("hit"):
         row["fallbacks_seen"] = mc["cmd_set"]
+    # The poll servers' batching: keys per memcached round trip (it grows with load).
+    if keys_per_trip is not None:
+        row["keys_per_round_trip"] = keys_per_trip
     return row
 
 
@@ -232,6 +239,8 @@ def fmt_row(r: Row) -> str:
         f"{float(r['rps']):>10,.0f} req/s  p50 {ms(r['p50_ms']):>8}  p99 {ms(r['p99_ms']):>8}"
         f"  failed {r['failed']}"
     )
+    if r.get("keys_per_round_trip") is not None:
+        s += f"  keys/round trip {float(r['keys_per_round_trip']):.1f}"
     c = r.get("check") or {}
     if "bad_status" in c:
         bad = sum(c[k] for k in ("bad_status", "bad_body", "bad_source"))

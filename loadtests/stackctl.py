@@ -189,6 +189,34 @@ def memcached_stats(ports: list[int]) -> dict[str, int]:
 MC_COUNTERS = ("cmd_get", "get_hits", "get_misses", "cmd_set", "total_connections")
 
 
+BATCH_METRICS = ("fastpoll_backend_round_trips_total", "fastpoll_backend_keys_sent_total")
+
+
+def cache_batches(admin_ports: list[int]) -> dict[str, float]:
+    """The poll servers' cache round trips (batches of gets) and the keys sent in them, summed
+    over their cache servers and over the poll servers (/metrics); a poll server that does not
+    answer, or a build without these counters, adds nothing."""
+    total = dict.fromkeys(BATCH_METRICS, 0.0)
+    for port in admin_ports:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except (OSError, urllib.error.URLError):
+            continue
+        for line in text.splitlines():
+            name = line.split("{", 1)[0]
+            if name in total:
+                total[name] += float(line.split()[-1])
+    return total
+
+
+def keys_per_round_trip(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """Keys per cache round trip between two cache_batches() readings (None: no round trip)."""
+    trips = after[BATCH_METRICS[0]] - before[BATCH_METRICS[0]]
+    keys = after[BATCH_METRICS[1]] - before[BATCH_METRICS[1]]
+    return round(keys / trips, 2) if trips > 0 else None
+
+
 def mc_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     d = {k: after.get(k, 0) - before.get(k, 0) for k in MC_COUNTERS}
     d["curr_connections"] = after.get("curr_connections", 0)

@@ -262,6 +262,22 @@ static void write_backends(struct out *o)
         out_printf(o, "} %llu\n",
                    (unsigned long long)fp_stats.backends[i].replica_reads);
     }
+    head(o, "fastpoll_backend_round_trips_total", "counter",
+         "Batches of gets written to the cache server, one round trip each: "
+         "the gets queued while the previous batch awaited its answers.");
+    for (i = 0; i < fp_stats.nbackends; i++) {
+        series(o, "fastpoll_backend_round_trips_total", fp_stats.backends[i].name);
+        out_printf(o, "} %llu\n",
+                   (unsigned long long)fp_stats.backends[i].round_trips);
+    }
+    head(o, "fastpoll_backend_keys_sent_total", "counter",
+         "Gets written to the cache server in those batches; divided by "
+         "fastpoll_backend_round_trips_total, the keys per round trip.");
+    for (i = 0; i < fp_stats.nbackends; i++) {
+        series(o, "fastpoll_backend_keys_sent_total", fp_stats.backends[i].name);
+        out_printf(o, "} %llu\n",
+                   (unsigned long long)fp_stats.backends[i].keys_sent);
+    }
     head(o, "fastpoll_backend_gets_total", "counter",
          "Cache gets by server and result; error includes gets failed fast "
          "while the server was down.");

@@ -31,11 +31,14 @@ struct fp_cache *fp_cache_create(struct event_base *base,
                                  const struct fp_settings *settings);
 
 /* Starts a non-blocking fetch. `key` is a valid key (keys.c checked it);
- * the backend copies it. Gets started in one loop turn are batched: each
- * cache node receives them in one write (memcached: pipelined "mg"s, Redis:
- * pipelined GETs), so a request that needs several keys, or many requests
- * read in one wake-up, cost one round trip per node, not one per key;
- * each get keeps its own deadline and failover. Returns 0, or -1 if it
+ * the backend copies it. Gets are batched: each cache node receives them
+ * in one write (memcached: pipelined "mg"s, Redis: pipelined GETs), so a
+ * request that needs several keys, or many requests read in one wake-up,
+ * cost one round trip per node, not one per key. A batch holds the gets of
+ * one loop turn when the node is idle, and under load every get started
+ * while the node's previous batch awaited its answers (one batch in flight
+ * per connection); each get keeps its own deadline and failover. Returns
+ * 0, or -1 if it
  * could not even queue the request (out of memory): then cb is never
  * called. */
 int fp_cache_get(struct fp_cache *cache, const char *key, size_t keylen,

@@ -20,6 +20,13 @@
  * or a nil resets the backoff; an error reply does not ("-ERR max number of
  * clients reached" comes on connect, before the server closes).
  *
+ * Batches, as for memcached (cache_memcached.c): at most
+ * RD_BATCHES_IN_FLIGHT (one) batch of GETs awaits its replies; a GET asked
+ * for meanwhile is held on our queue, and the held ones are handed to
+ * hiredis together (one write) when that batch's replies are all in, one
+ * of them times out, or the connection goes. With nothing in flight a GET
+ * is handed over at the end of its loop turn: no added wait when idle.
+ *
  * Setup, queued before any GET on a new connection: AUTH [username]
  * password, SELECT db, and with Sentinel ROLE (the server must say it is
  * the master). A failed one drops the connection with the backoff, and
@@ -60,11 +67,16 @@
 #include "stats.h"
 
 #define RD_MAX_PENDING      10000
+/* Batches awaiting their replies on the connection; GETs asked for
+ * meanwhile are held (ours, not yet hiredis's) and handed over together
+ * when one is over. One, as for memcached (cache_memcached.c): a batch
+ * then carries everything that arrived during the previous round trip. */
+#define RD_BATCHES_IN_FLIGHT 1
 
 struct fp_redis;
 
 struct rd_req {
-    TAILQ_ENTRY(rd_req) link;   /* on r->failq only */
+    TAILQ_ENTRY(rd_req) link;   /* on r->failq or r->heldq */
     struct fp_redis *r;
     struct event *timer;        /* deadline, or the deferred failure */
     fp_cache_cb *cb;
@@ -73,6 +85,10 @@ struct rd_req {
     int answered;               /* user callback has run */
     int in_hiredis;             /* hiredis still holds the pointer */
     int failfast;               /* never sent: timer delivers ERROR */
+    int held;                   /* on r->heldq, not yet hiredis's */
+    uint64_t batch;             /* its batch's number, once handed over */
+    size_t keylen;
+    char key[FP_MAX_KEY_LEN];
 };
 
 TAILQ_HEAD(rd_reqq, rd_req);
@@ -97,6 +113,19 @@ struct fp_redis {
     size_t inflight;            /* requests hiredis holds */
     struct rd_reqq failq;
     int closing;
+
+    /* Batches (the top of the file): a GET asked for while
+     * RD_BATCHES_IN_FLIGHT batches await their replies waits on heldq
+     * until one is over; the flush event hands the held ones to hiredis,
+     * which writes them in one go. Batch numbers grow by one per batch;
+     * batch_first > batch_seq: none in flight. */
+    struct rd_reqq heldq;
+    size_t nheld;
+    struct event *flush;
+    int flush_active;
+    uint64_t batch_seq;         /* the last batch handed over */
+    uint64_t batch_first;       /* the oldest batch in flight */
+    size_t batch_left[RD_BATCHES_IN_FLIGHT]; /* batch b's unanswered GETs */
 
     /* Sentinel; sn.n == 0: a fixed server. */
     struct fp_sentinels sn;
@@ -134,6 +163,88 @@ static void req_answer(struct rd_req *q, enum fp_cache_status st,
     (void)event_del(q->timer);
     fp_stat_backend_done(0, st, q->sent);
     q->cb(st, val, len, q->arg);
+}
+
+/* ---- batches: at most RD_BATCHES_IN_FLIGHT on the connection ---------- */
+
+static void reply_cb(redisAsyncContext *ac, void *reply, void *priv);
+
+static size_t flights(const struct fp_redis *r)
+{
+    return (size_t)(r->batch_seq + 1 - r->batch_first);
+}
+
+/* Batch b's unanswered GETs (b is in flight). */
+static size_t *batch_left(struct fp_redis *r, uint64_t b)
+{
+    /* cppcheck-suppress moduloofone ; RD_BATCHES_IN_FLIGHT may be raised */
+    return &r->batch_left[b % RD_BATCHES_IN_FLIGHT];
+}
+
+/* The held GETs go at the end of this loop turn, with every GET the
+ * callbacks still to run in it ask for, if a batch may be sent (or fail,
+ * if the connection is gone). */
+static void flush_soon(struct fp_redis *r)
+{
+    if (r->nheld == 0 || r->flush_active ||
+        flights(r) >= RD_BATCHES_IN_FLIGHT)
+        return;
+    event_active(r->flush, EV_TIMEOUT, 1);
+    r->flush_active = 1;
+}
+
+/* Batch b is over: its replies are all in, or one of them timed out. The
+ * older ones are over too (replies come in order, deadlines expire in
+ * order). */
+static void batch_over(struct fp_redis *r, uint64_t b)
+{
+    if (b < r->batch_first || b > r->batch_seq)
+        return;
+    r->batch_first = b + 1;
+    flush_soon(r);
+}
+
+/* Hands every held GET to hiredis as the next batch (hiredis writes them
+ * together when the socket is writable); without a usable connection
+ * they fail. The queue is detached first: callbacks run here may ask for
+ * GETs, which wait for the next batch. */
+static void flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct fp_redis *r = arg;
+    struct rd_reqq q;
+    struct rd_req *x;
+    size_t n = 0;
+
+    (void)fd;
+    (void)what;
+    r->flush_active = 0;
+    if (flights(r) >= RD_BATCHES_IN_FLIGHT)
+        return;
+    TAILQ_INIT(&q);
+    TAILQ_CONCAT(&q, &r->heldq, link);
+    r->nheld = 0;
+    r->batch_seq++;
+    while ((x = TAILQ_FIRST(&q)) != NULL) {
+        TAILQ_REMOVE(&q, x, link);
+        x->held = 0;
+        /* %b: binary-safe, hiredis formats the RESP length itself. */
+        if (r->ac == NULL || r->setup_failed ||
+            redisAsyncCommand(r->ac, reply_cb, x, "GET %b", x->key,
+                              x->keylen) != REDIS_OK) {
+            req_answer(x, FP_CACHE_ERROR, NULL, 0);
+            req_release(x);
+            continue;
+        }
+        x->in_hiredis = 1;
+        x->batch = r->batch_seq;
+        r->inflight++;
+        n++;
+    }
+    *batch_left(r, r->batch_seq) = n;
+    if (n > 0)
+        fp_stat_backend_batch(0, n);
+    else
+        batch_over(r, r->batch_seq); /* nothing went: nothing to wait for */
 }
 
 /* Drops the current context (if any); hiredis answers its pending
@@ -182,6 +293,9 @@ static void reply_cb(redisAsyncContext *ac, void *reply, void *priv)
 
     q->in_hiredis = 0;
     r->inflight--;
+    if (q->batch >= r->batch_first && q->batch <= r->batch_seq &&
+        --*batch_left(r, q->batch) == 0)
+        batch_over(r, q->batch);
     if (rep != NULL)
         fp_health_rx(&r->link.health); /* late or not, Redis is sending */
     if (rep == NULL || (ac == r->ac && r->setup_failed)) {
@@ -322,6 +436,7 @@ static void do_connect(struct fp_redis *r)
     }
     r->ac = ac;
     r->setup_failed = 0;
+    r->batch_first = r->batch_seq + 1; /* nothing in flight on it */
     if (queue_setup(r, ac) != 0) {
         fp_link_down(&r->link, "cannot queue the setup commands");
         fp_health_bad(&r->link.health);
@@ -484,6 +599,14 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
         req_release(q);
         return;
     }
+    if (q->held) {              /* never sent: it alone times out */
+        TAILQ_REMOVE(&r->heldq, q, link);
+        r->nheld--;
+        q->held = 0;
+        req_answer(q, FP_CACHE_TIMEOUT, NULL, 0);
+        req_release(q);
+        return;
+    }
     /* Answer first: drop_context() then only releases our request (its
      * reply_cb sees it answered) and fails the others with ERROR. */
     req_answer(q, FP_CACHE_TIMEOUT, NULL, 0);
@@ -492,9 +615,12 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
         return;
     }
     /* Still replying, or silent for less than a hang: it alone is late,
-     * hiredis keeps it until its reply comes. */
+     * hiredis keeps it until its reply comes, and its batch is over (the
+     * GETs held behind it go rather than wait for it). */
     if (r->ac != NULL && fp_link_late(&r->link, why, sizeof(why)) != 0)
         hung(r, why);
+    else
+        batch_over(r, q->batch);
 }
 
 int fp_redis_get(struct fp_redis *r, const char *key, size_t keylen,
@@ -517,19 +643,20 @@ int fp_redis_get(struct fp_redis *r, const char *key, size_t keylen,
     }
     /* Stalled (health.h): not queued behind the late ones. */
     if (keylen == 0 || keylen > FP_MAX_KEY_LEN || r->ac == NULL ||
-        r->setup_failed || r->inflight >= RD_MAX_PENDING || r->link.health.stalled)
+        r->setup_failed || r->inflight + r->nheld >= RD_MAX_PENDING ||
+        r->link.health.stalled)
         goto fail_fast;
     if (evtimer_add(q->timer, r->timeout) != 0)
         goto fail_fast;
-    /* %b: binary-safe, hiredis formats the RESP length itself. */
-    if (redisAsyncCommand(r->ac, reply_cb, q, "GET %b", key, keylen) !=
-        REDIS_OK) {
-        (void)event_del(q->timer);
-        goto fail_fast;
-    }
-    q->in_hiredis = 1;
+    /* Held for the next batch: nothing in flight, it goes at the end of
+     * this loop turn (no added wait); else when a batch is over. */
+    memcpy(q->key, key, keylen);
+    q->keylen = keylen;
+    q->held = 1;
     q->sent = fp_stat_now();
-    r->inflight++;
+    TAILQ_INSERT_TAIL(&r->heldq, q, link);
+    r->nheld++;
+    flush_soon(r);
     return 0;
 
 fail_fast:
@@ -563,6 +690,8 @@ struct fp_redis *fp_redis_create(struct event_base *base,
     r->base = base;
     r->db = st->redis_db;
     TAILQ_INIT(&r->failq);
+    TAILQ_INIT(&r->heldq);
+    r->batch_first = 1;         /* batch_seq 0: none sent, none in flight */
     r->timeout_ms = st->cache_timeout_ms;
     r->timeout_tv.tv_sec = st->cache_timeout_ms / 1000;
     r->timeout_tv.tv_usec = (suseconds_t)(st->cache_timeout_ms % 1000) * 1000;
@@ -570,8 +699,9 @@ struct fp_redis *fp_redis_create(struct event_base *base,
     if (r->timeout == NULL)
         r->timeout = &r->timeout_tv;
     r->drop = event_new(base, -1, 0, drop_cb, r);
+    r->flush = event_new(base, -1, 0, flush_cb, r);
     if (fp_link_init(&r->link, base, &redis_link, r->name, 0, r->timeout_ms,
-                     r, retry_cb) != 0 || r->drop == NULL)
+                     r, retry_cb) != 0 || r->drop == NULL || r->flush == NULL)
         goto fail;
     if ((st->redis_password != NULL &&
          (r->password = strdup(st->redis_password)) == NULL) ||
@@ -633,9 +763,18 @@ void fp_redis_free(struct fp_redis *r)
         req_answer(q, FP_CACHE_ERROR, NULL, 0);
         req_release(q);
     }
+    while ((q = TAILQ_FIRST(&r->heldq)) != NULL) {
+        TAILQ_REMOVE(&r->heldq, q, link);
+        r->nheld--;
+        q->held = 0;
+        req_answer(q, FP_CACHE_ERROR, NULL, 0);
+        req_release(q);
+    }
     fp_link_free(&r->link);
     if (r->drop != NULL)
         event_free(r->drop);
+    if (r->flush != NULL)
+        event_free(r->flush);
     if (r->password != NULL) {
         explicit_bzero(r->password, strlen(r->password));
         free(r->password);

@@ -69,6 +69,9 @@ struct fp_stat_backend {
     uint64_t buckets[FP_STAT_NBUCKETS + 1]; /* answered gets, not cumulative */
     uint64_t sum_ns;            /* of answered gets */
     uint64_t replica_reads;     /* gets sent here as a key's replica */
+    uint64_t round_trips;       /* batches of gets written (one each) */
+    uint64_t keys_sent;         /* the gets in them: keys per round trip =
+                                 * keys_sent / round_trips */
     uint64_t recover_until_ms;  /* CLOCK_MONOTONIC ms: read through replicas
                                  * until then (back from down or hung) */
 };
@@ -118,6 +121,7 @@ void fp_stats_backend_name(size_t i, const char *name);
 #define fp_stat_now() ((uint64_t)0)
 #define fp_stat_backend_done(i, st, t0) ((void)(i), (void)(st), (void)(t0))
 #define fp_stat_replica_read(i) ((void)(i))
+#define fp_stat_backend_batch(i, n) ((void)(i), (void)(n))
 #define fp_stat_backend_recovering(i, until) ((void)(i), (void)(until))
 #define fp_stat_accept_error(r) ((void)(r))
 #define fp_stat_conn_open() ((void)0)
@@ -150,6 +154,16 @@ static inline void fp_stat_replica_read(size_t i)
 {
     if (i < FP_MAX_SERVERS)
         fp_stats.backends[i].replica_reads++;
+}
+
+/* A batch of n gets went to backend i: one round trip (cache_memcached.c,
+ * cache_redis.c; health probes are not counted). */
+static inline void fp_stat_backend_batch(size_t i, size_t n)
+{
+    if (i < FP_MAX_SERVERS) {
+        fp_stats.backends[i].round_trips++;
+        fp_stats.backends[i].keys_sent += n;
+    }
 }
 
 static inline void fp_stat_backend_recovering(size_t i, uint64_t until_ms)

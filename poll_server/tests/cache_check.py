@@ -756,6 +756,158 @@ def scenario_batch(drv: list[str], tmp: str) -> None:
         rd.stop()
 
 
+def mc_requests(buf: bytes) -> tuple[list[bytes], bytes]:
+    """Complete memcached request lines in buf, and what is left."""
+    *lines, rest = buf.split(b"\r\n")
+    return lines, rest
+
+
+def resp_requests(buf: bytes) -> tuple[list[bytes], bytes]:
+    """Complete RESP commands (arrays of bulk strings) in buf, joined by spaces, and what is
+    left."""
+    out = []
+    while buf.startswith(b"*") and b"\r\n" in buf:
+        head, rest = buf[1:].split(b"\r\n", 1)
+        args = []
+        for _ in range(int(head)):
+            if not rest.startswith(b"$") or b"\r\n" not in rest:
+                return out, buf
+            n, rest = rest[1:].split(b"\r\n", 1)
+            if len(rest) < int(n) + 2:
+                return out, buf
+            args.append(rest[: int(n)])
+            rest = rest[int(n) + 2 :]
+        out.append(b" ".join(args))
+        buf = rest
+    return out, buf
+
+
+@contextlib.contextmanager
+def slow_server(
+    parse: Callable[[bytes], tuple[list[bytes], bytes]],
+    answer: Callable[[bytes], tuple[bytes, float]],
+) -> Iterator[int]:
+    """A cache on a free loopback port (yielded) that answers each request, in order, a delay
+    after it came: answer(request) gives the bytes and the delay in seconds."""
+    import threading
+
+    stop = False
+
+    def serve(c: socket.socket) -> None:
+        buf, due = b"", []  # due: (when, bytes), in order
+        with c:
+            while not stop:
+                wait = max(0.0, due[0][0] - time.monotonic()) if due else 0.2
+                if select.select([c], [], [], wait)[0]:
+                    try:
+                        chunk = c.recv(65536)
+                    except OSError:
+                        return
+                    if not chunk:
+                        return
+                    reqs, buf = parse(buf + chunk)
+                    for req in reqs:
+                        data, delay = answer(req)
+                        when = time.monotonic() + delay
+                        due.append((max(when, due[-1][0]) if due else when, data))
+                now, out = time.monotonic(), b""
+                while due and due[0][0] <= now:
+                    out += due.pop(0)[1]
+                try:
+                    c.sendall(out)
+                except OSError:
+                    return
+
+    def accept(lsock: socket.socket) -> None:
+        lsock.settimeout(0.2)
+        while not stop:
+            try:
+                c, _ = lsock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+    with socket.socket() as lsock:
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(16)
+        t = threading.Thread(target=accept, args=(lsock,), daemon=True)
+        t.start()
+        try:
+            yield lsock.getsockname()[1]
+        finally:
+            stop = True
+            t.join(2)
+
+
+def cache_sends(trace: str, marker: str) -> int:
+    """System calls in an strace log that wrote bytes containing marker (within -s 64) to a
+    descriptor other than the driver's stdout and stderr."""
+    n = 0
+    with open(trace) as f:
+        for ln in f:
+            call, _, args = ln.partition("(")
+            if call.split()[-1:] in (["sendto"], ["write"], ["writev"], ["sendmsg"]):
+                n += args.split(",", 1)[0] not in ("1", "2") and marker in ln
+    return n
+
+
+SLOW_MS = 300  # the slow cache's answer delay
+
+
+def scenario_grow(drv: list[str], tmp: str) -> None:
+    """Batches grow with load: while a batch awaits its answers (the cache answers SLOW_MS
+    after each request), the gets issued over several loop turns are held and go out in ONE
+    later write when its answers are in, not one write per turn; an idle get goes out at once
+    (no added wait). Writes counted with strace, round trips with the driver's stats."""
+
+    def mc_answer(req: bytes) -> tuple[bytes, float]:
+        return (b"MN\r\n", 0.0) if req == b"mn" else (b"EN\r\n", SLOW_MS / 1000)
+
+    def redis_answer(req: bytes) -> tuple[bytes, float]:
+        return b"$-1\r\n", SLOW_MS / 1000
+
+    for name, parse, answer, args in (
+        ("memcached", mc_requests, mc_answer, ["-s"]),
+        ("redis", resp_requests, redis_answer, ["-b", "redis", "-r"]),
+    ):
+        with slow_server(parse, answer) as port:
+            trace = os.path.join(tmp, f"grow-{name}.strace")
+            strace = ["strace", "-f", "-qq", "-s", "64", "-e", "trace=write,writev,sendto,sendmsg"]
+            d = Driver(strace + ["-o", trace] + drv, ["-T", "2000", *args, f"127.0.0.1:{port}"])
+            time.sleep(0.2)  # connected (memcached: past the "mn" probe)
+            r = d.gets(["/Poll/idle"])["/Poll/idle"]
+            check(
+                r[0] == "MISS" and r[1] < SLOW_MS + FAST_MS,
+                f"grow {name}: an idle get goes out at once ({r[1]:.1f} ms for a "
+                f"{SLOW_MS} ms cache)",
+            )
+            d.send("get /Poll/first")
+            for i in range(5):  # one loop turn each, while /Poll/first awaits its answer
+                time.sleep(0.02)
+                d.send(f"get /Poll/grow{i}")
+            got: dict[str, tuple[str, float]] = {}
+            while len(got) < 6:
+                parts = d.line().split(" ", 5)
+                if parts[0] == "get":
+                    got[parts[1]] = (parts[2], float(parts[4]))
+            d.send("stats")
+            ln = d.line()
+            stats = dict(kv.split("=") for kv in ln.split()[2:]) if ln.startswith("stats ") else {}
+            check(d.quit() == 0, f"grow {name}: driver exits clean")
+            sends = cache_sends(trace, "/Poll/grow")
+            check(
+                all(v[0] == "MISS" for v in got.values())
+                and sends == 1
+                and got["/Poll/grow4"][1] < 2 * SLOW_MS + SLACK_MS,
+                f"grow {name}: 5 gets over 5 loop turns while a batch is in flight go out in "
+                f"{sends} write(s), answered one round trip after it ({got})",
+            )
+            check(
+                stats.get("round_trips") == "3" and stats.get("keys_sent") == "7",
+                f"grow {name}: 7 keys in 3 round trips counted ({ln})",
+            )
+
+
 def hits(d: Driver, key: str) -> bool:
     return d.gets([key])[key][0] == "HIT"
 
@@ -822,7 +974,9 @@ def main() -> int:
     ap.add_argument("--driver", default=os.path.join(here, "..", "build", "cache_driver"))
     ap.add_argument("--wrap", default="", help="e.g. valgrind command prefix")
     ap.add_argument("--pylibmc-python", default=None)
-    ap.add_argument("--only", default="memcached,ketama,redis,stall,protocol,protocol_meta,batch")
+    ap.add_argument(
+        "--only", default="memcached,ketama,redis,stall,protocol,protocol_meta,batch,grow"
+    )
     a = ap.parse_args()
     drv = shlex.split(a.wrap) + [a.driver, "-q"]
     only = a.only.split(",")
@@ -841,6 +995,8 @@ def main() -> int:
             scenario_protocol_meta(drv, tmp)
         if "batch" in only:
             scenario_batch(drv, tmp)
+        if "grow" in only:
+            scenario_grow(drv, tmp)
     print(f"{failures} failure(s)")
     return min(failures, 100)
 

@@ -15,6 +15,7 @@
  *                        "chain KEY STATUS..." with every answer's status
  *   hash KEY          -> "hash KEY INDEX" (memcached ketama server index)
  *   sleep MS          -> "slept MS" after MS on the loop
+ *   stats             -> "stats I round_trips=.. keys_sent=.." per backend
  *   free              -> fp_cache_free() with requests in flight, "freed"
  *   quit              -> wait for all answers, free, exit 0 if no contract
  *                        violation was seen (else 1)
@@ -35,6 +36,7 @@
 #include "../src/cache.h"
 #include "../src/log.h"
 #include "../src/settings.h"
+#include "../src/stats.h"
 
 #define SLACK_MS 30
 
@@ -261,6 +263,12 @@ static void on_line(char *line)
         if (event_base_once(base, -1, EV_TIMEOUT, slept, (void *)(intptr_t)n,
                             &tv) != 0)
             printf("sleep failed\n");
+    } else if (strcmp(line, "stats") == 0) {
+        size_t i;
+        for (i = 0; i < fp_stats.nbackends; i++)
+            printf("stats %zu round_trips=%llu keys_sent=%llu\n", i,
+                   (unsigned long long)fp_stats.backends[i].round_trips,
+                   (unsigned long long)fp_stats.backends[i].keys_sent);
     } else if (strcmp(line, "free") == 0) {
         fp_cache_free(cache);
         cache = NULL;
