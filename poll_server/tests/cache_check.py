@@ -930,6 +930,10 @@ def scenario_stall(drv: list[str], tmp: str) -> None:
             d = Driver(drv, ["-T", str(TIMEOUT_MS), *args, f"127.0.0.1:{srv.port}"])
             check(d.gets(["/Poll/k"])["/Poll/k"][0] == "HIT", f"{name} stall: a hit first")
             for stall_ms, hung in ((250, False), (800, True)):
+                # The server is stalled once a request is late and nothing came for timeout_ms
+                # (health.h); the get's timer may fire a few ms early (libevent's cached clock),
+                # so it is sent a little after the last answer, not within the same few ms.
+                time.sleep(0.02)
                 srv.sig(signal.SIGSTOP)
                 stopped = time.monotonic()
                 r = d.gets(["/Poll/k"])
