@@ -7,6 +7,10 @@ and a user's own message only on that user's page. Messages by id: three publish
 show as three messages in order; a reload shows them once each and continues from there, a gap
 (more published while the page was away than an answer lists, [app] answer_messages = 2 here)
 is read through the history read, and a publish after the poll server's restart shows too.
+The demo is a small chat page (a conversation per room of the URL and one for the user's own
+messages, each with an unread badge; each message with its id and the time the page got it; the
+connection as the client reports it): its texts are read from each item's `.text`, whether its
+conversation is the open one or not.
 
 The page's polls carry wait=25 and the current tag: the poll server holds them, and the app's
 announcement on the stack's Redis ([announce] server: the cache is memcached) wakes them when a
@@ -102,8 +106,25 @@ def wait_held(stack: Stack, n: int = 1) -> None:
         time.sleep(0.05)
 
 
+def texts(driver: webdriver.Chrome, css: str) -> list[str]:
+    """The messages' texts of a list, in the page's order: each item's `.text` (its id and
+    time are beside it, in `.meta`), read whether or not its conversation is the open one."""
+    return list(
+        driver.execute_script(
+            "return [...document.querySelectorAll(arguments[0])]"
+            ".map((li) => li.querySelector('.text').textContent);",
+            css,
+        )
+    )
+
+
 def shown(driver: webdriver.Chrome) -> list[str]:
-    return [li.text for li in driver.find_elements(By.CSS_SELECTOR, "#messages li")]
+    return texts(driver, "#messages li")
+
+
+def connection(driver: webdriver.Chrome) -> str:
+    """The page's connection state (connected, reconnecting, offline, ...), from its client."""
+    return str(driver.find_element(By.ID, "connection").get_attribute("data-state"))
 
 
 def newest_li(driver: webdriver.Chrome, css: str) -> WebElement:
@@ -168,6 +189,93 @@ def test_messages_in_order_once_each_across_a_reload_a_gap_and_a_poller_restart(
     stop_page(browser)
 
 
+def publish_id(stack: Stack, uid: int, text: str) -> int:
+    """Publish; the stored message's id."""
+    with stack.api() as api:
+        r = api.post("/api/messages", json={"user_id": uid, "text": text})
+        assert r.status_code == 201, r.text
+        return int(r.json()["id"])
+
+
+def test_the_demo_shows_quick_messages_in_order_across_a_reload_and_a_poller_restart(
+    demo_stack: Stack, browser: webdriver.Chrome
+) -> None:
+    """A user's page that also reads a room (the room is the open conversation): three publishes
+    0.3 s apart show as three messages in order, each with its id and the time the page got it,
+    and the user's conversation's badge counts them; after a reload, the same three in order
+    (the badge too); opened, the badge clears; after the poll server's restart a fourth shows
+    after the three, and the page says it is connected."""
+    uid = 747474
+    with demo_stack.api() as api:
+        r = api.post("/api/poll-url", json={"user_id": uid, "channels": ["room.lobby"]})
+        assert r.status_code == 200, r.text
+        url = r.json()["url"]
+    page = (
+        f"{demo_stack.base_url}/fastpoll-client/demo.html"
+        f"?url={quote(url, safe='')}&interval={INTERVAL_MS}&wait=25"
+    )
+    browser.get(page)
+    wait_held(demo_stack)  # the first answer came (a URL new to the tab starts from it)
+    assert connection(browser) == "connected"
+    badge = 'button[data-conv="user"] .badge'
+
+    def badge_count(d: webdriver.Chrome) -> int | None:
+        """The user's unread badge: its number, None while hidden."""
+        b = d.find_element(By.CSS_SELECTOR, badge)
+        return None if b.get_attribute("hidden") is not None else int(b.text)
+
+    sent = ["quick 1", "quick 2", "quick 3"]
+    ids = []
+    for t in sent:
+        ids.append(publish_id(demo_stack, uid, t))
+        time.sleep(0.3)
+    assert ids == sorted(ids)
+
+    def shows(want: list[str]) -> Callable[[webdriver.Chrome], bool]:
+        return lambda d: shown(d) == want
+
+    WebDriverWait(browser, 5, 0.05).until(shows(sent))
+    items = browser.find_elements(By.CSS_SELECTOR, "#messages li")
+    assert [int(li.get_attribute("data-id") or 0) for li in items] == ids
+    metas = [  # the pane is not the open one: textContent, not .text (the visible text)
+        m.get_attribute("textContent") or ""
+        for m in browser.find_elements(By.CSS_SELECTOR, "#messages li .meta")
+    ]
+    assert [m.split(" · ")[0] for m in metas] == [f"#{i}" for i in ids], metas
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#messages li .meta time[datetime]")) == 3
+    assert badge_count(browser) == 3  # the room is open: the user's three are unread
+    assert browser.title.startswith("(3) ")
+
+    # A reload: the page shows what it showed, from its own record; the client hands nothing
+    # over again. Its first answer (no tag: at once) is handed over in the same task as
+    # onAnswer (no gap to read), so once it is counted the list is final.
+    browser.refresh()
+    answers = "return window.fastpollDemo.stats.answers"
+    WebDriverWait(browser, 5, 0.05).until(lambda d: d.execute_script(answers) >= 1)
+    assert shown(browser) == sent
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#messages li[data-restored]")) == 3
+    assert badge_count(browser) == 3
+    browser.find_element(By.CSS_SELECTOR, 'button[data-conv="user"]').click()
+    assert badge_count(browser) is None  # seen
+    visible = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#messages li .text")]
+    assert visible == sent  # the open pane shows them
+
+    # The poll server restarted (stopped by its pid, started again): once the page's poll is
+    # held by the new one, subscribed to the announcements, a fourth publish shows after them.
+    wait_held(demo_stack)
+    demo_stack.stop_proc("poller-0")
+    demo_stack.start_poller(0)
+    demo_stack.wait_subscribed()
+    wait_held(demo_stack)
+    ids.append(publish_id(demo_stack, uid, "quick 4"))
+    WebDriverWait(browser, 5, 0.05).until(shows([*sent, "quick 4"]))
+    items = browser.find_elements(By.CSS_SELECTOR, "#messages li")
+    assert [int(li.get_attribute("data-id") or 0) for li in items] == ids
+    assert connection(browser) == "connected"
+    assert badge_count(browser) is None  # the open conversation: read as it arrives
+    stop_page(browser)
+
+
 def test_messages_arrive_within_a_second_and_stop_is_clean(
     demo_stack: Stack, browser: webdriver.Chrome
 ) -> None:
@@ -206,6 +314,7 @@ def test_messages_arrive_within_a_second_and_stop_is_clean(
     polls = browser.execute_script("return window.fastpollDemo.poller.polls")
     time.sleep(0.6)  # several intervals
     assert browser.execute_script("return window.fastpollDemo.poller.polls") == polls
+    assert connection(browser) == "stopped"
     publish(demo_stack, uid, "after stop")
     time.sleep(0.5)
     assert "after stop" not in shown(browser)
@@ -227,6 +336,7 @@ def test_retry_after_is_honoured_and_the_page_recovers(
         WebDriverWait(browser, 10, 0.05).until(
             lambda d: "status 503" in d.find_element(By.ID, "status").text
         )
+        assert connection(browser) == "reconnecting"
         time.sleep(4.0)
         polls = browser.execute_script("return window.fastpollDemo.poller.polls")
         assert 1 <= polls <= 3, polls  # every 2-3 s, not every 0-1 s or every 300 ms
@@ -235,6 +345,7 @@ def test_retry_after_is_honoured_and_the_page_recovers(
     WebDriverWait(browser, 10, 0.05).until(
         lambda d: "nothing unread" in d.find_element(By.ID, "status").text
     )
+    assert connection(browser) == "connected"
     browser.execute_async_script(
         "const done = arguments[arguments.length - 1];"
         "window.fastpollDemo.poller.stop().then(() => done(true));"
@@ -261,7 +372,7 @@ def test_a_room_shared_by_users(demo_stack: Stack, browser: webdriver.Chrome) ->
             )
 
     def room(d: webdriver.Chrome) -> list[str]:
-        return [li.text for li in d.find_elements(By.CSS_SELECTOR, 'ul[data-room="room.demo"] li')]
+        return texts(d, 'ul[data-room="room.demo"] li')
 
     def everywhere(text: str) -> list[float]:
         """When each page showed `text` in the room (its own clock, seconds)."""
@@ -346,6 +457,7 @@ def test_offline_sends_nothing_and_online_polls_at_once(
             )
         )
         wait_held(demo_stack, 0)  # the held poll was cancelled, not left hanging
+        WebDriverWait(browser, 5, 0.05).until(lambda d: connection(d) == "offline")
         polls = browser.execute_script("return window.fastpollDemo.poller.polls")
         away = ["away 1", "away 2", "away 3"]
         for t in away:
@@ -365,6 +477,7 @@ def test_offline_sends_nothing_and_online_polls_at_once(
     print(f"online-to-page latency (s): {latency:.3f}")
     assert latency < 1.0, latency
     assert browser.execute_script("return window.fastpollDemo.poller.offline") is False
+    WebDriverWait(browser, 5, 0.05).until(lambda d: connection(d) == "connected")
     time.sleep(0.5)
     assert shown(browser) == ["before", *away]  # once each
     # Still polling as before: a publish now shows too.
