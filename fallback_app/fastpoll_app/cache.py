@@ -261,13 +261,19 @@ class MemcachedCache:
                 self._guards[addr] = _NodeGuard(addr)
         self._warn = RateLimitedLog(log)
 
-    def _on(self, addr: str, op: Callable[[pylibmc.Client], T]) -> T:
-        """op on this thread's client of node `addr`; CacheError at once if the node is suspect
-        and SUSPECT_IN_FLIGHT operations already wait on it. A pooled connection that a
-        restarted node closed fails its first use and libmemcached reconnects on the next, so
-        a lost connection is tried once more at once (every operation here may be repeated:
-        add and cas are conditional, a repeated delete or get changes nothing)."""
+    @contextmanager
+    def _client(self, addr: str) -> Iterator[pylibmc.Client]:
+        """This thread's client of node `addr`; CacheError at once if the node is suspect and
+        SUSPECT_IN_FLIGHT operations already wait on it."""
         with self._guards[addr].use(), self._pools[addr].reserve() as mc:
+            yield mc
+
+    def _on(self, addr: str, op: Callable[[pylibmc.Client], T]) -> T:
+        """op on node `addr`'s client (_client). A pooled connection that a restarted node
+        closed fails its first use and libmemcached reconnects on the next, so a lost
+        connection is tried once more at once (every operation here may be repeated: add and
+        cas are conditional, a repeated delete or get changes nothing)."""
+        with self._client(addr) as mc:
             try:
                 return op(mc)
             except pylibmc.ConnectionError:
