@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from fastpoll_testkit import loadgen
-from fastpoll_testkit.stack import free_port, http_status, wait_for
+from fastpoll_testkit.procs import free_port, wait_for
+from fastpoll_testkit.stack import http_status
 from loadtests import sysinfo
 
 HERE = Path(__file__).resolve().parent

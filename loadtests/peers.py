@@ -20,7 +20,8 @@ from pathlib import Path
 
 import jinja2
 
-from fastpoll_testkit.stack import free_port, http_status, wait_for  # the one stack harness
+from fastpoll_testkit.procs import free_port, wait_for
+from fastpoll_testkit.stack import http_status  # the one stack harness
 
 HERE = Path(__file__).resolve().parent
 
