@@ -55,7 +55,13 @@ def test_cache_stopped_then_back(outage_client: TestClient, own_server: tuple[st
     assert fp.store.outbox_backlog() == 1
 
     srv.start()  # same port, empty cache
-    wait_for("the repair to succeed", lambda: fp.repair_pending() == 0, timeout=20, interval=0.1)
+    wait_for(
+        "the repair to succeed",
+        lambda: fp.repair_pending() == 0,
+        timeout=20,
+        interval=0.1,
+        retry_on=(),
+    )
     assert fp._fill.get(KEY) == fp.store.poll_answer(9)
     assert b"while down" in fp._fill.get(KEY)
 
@@ -64,7 +70,7 @@ def test_cache_stopped_then_back(outage_client: TestClient, own_server: tuple[st
         assert c.get("/Poll/getMessages?user_id=10").status_code == 200
         return fp._fill.get(b"/Poll/getMessages?user_id=10") == b""
 
-    wait_for("fills to resume", filled, timeout=20, interval=0.1)
+    wait_for("fills to resume", filled, timeout=20, interval=0.1, retry_on=())
 
 
 def test_hung_cache_publish_is_repaired(
@@ -84,7 +90,13 @@ def test_hung_cache_publish_is_repaired(
         assert c.get("/Poll/getMessages?user_id=9").status_code == 200
     finally:
         srv.thaw()
-    wait_for("the repair to succeed", lambda: fp.repair_pending() == 0, timeout=20, interval=0.1)
+    wait_for(
+        "the repair to succeed",
+        lambda: fp.repair_pending() == 0,
+        timeout=20,
+        interval=0.1,
+        retry_on=(),
+    )
     assert b"during hang" in fp._fill.get(KEY)
 
 

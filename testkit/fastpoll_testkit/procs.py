@@ -130,15 +130,17 @@ def wait_for(
     proc: subprocess.Popen[bytes] | None = None,
     logs: list[Path] | None = None,
     interval: float = 0.05,
+    retry_on: tuple[type[BaseException], ...] | None = None,
 ) -> float:
     """Call check() every `interval` s until it returns something true; the seconds that took.
-    A refused connection (OSError, httpx.TransportError) counts as not yet. Raises RuntimeError
+    An exception of retry_on counts as not yet (default: a refused connection, OSError or
+    httpx.TransportError; () for none: a check that raises fails at once). Raises RuntimeError
     naming `what` after timeout s, or at once when proc exits meanwhile (with the tail of the
     first of logs that has any)."""
     t0 = time.monotonic()
     deadline = t0 + timeout
     last: BaseException | None = None
-    refusals = _refusals()
+    refusals = _refusals() if retry_on is None else retry_on
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(
@@ -176,10 +178,12 @@ def wait_port(
 
 class Server:
     """A server process this test started: start() spawns argv and waits until ready() holds
-    (default: until port accepts connections; neither: no wait), and may be called again after
+    (default: until port accepts connections; neither: no wait; an early exit shows the tail of
+    the first of logs with anything in it, default [log]), and may be called again after
     stop() (the same argv: the same port). stop() signals the pid (SIGCONT first: a frozen
     process would not take the signal), stop_signal (SIGTERM) then SIGKILL after stop_timeout,
-    and returns the exit status. Never by name. Output goes to log (appended), else nowhere."""
+    and returns the exit status. Never by name. Its stdout and stderr go to log (appended; with
+    stdout=False only its stderr), else nowhere."""
 
     def __init__(
         self,
@@ -190,17 +194,21 @@ class Server:
         log: Path | None = None,
         ready: Callable[[], object] | None = None,
         timeout: float = 10.0,
+        logs: list[Path] | None = None,
         stop_signal: int = signal.SIGTERM,
         stop_timeout: float = 10.0,
         env: dict[str, str] | None = None,
         cwd: str | Path | None = None,
         user: str | None = None,
         new_session: bool = False,
+        stdout: bool = True,
     ) -> None:
         self.name, self.argv, self.port, self.log = name, argv, port, log
         self.ready, self.timeout = ready, timeout
+        self.logs = logs if logs is not None else [log] if log is not None else []
         self.stop_signal, self.stop_timeout = stop_signal, stop_timeout
         self.env, self.cwd, self.user, self.new_session = env, cwd, user, new_session
+        self.stdout = stdout
         self._popen: subprocess.Popen[bytes] | None = None
 
     @property
@@ -235,8 +243,8 @@ class Server:
         return subprocess.Popen(
             self.argv,
             stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
+            stdout=out if self.stdout else subprocess.DEVNULL,
+            stderr=out,
             env=self.env,
             cwd=self.cwd,
             user=self.user,
@@ -245,16 +253,20 @@ class Server:
 
     def wait_ready(self) -> float:
         """Seconds until it was ready (see the class)."""
-        logs = [self.log] if self.log else None
         if self.ready is not None:
-            return wait_for(self.name, self.ready, self.timeout, proc=self.popen, logs=logs)
+            return wait_for(self.name, self.ready, self.timeout, proc=self.popen, logs=self.logs)
         if self.port:
             return wait_port(self.port, self.popen, self.timeout, self.name)
         return 0.0
 
     def start(self) -> Server:
+        """Spawn and wait until ready; one that never gets ready is stopped before the error."""
         self.spawn()
-        self.wait_ready()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def freeze(self) -> None:
