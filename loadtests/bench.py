@@ -45,7 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from fastpoll_testkit import loadgen
-from fastpoll_testkit.stack import free_port
+from fastpoll_testkit.procs import free_port
 from loadtests import front_cost, peers, preload, stackctl, sysinfo
 from loadtests.derive import Row, derive
 from loadtests.perf import perf_profile, perf_start, perf_stop

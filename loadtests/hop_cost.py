@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 from fastpoll_testkit import loadgen
-from fastpoll_testkit.stack import free_port, http_status, wait_for
+from fastpoll_testkit.procs import Server, free_port
+from fastpoll_testkit.stack import http_status
 from loadtests import sysinfo
 
 HERE = Path(__file__).resolve().parent
@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 WORK = HERE.parent / "run" / "hop_cost"
 
 
-def start(name: str, body: str, port: int) -> subprocess.Popen:
+def start(name: str, body: str, port: int) -> Server:
     d = WORK / name
     for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (d / "tmp" / sub).mkdir(parents=True, exist_ok=True)
@@ -48,13 +48,16 @@ http {{
 {body}
 }}
 """)
-    p = subprocess.Popen(
+    return Server(
+        name,
         ["nginx", "-p", str(d), "-c", str(d / "nginx.conf"), "-g", "daemon off;"],
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    wait_for(name, lambda: http_status(f"http://127.0.0.1:{port}/healthz") == 200, proc=p)
-    return p
+        port,
+        log=d / "nginx.out",
+        ready=lambda: http_status(f"http://127.0.0.1:{port}/healthz") == 200,
+        timeout=30,
+        stop_signal=signal.SIGQUIT,  # graceful: workers finish, then exit
+        new_session=True,
+    ).start()
 
 
 def proxied_run(
@@ -92,7 +95,7 @@ def measure(seconds: float = 4.0, rounds: int = 2, conns: int = 50) -> list[dict
     back_port, tcp_port, unix_port = free_port(), free_port(), free_port()
     body47 = "x" * 47
     proxy = 'proxy_http_version 1.1; proxy_set_header Connection "";'
-    procs: list[subprocess.Popen] = []
+    procs: list[Server] = []
     rows: list[dict[str, object]] = []
     try:
         back = start(
@@ -123,13 +126,7 @@ def measure(seconds: float = 4.0, rounds: int = 2, conns: int = 50) -> list[dict
                 rows.append({"hop": label, "round": rnd, **run})
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGQUIT)
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            p.stop()
     return rows
 
 

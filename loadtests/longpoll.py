@@ -55,7 +55,8 @@ from pathlib import Path
 from typing import Any
 
 from fastpoll_testkit import loadgen
-from fastpoll_testkit.stack import Stack, free_port  # the one stack harness
+from fastpoll_testkit.procs import free_port
+from fastpoll_testkit.stack import Stack  # the one stack harness
 from loadtests import preload, sysinfo
 from loadtests.longpoll_client import HoldRun, quantile_ms
 from loadtests.longpoll_nchan import NchanPeer

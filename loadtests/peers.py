@@ -20,7 +20,8 @@ from pathlib import Path
 
 import jinja2
 
-from fastpoll_testkit.stack import free_port, http_status, wait_for  # the one stack harness
+from fastpoll_testkit.procs import Server, free_port
+from fastpoll_testkit.stack import http_status  # the one stack harness
 
 HERE = Path(__file__).resolve().parent
 
@@ -34,7 +35,7 @@ class Peer:
     tuning: dict[str, object]  # worker_processes, worker_connections, ... (same as the stack's)
     params: dict[str, object] = field(default_factory=dict)  # body / memcached / keepalive
     port: int = 0
-    popen: subprocess.Popen | None = None
+    server: Server | None = None
 
     @property
     def base_url(self) -> str:
@@ -42,7 +43,7 @@ class Peer:
 
     @property
     def pid(self) -> int:
-        return self.popen.pid if self.popen else 0
+        return self.server.pid if self.server else 0
 
     def render(self) -> Path:
         self.port = self.port or free_port()
@@ -69,36 +70,23 @@ class Peer:
         )
         if check.returncode != 0:
             raise RuntimeError(f"peer {self.name}: nginx -t failed:\n{check.stderr}")
-        log = (self.run_dir / "nginx.out").open("ab")
-        self.popen = subprocess.Popen(
+        # Stopped by our pid (Server.start stops it too when it never answers).
+        self.server = Server(
+            f"peer {self.name}",
             ["nginx", "-p", str(self.run_dir), "-c", str(conf), "-g", "daemon off;"],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            self.port,
+            log=self.run_dir / "nginx.out",
+            ready=lambda: http_status(f"{self.base_url}/healthz") == 200,
+            timeout=30,
+            stop_signal=signal.SIGQUIT,  # graceful: workers finish, then exit
+            new_session=True,
         )
-        log.close()
-        try:
-            wait_for(
-                f"peer {self.name}",
-                lambda: http_status(f"{self.base_url}/healthz") == 200,
-                proc=self.popen,
-            )
-        except BaseException:
-            self.stop()
-            raise
+        self.server.start()
 
     def stop(self) -> None:
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGQUIT)  # graceful: workers finish, then exit
-            try:
-                self.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        self.popen = None
+        if self.server is not None:
+            self.server.stop()
+        self.server = None
 
 
 @dataclass
@@ -112,7 +100,7 @@ class AppPeer:
     stack_ini: Path
     workers: int = 2
     port: int = 0
-    popen: subprocess.Popen | None = None
+    server: Server | None = None
 
     @property
     def base_url(self) -> str:
@@ -120,7 +108,7 @@ class AppPeer:
 
     @property
     def pid(self) -> int:
-        return self.popen.pid if self.popen else 0
+        return self.server.pid if self.server else 0
 
     def start(self) -> None:
         import configparser
@@ -134,46 +122,21 @@ class AppPeer:
         with conf.open("w") as f:
             ini.write(f)
         python = HERE.parent / ".venv" / "bin" / "python"
-        log = (self.run_dir / "app.log").open("ab")
-        self.popen = subprocess.Popen(
-            [
-                str(python),
-                "-m",
-                "fastpoll_app",
-                "--config",
-                str(conf),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--workers",
-                str(self.workers),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        argv = [str(python), "-m", "fastpoll_app", "--config", str(conf), "--host", "127.0.0.1",
+                "--port", str(self.port), "--workers", str(self.workers)]  # fmt: skip
+        self.server = Server(
+            "app peer",
+            argv,
+            self.port,
+            log=self.run_dir / "app.log",
+            ready=lambda: http_status(f"{self.base_url}/healthz") == 200,
+            timeout=60,
+            stop_timeout=15,  # SIGTERM: uvicorn stops its workers, then exits
+            new_session=True,
         )
-        log.close()
-        try:
-            wait_for(
-                "app peer",
-                lambda: http_status(f"{self.base_url}/healthz") == 200,
-                timeout=60,
-                proc=self.popen,
-            )
-        except BaseException:
-            self.stop()
-            raise
+        self.server.start()
 
     def stop(self) -> None:
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)  # uvicorn stops its workers, then exits
-            try:
-                self.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        self.popen = None
+        if self.server is not None:
+            self.server.stop()
+        self.server = None

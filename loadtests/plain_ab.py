@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from fastpoll_testkit import loadgen
-from fastpoll_testkit.stack import Stack, free_port
+from fastpoll_testkit.procs import free_port
+from fastpoll_testkit.stack import Stack
 from loadtests import peers, preload, sysinfo
 from loadtests.longpoll import tree
 from loadtests.plans import TUNING

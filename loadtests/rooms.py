@@ -70,7 +70,8 @@ from typing import Any
 
 import httpx
 
-from fastpoll_testkit.stack import POLL_SERVER, Stack, free_port
+from fastpoll_testkit.procs import free_port
+from fastpoll_testkit.stack import POLL_SERVER, Stack
 from loadtests import preload, sysinfo
 from loadtests.longpoll import metric_sum, nchan_subscribers, pss_kb, tree
 from loadtests.longpoll_client import Deliveries, HoldRun, quantile_ms

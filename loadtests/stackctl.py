@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastpoll_testkit.stack import Stack, free_port, poller_servers  # the one stack harness
+from fastpoll_testkit.procs import free_port
+from fastpoll_testkit.stack import Stack, poller_servers  # the one stack harness
 from fastpoll_testkit.stack import memcached_stats as node_stats
 from loadtests import preload
 

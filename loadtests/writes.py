@@ -30,7 +30,8 @@ from typing import Any
 
 import httpx
 
-from fastpoll_testkit.stack import Stack, free_port
+from fastpoll_testkit.procs import free_port
+from fastpoll_testkit.stack import Stack
 from loadtests import sysinfo
 from loadtests.longpoll import tree
 

@@ -43,7 +43,8 @@ from fastpoll_testkit.monitoring import (
     render_template,
     scrape_when_up,
 )
-from fastpoll_testkit.stack import ROOT, Stack, free_port, wait_for
+from fastpoll_testkit.procs import free_port, wait_for
+from fastpoll_testkit.stack import ROOT, Stack
 
 RULES = ROOT / "monitoring" / "rules" / "fastpoll.rules.yml"
 MEMCACHED_STATS = ROOT / "monitoring" / "textfile" / "memcached_stats.py"

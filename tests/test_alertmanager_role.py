@@ -24,7 +24,8 @@ import pytest
 import yaml
 
 from fastpoll_testkit.monitoring import Running, binary, render_template, scrape_when_up
-from fastpoll_testkit.stack import ROOT, free_port, wait_for
+from fastpoll_testkit.procs import free_port, wait_for
+from fastpoll_testkit.stack import ROOT
 
 ROLE = ROOT / "ansible" / "roles" / "alertmanager"
 ANSIBLE_PLAYBOOK = ROOT / ".venv" / "bin" / "ansible-playbook"

@@ -9,23 +9,14 @@ import signal
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from fastpoll_testkit.helpers import Cache, http_client, new_uid, poll_key
-from fastpoll_testkit.procs import freeze
+from fastpoll_testkit.procs import freeze, wait_for
 from fastpoll_testkit.stack import Stack, memcached_ask
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout:.0f}s: {what}")
 
 
 def node_of(stack: Stack, key: str) -> int:
@@ -118,7 +109,12 @@ def test_outbox_survives_an_app_restart(tier_stack: Stack) -> None:
         stack.stop_proc("app")
         stack.start_app(0)
         # The new process knows from the database alone that the key needs a write.
-        eventually(lambda: backlog(stack) >= 1, "the restarted app sees the outbox row")
+        wait_for(
+            "the restarted app sees the outbox row",
+            lambda: backlog(stack) >= 1,
+            timeout=30,
+            interval=0.2, retry_on=(),
+        )
     finally:
         os.kill(stack.procs[node].pid, signal.SIGCONT)  # the cache is back, still stale
 
@@ -127,8 +123,20 @@ def test_outbox_survives_an_app_restart(tier_stack: Stack) -> None:
             r = c.get(f"/Poll/getMessages?user_id={uid}")
         return r.headers.get("x-poll-source") == "cache" and b"while hung" in r.content
 
-    eventually(shows_it, "the poll shows the message from the cache")
-    eventually(lambda: backlog(stack) == 0, "the outbox drained")
+    wait_for(
+        "the poll shows the message from the cache",
+        shows_it,
+        timeout=30,
+        interval=0.2,
+        retry_on=(),
+    )
+    wait_for(
+        "the outbox drained",
+        lambda: backlog(stack) == 0,
+        timeout=30,
+        interval=0.2,
+        retry_on=(),
+    )
 
 
 def test_hung_node_does_not_slow_publishes_to_other_nodes(tier_stack: Stack) -> None:
@@ -190,4 +198,10 @@ def test_hung_node_does_not_slow_publishes_to_other_nodes(tier_stack: Stack) -> 
     assert stalled and statistics.median(stalled) >= 0.2  # they did wait for the cache
     # Before the fix every publish on the host queued behind the hung node's 1 s timeouts.
     assert med_during < 0.1 and max(during) < 0.9, [round(t * 1000) for t in during]
-    eventually(lambda: backlog(stack) == 0, "the hung node's keys repaired")
+    wait_for(
+        "the hung node's keys repaired",
+        lambda: backlog(stack) == 0,
+        timeout=30,
+        interval=0.2,
+        retry_on=(),
+    )

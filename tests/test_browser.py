@@ -35,7 +35,8 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
 from fastpoll_testkit.helpers import start_stack
-from fastpoll_testkit.stack import Stack, free_port
+from fastpoll_testkit.procs import free_port
+from fastpoll_testkit.stack import Stack
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 INTERVAL_MS = 100

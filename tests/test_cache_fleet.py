@@ -4,7 +4,6 @@ it."""
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import httpx
 import pytest
 
 from fastpoll_testkit.helpers import Cache, http_client, new_uid, poll_key, start_stack
+from fastpoll_testkit.procs import wait_for
 from fastpoll_testkit.stack import Stack, memcached_stats
 
 
@@ -25,16 +25,6 @@ def own_stack(
     )
     yield s
     s.stop()
-
-
-def eventually(check, what: str, timeout: float = 20.0) -> None:
-    """Wait for a recovery that involves a reconnect; the bound is generous, nothing is timed."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout:.0f}s: {what}")
 
 
 @pytest.mark.parametrize("stack", ["memcached"], indirect=True)
@@ -95,7 +85,13 @@ def test_cache_down_everything_falls_back_then_hits_resume(own_stack: Stack) -> 
             assert r.status_code == 200
             return r.headers["x-poll-source"] == "cache"
 
-        eventually(hit, "hits resume after the cache came back")
+        wait_for(
+            "hits resume after the cache came back",
+            hit,
+            timeout=20,
+            interval=0.1,
+            retry_on=(),
+        )
         assert cache.get(poll_key(uid)) is not None
 
 

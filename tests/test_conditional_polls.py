@@ -26,7 +26,8 @@ import xxhash
 
 from fastpoll_testkit.helpers import Cache, http_client, new_uid, poll_key, start_stack
 from fastpoll_testkit.helpers import poller_metric as metric
-from fastpoll_testkit.stack import Stack, free_port
+from fastpoll_testkit.procs import free_port
+from fastpoll_testkit.stack import Stack
 
 
 @pytest.fixture(scope="module")

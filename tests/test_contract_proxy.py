@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from fastpoll_testkit.contract.proxy import FaultProxy, classify_memcached, classify_redis
-from fastpoll_testkit.stack import free_port
+from fastpoll_testkit.procs import free_port
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from fastpoll_testkit.helpers import (
     prime,
 )
 from fastpoll_testkit.loadgen import KeepAliveClients, Load, LoadResult
-from fastpoll_testkit.procs import freeze
+from fastpoll_testkit.procs import freeze, wait_for
 from fastpoll_testkit.stack import Stack, memcached_ask
 
 MakeStack = Callable[..., Stack]
@@ -69,20 +69,6 @@ def _signal(stack: Stack, name: str, sig: int) -> None:
                 os.kill(proc.pid, sig)
         except ProcessLookupError:
             pass
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    """Wait for a recovery (a reconnect, a fail_timeout); the bound is generous, not timed."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout:.0f}s: {what}")
-
-
-
-
 
 
 def requests_served(stack: Stack, i: int) -> int:
@@ -216,7 +202,13 @@ def test_cache_stopped_under_load_falls_back_then_hits_resume(
         assert_no_failures(after, "after the cache came back")
         return after.sources.get("cache", 0) > 0.9 * after.requests
 
-    eventually(hits_resumed, f"hits resume after {backend} came back")
+    wait_for(
+        f"hits resume after {backend} came back",
+        hits_resumed,
+        timeout=20,
+        interval=0.1,
+        retry_on=(),
+    )
     now = {n: p.pid for n, p in stack.procs.items() if n.startswith("poller")}
     assert now == pollers, "a poll server was restarted"
 
@@ -292,8 +284,11 @@ def test_hung_memcached_node_delays_only_its_keys(make_stack: MakeStack) -> None
                 c.get(urls[u]).headers.get("x-poll-source") == "cache" for u in hung
             )
 
-    eventually(
-        from_cache_again, "the hung node's keys come from the cache after SIGCONT"
+    wait_for(
+        "the hung node's keys come from the cache after SIGCONT",
+        from_cache_again,
+        timeout=20,
+        interval=0.1, retry_on=(),
     )
 
 
@@ -330,8 +325,11 @@ def test_nginx_reload_with_config_change_under_load(make_stack: MakeStack) -> No
         with http_client(stack, sign=False) as c:
             return c.post(urls[0], content=body).status_code == 413
 
-    eventually(
-        new_config_live, "the reloaded config (32k bodies) is in force", timeout=10
+    wait_for(
+        "the reloaded config (32k bodies) is in force",
+        new_config_live,
+        timeout=10,
+        interval=0.1, retry_on=(),
     )
 
 
@@ -604,8 +602,11 @@ def test_soak_one_million_requests_memory_and_fds_flat(make_stack: MakeStack) ->
     assert peak - rss_warm < SOAK_RSS_GROWTH_KIB, (rss_warm, peak, samples[-10:])
 
     # wrk has closed its connections; the server closes its side as it reads the EOFs.
-    eventually(
-        lambda: open_fds(pid) == fds_before, f"fds back to {fds_before}", timeout=10
+    wait_for(
+        f"fds back to {fds_before}",
+        lambda: open_fds(pid) == fds_before,
+        timeout=10,
+        interval=0.1, retry_on=(),
     )
     with http_client(stack, port) as c:  # and it still answers
         assert c.get(f"/getMessages?user_id={hits[0]}").status_code == 200

@@ -30,7 +30,8 @@ import redis
 
 from fastpoll_testkit.contract.proxy import FaultProxy, classify_memcached, classify_redis
 from fastpoll_testkit.helpers import Cache, new_uid, poll_key, poller_metric
-from fastpoll_testkit.stack import Stack, free_port
+from fastpoll_testkit.procs import free_port
+from fastpoll_testkit.stack import Stack
 
 TIMEOUT_MS = 200  # [cache] timeout_ms
 DELAY_S = 0.4  # the cache's answers while the fault lasts: past the timeout

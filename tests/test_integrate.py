@@ -21,7 +21,8 @@ import jinja2
 import pytest
 import yaml
 
-from fastpoll_testkit.stack import Stack, free_port, wait_for
+from fastpoll_testkit.procs import Server, free_port, wait_for
+from fastpoll_testkit.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "integrate.md"
@@ -130,22 +131,21 @@ class Site:
             f"http {{\n    include /etc/nginx/mime.types;\n    access_log off;\n{temps}"
             f"    include {self.dir}/example.conf;\n}}\n"
         )
-        self.log = open(self.dir / "nginx.log", "wb")  # noqa: SIM115 -- closed by stop()
         argv = ["nginx", "-p", str(self.dir), "-c", str(self.conf), "-g", "daemon off;"]
         check = subprocess.run([*argv[:5], "-t", "-q"], capture_output=True, text=True)
         assert check.returncode == 0, check.stderr
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
-        wait_for(
+        self.nginx = Server(
             "the example site",
-            lambda: request(self.port, "GET", "/")[0] == 200,
-            proc=self.proc,
+            argv,
+            self.port,
+            log=self.dir / "nginx.log",
+            ready=lambda: request(self.port, "GET", "/")[0] == 200,
+            timeout=30,
             logs=[self.dir / "error.log", self.dir / "nginx.log"],
-        )
+        ).start()
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-        self.log.close()
+        self.nginx.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

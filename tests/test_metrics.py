@@ -18,14 +18,8 @@ import httpx
 import pytest
 
 from fastpoll_testkit.helpers import Cache, http_client, new_uid, poll_key
-from fastpoll_testkit.procs import freeze
-from fastpoll_testkit.stack import (
-    POLL_SERVER,
-    Stack,
-    free_port,
-    http_status,
-    wait_for,
-)
+from fastpoll_testkit.procs import Server, free_port, freeze, wait_for
+from fastpoll_testkit.stack import POLL_SERVER, Stack, http_status
 from fastpoll_testkit.status import parse_metrics, parse_stub_status, total
 
 Metrics = dict[str, list[tuple[dict[str, str], float]]]
@@ -68,17 +62,20 @@ class Poller:
         self.port, self.admin_port = free_port(), free_port()
         argv = [str(stack.poll_server), "-c", str(ini), "-p", str(self.port)]
         argv += ["--admin-port", str(self.admin_port)]
-        self.log = open(tmp / "unsigned-poller.log", "ab")  # noqa: SIM115 -- the child's
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{self.admin_port}/healthz"
-        wait_for("poller", lambda: http_status(url) == 200, proc=self.proc)
+        self.proc = Server(
+            "poller",
+            argv,
+            self.port,
+            log=tmp / "unsigned-poller.log",
+            ready=lambda: http_status(url) == 200,
+            timeout=30,
+        ).start()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)  # in case a test left it stopped
-            self.proc.terminate()
-            assert self.proc.wait(10) == 0
-        self.log.close()
+        if self.proc.running:
+            # SIGCONT first (in case a test left it stopped), then SIGTERM: a clean exit
+            assert self.proc.stop() == 0
 
 
 @pytest.fixture(scope="module")

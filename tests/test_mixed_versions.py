@@ -25,7 +25,8 @@ import pytest
 
 from fastpoll_app import channels, keys
 from fastpoll_app.store import ORDERS_REFRESH_S
-from fastpoll_testkit.stack import ROOT, VENV_PYTHON, Stack, memcached_ask, wait_for
+from fastpoll_testkit.procs import wait_for
+from fastpoll_testkit.stack import ROOT, VENV_PYTHON, Stack, memcached_ask
 
 # The last release before each schema change: its app must stay correct beside the newest.
 RELEASES = {

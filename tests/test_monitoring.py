@@ -39,7 +39,8 @@ from fastpoll_testkit.monitoring import (
     sample,
     scrape_when_up,
 )
-from fastpoll_testkit.stack import ROOT, Stack, free_port, wait_for
+from fastpoll_testkit.procs import free_port, wait_for
+from fastpoll_testkit.stack import ROOT, Stack
 
 MON = ROOT / "monitoring"
 RULES = MON / "rules" / "fastpoll.rules.yml"

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fastpoll_testkit.stack import ROOT, free_port, wait_for
+from fastpoll_testkit.procs import Server, free_port, redis_argv, wait_for
+from fastpoll_testkit.stack import ROOT
 
 ROLE = ROOT / "ansible" / "roles" / "redis"
 ANSIBLE_PLAYBOOK = ROOT / ".venv" / "bin" / "ansible-playbook"
@@ -110,28 +111,17 @@ class Redis:
     def __init__(self, tmp: Path, name: str) -> None:
         self.name, self.port, self.dir = name, free_port(), tmp / name
         self.dir.mkdir()
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--dir",
-                str(self.dir),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--requirepass",
-                PASSWORD,
-                "--masterauth",
-                PASSWORD,
-            ],
-            stdout=(tmp / f"{name}.log").open("wb"),
-            stderr=subprocess.STDOUT,
+        argv = redis_argv(
+            self.port, "--requirepass", PASSWORD, "--masterauth", PASSWORD, dir=self.dir
         )
-        wait_for(f"redis {name}", lambda: self.cli("PING") == "PONG", proc=self.proc)
+        self.server = Server(
+            f"redis {name}",
+            argv,
+            self.port,
+            log=tmp / f"{name}.log",
+            ready=lambda: self.cli("PING") == "PONG",
+            timeout=30,
+        ).start()
 
     def cli(self, *args: str) -> str:
         run = subprocess.run(
@@ -144,8 +134,7 @@ class Redis:
         return run.stdout.strip()
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
+        self.server.stop()
 
 
 @pytest.fixture

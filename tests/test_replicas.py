@@ -26,8 +26,8 @@ import pytest
 from fastpoll_app.cache import MemcachedCache, Placement
 from fastpoll_testkit.helpers import http_client, new_uid, poll_key
 from fastpoll_testkit.loadgen import Load, LoadResult
-from fastpoll_testkit.procs import freeze
-from fastpoll_testkit.stack import Stack, free_port, memcached_ask
+from fastpoll_testkit.procs import free_port, freeze, wait_for
+from fastpoll_testkit.stack import Stack, memcached_ask
 
 MakeStack = Callable[..., Stack]
 
@@ -109,16 +109,6 @@ def metric(stack: Stack, i: int, name: str, server: str) -> float:
     raise AssertionError(f"no {name} for {server}")
 
 
-def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> float:
-    """Seconds until check() held; fails after `timeout`."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if check():
-            return time.monotonic() - t0
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout:.0f}s: {what}")
-
-
 def newest_id(body: bytes) -> int:
     return int(json.loads(body)["newest"]["id"]) if body else 0
 
@@ -172,8 +162,10 @@ def test_kill9_node_under_load_its_keys_come_from_the_replica(
                 c.get(urls[u]).headers.get("x-poll-source") == "cache" for u in lost
             )
 
-    took = eventually(
-        lost_keys_from_cache, "the killed node's keys served from the cache"
+    took = wait_for(
+        "the killed node's keys served from the cache",
+        lost_keys_from_cache,
+        timeout=10, retry_on=(),
     )
     r = load.result()
     assert_no_failures(r, "kill -9 of a memcached node")
@@ -336,12 +328,13 @@ def test_recovery_window_reads_the_replica_then_the_primary(
         finally:
             one.close()
         node = servers(stack)[0]
-        eventually(
+        wait_for(
+            "the poller notices the node is back",
             lambda: (
                 metric(stack, 0, "fastpoll_backend_recovering", node) == 1
                 or direct.get(f"/getMessages?user_id={u}").content == marker
             ),
-            "the poller notices the node is back",
+            timeout=10, retry_on=(),
         )
         back = time.monotonic()
         during: list[bytes] = []

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,10 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fastpoll_testkit.stack import (
-    POLL_SERVER,
-    wait_for,
-)
+from fastpoll_testkit.procs import wait_for
+from fastpoll_testkit.scripted import CLOSE, ScriptedServer
+from fastpoll_testkit.stack import POLL_SERVER
 from fastpoll_testkit.standalone import Poller, Procs, key, own_procs, redis_cmd
 
 
@@ -38,15 +36,6 @@ def mc_set(port: int, k: str, value: bytes) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(f"set {k} 0 0 {len(value)}\r\n".encode() + value + b"\r\n")
         assert s.recv(100).startswith(b"STORED")
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout:.0f}s: {what}")
 
 
 # ---- a value over the poll server's limit ------------------------------------------------
@@ -74,74 +63,12 @@ def test_oversized_value_fails_alone_node_stays_up(procs: Procs) -> None:
     assert log.count("over the 1048576 byte limit") == 1, log  # rate-limited
 
 
-CLOSE = b"\0close"
-
-
-class FakeServer:
-    """A scripted server on a free loopback port: `answer(line)` gives the bytes to write back
-    for each line received (None: close the connection; ending with CLOSE: write, then close).
-    Counts the connections it accepted."""
-
-    def __init__(self, answer: Callable[[bytes], bytes | None]) -> None:
-        self.answer = answer
-        self.srv = socket.socket()
-        self.srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.srv.bind(("127.0.0.1", 0))
-        self.srv.listen(64)
-        self.srv.settimeout(0.2)
-        self.port = self.srv.getsockname()[1]
-        self.accepted = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.srv.accept()
-            except TimeoutError:
-                continue
-            self.accepted += 1
-            threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
-
-    def _conn(self, conn: socket.socket) -> None:
-        buf = b""
-        with conn:
-            conn.settimeout(0.2)
-            while not self.stop.is_set():
-                try:
-                    data = conn.recv(4096)
-                except TimeoutError:
-                    continue
-                except OSError:
-                    return
-                if not data:
-                    return
-                buf += data
-                while b"\r\n" in buf:
-                    line, buf = buf.split(b"\r\n", 1)
-                    out = self.answer(line)
-                    try:
-                        if out is None:
-                            return
-                        conn.sendall(out.removesuffix(CLOSE))
-                        if out.endswith(CLOSE):
-                            return
-                    except OSError:
-                        return
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(2)
-        self.srv.close()
-
-
 @pytest.fixture()
-def fake() -> Iterator[Callable[[Callable[[bytes], bytes | None]], FakeServer]]:
-    servers: list[FakeServer] = []
+def fake() -> Iterator[Callable[[Callable[[bytes], bytes | None]], ScriptedServer]]:
+    servers: list[ScriptedServer] = []
 
-    def make(answer: Callable[[bytes], bytes | None]) -> FakeServer:
-        servers.append(FakeServer(answer))
+    def make(answer: Callable[[bytes], bytes | None]) -> ScriptedServer:
+        servers.append(ScriptedServer(answer))
         return servers[-1]
 
     yield make
@@ -162,14 +89,14 @@ def memcached_script(line: bytes) -> bytes:
 
 
 def test_client_error_fails_alone_garbage_backs_off(
-    procs: Procs, fake: Callable[[Callable[[bytes], bytes | None]], FakeServer]
+    procs: Procs, fake: Callable[[Callable[[bytes], bytes | None]], ScriptedServer]
 ) -> None:
     """A fake memcached that answers CLIENT_ERROR to one key, a hit to another, and garbage to a
     third: CLIENT_ERROR fails its request alone (the connection stays); garbage drops the
     connection and the poll server reconnects after a backoff, not in a loop."""
     srv = fake(memcached_script)
     p = procs.poller({"memcached": {"servers": f"127.0.0.1:{srv.port}"}})
-    eventually(lambda: srv.accepted >= 1, "the poll server connects")
+    wait_for("the poll server connects", lambda: srv.accepted >= 1, timeout=10, retry_on=())
     with httpx.Client(base_url=f"http://127.0.0.1:{p.port}", timeout=5) as c:
         for _ in range(10):
             assert c.get("/getMessages?user_id=1").status_code == 503
@@ -221,7 +148,12 @@ def test_emfile_pauses_accepting_then_service_resumes(procs: Procs) -> None:
             s.close()
     # Descriptors free again: the backlog's connections are accepted (and closed by their
     # clients), new requests and scrapes are answered.
-    eventually(lambda: p.status(7, timeout=2) == 200, "serving again after EMFILE")
+    wait_for(
+        "serving again after EMFILE",
+        lambda: p.status(7, timeout=2) == 200,
+        timeout=10,
+        retry_on=(),
+    )
     assert p.get(7).content == b"seven"
     assert p.metric('fastpoll_accept_errors_total{reason="emfile"}') >= 1
     lines = p.log().splitlines()
@@ -262,8 +194,10 @@ def test_open_connections_counts_unix_socket_clients(
     finally:
         for s in clients:
             s.close()
-    eventually(
-        lambda: p.metric("fastpoll_open_connections") == base, "the closes are counted"
+    wait_for(
+        "the closes are counted",
+        lambda: p.metric("fastpoll_open_connections") == base,
+        timeout=10, retry_on=(),
     )
 
 
@@ -277,13 +211,20 @@ def test_sighup_reopens_the_log_file(procs: Procs, tmp_path: Path) -> None:
     p = procs.poller(
         {"memcached": {"servers": f"127.0.0.1:{mc}"}, "log": {"file": str(log)}}
     )
-    eventually(
-        lambda: log.exists() and "listening on" in log.read_text(), "logs to the file"
+    wait_for(
+        "logs to the file",
+        lambda: log.exists() and "listening on" in log.read_text(),
+        timeout=10, retry_on=(),
     )
     rotated = tmp_path / "poller.log.1"
     log.rename(rotated)  # as logrotate does
     os.kill(p.proc.popen.pid, signal.SIGHUP)
-    eventually(lambda: log.exists() and "reopened" in log.read_text(), "a new log file")
+    wait_for(
+        "a new log file",
+        lambda: log.exists() and "reopened" in log.read_text(),
+        timeout=10,
+        retry_on=(),
+    )
     assert p.proc.popen.poll() is None, "SIGHUP killed the poll server"
     assert p.get(9).content == b"nine"
     assert "reopened" not in rotated.read_text()
@@ -380,7 +321,7 @@ def test_redis_select_of_a_missing_database_serves_nothing(procs: Procs) -> None
 
 
 def test_redis_error_reply_does_not_reset_the_backoff(
-    procs: Procs, fake: Callable[[Callable[[bytes], bytes | None]], FakeServer]
+    procs: Procs, fake: Callable[[Callable[[bytes], bytes | None]], ScriptedServer]
 ) -> None:
     """A Redis at its maxclients answers "-ERR max number of clients reached" and closes. That
     error reply must not count as an answer: the reconnects back off instead of following
@@ -407,7 +348,7 @@ def test_redis_error_reply_does_not_reset_the_backoff(
 
 
 def test_redis_late_reply_fails_alone_no_reconnect(
-    procs: Procs, fake: Callable[[Callable[[bytes], bytes | None]], FakeServer]
+    procs: Procs, fake: Callable[[Callable[[bytes], bytes | None]], ScriptedServer]
 ) -> None:
     """A Redis that answers every GET, in order, 40 ms after the previous one (a slow but
     answering server). 12 polls at once with a 200 ms timeout: the first ones are hits, the
@@ -474,5 +415,5 @@ def test_redis_acl_username(procs: Procs, tmp_path: Path) -> None:
             b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(k), k, len(v), v)
         )
         assert s.recv(100).startswith(b"+OK")
-    eventually(lambda: p.status(13) == 200, "served through the ACL user")
+    wait_for("served through the ACL user", lambda: p.status(13) == 200, timeout=10, retry_on=())
     assert p.get(13).content == b"acl-ok"

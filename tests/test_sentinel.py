@@ -23,7 +23,8 @@ import pytest
 
 from fastpoll_testkit.helpers import assert_no_failures, at, prime
 from fastpoll_testkit.loadgen import Load
-from fastpoll_testkit.stack import Stack, free_port, tcp_ask, wait_for
+from fastpoll_testkit.procs import free_port, wait_for
+from fastpoll_testkit.stack import Stack, tcp_ask
 from fastpoll_testkit.standalone import Procs, key, own_procs, redis_cmd
 
 MASTER = "fpmaster"

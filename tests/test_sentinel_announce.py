@@ -27,7 +27,8 @@ import pytest
 
 from fastpoll_testkit.helpers import assert_no_failures, at, new_uid, prime
 from fastpoll_testkit.loadgen import Load
-from fastpoll_testkit.stack import Stack, free_port, tcp_ask, wait_for
+from fastpoll_testkit.procs import free_port, wait_for
+from fastpoll_testkit.stack import Stack, tcp_ask
 from fastpoll_testkit.standalone import Procs, own_procs
 
 MASTER = "fpannounce"

@@ -1,4 +1,4 @@
-"""fastpoll_testkit.stack.wait_for keeps trying while the server refuses connections, whether the
+"""fastpoll_testkit.procs.wait_for keeps trying while the server refuses connections, whether the
 check reaches it with a socket (OSError) or through an httpx client (httpx.ConnectError, which
 is not an OSError): a server slow to listen on a loaded machine is not a failed start."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from fastpoll_testkit.stack import wait_for
+from fastpoll_testkit.procs import wait_for
 
 
 @pytest.mark.parametrize(

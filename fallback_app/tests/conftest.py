@@ -10,9 +10,7 @@ import secrets
 import shutil
 import signal
 import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,54 +22,10 @@ from starlette.testclient import TestClient
 
 from fastpoll_app import config
 from fastpoll_app.app import create_app
-from fastpoll_testkit.procs import freeze  # noqa: F401  (a SIGSTOP that has taken effect)
+from fastpoll_testkit.procs import Server, free_port, start_memcached, start_redis
 from fastpoll_testkit.stack import PG_BIN, Postgres  # the one harness's PostgreSQL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen[bytes], deadline: float = 10.0) -> None:
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.02)
-    raise RuntimeError(f"port {port} not ready")
-
-
-@dataclass
-class Server:
-    argv: list[str]
-    port: int
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def addr(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        wait_port(self.port, self.proc)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.proc = None
 
 
 def _need(binary: str) -> str:
@@ -83,43 +37,16 @@ def _need(binary: str) -> str:
     return path
 
 
-def start_memcached() -> Server:
-    port = free_port()
-    argv = [_need("memcached"), "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-m", "16"]
-    if os.geteuid() == 0:
-        argv += ["-u", "root"]  # memcached refuses to run as root without -u
-    srv = Server(argv, port)
-    srv.start()
-    return srv
-
-
-def start_redis(workdir: Path) -> Server:
-    port = free_port()
-    srv = Server(
-        [
-            _need("redis-server"),
-            "--bind", "127.0.0.1",
-            "--port", str(port),
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(workdir),
-        ],
-        port,
-    )  # fmt: skip
-    srv.start()
-    return srv
-
-
 @pytest.fixture(scope="session")
 def memcached_session() -> Iterator[Server]:
-    srv = start_memcached()
+    srv = start_memcached(binary=_need("memcached"))
     yield srv
     srv.stop()
 
 
 @pytest.fixture(scope="session")
 def redis_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_redis(tmp_path_factory.mktemp("redis"))
+    srv = start_redis(dir=tmp_path_factory.mktemp("redis"), binary=_need("redis-server"))
     yield srv
     srv.stop()
 
@@ -149,7 +76,13 @@ class PgServer:
     pg: Postgres
     password_file: Path
     log: Path
-    proc: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        # Stopped by a fast shutdown (SIGINT): sessions are ended, as in a restart.
+        self.server = Server(
+            "postgres", self.pg.argv(), self.pg.port, log=self.log, ready=self.pg.ready,
+            timeout=30, stop_signal=signal.SIGINT, stop_timeout=30, user=self.pg.run_as, cwd="/",
+        )  # fmt: skip
 
     @property
     def app_lines(self) -> str:
@@ -157,22 +90,11 @@ class PgServer:
 
     def start(self) -> None:
         """Start the server (again: the same data directory and port) and wait until ready."""
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.pg.argv(), user=self.pg.run_as, cwd="/", stdout=log, stderr=log
-            )
-        end = time.monotonic() + 30
-        while not self.pg.ready():
-            if self.proc.poll() is not None or time.monotonic() > end:
-                raise RuntimeError(f"postgres did not start (see {self.log})")
-            time.sleep(0.1)
+        self.server.start()
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT): sessions are ended, as in a restart."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            self.proc.wait(30)
-        self.proc = None
+        self.server.stop()
 
     def empty(self) -> None:
         import psycopg
@@ -263,31 +185,18 @@ def app_process(ini: Path, workers: int = 1, args: tuple[str, ...] = ()) -> Iter
     to `ini`."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    with open(ini.parent / "app.log", "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fastpoll_app", "-c", str(ini), "--port", str(port),
-             "--workers", str(workers), *args],
-            env=env, stdout=subprocess.DEVNULL, stderr=log,
-        )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
+    app = Server(
+        "the app",
+        [sys.executable, "-m", "fastpoll_app", "-c", str(ini), "--port", str(port),
+         "--workers", str(workers), *args],
+        port, log=ini.parent / "app.log", stdout=False, env=env, timeout=60, stop_timeout=30,
+        ready=lambda: httpx.get(base + "/healthz", timeout=1).status_code == 200,
+    )  # fmt: skip
     try:
-        end = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > end:
-                raise RuntimeError(f"the app did not come up (see {ini.parent / 'app.log'})")
-            time.sleep(0.1)
+        app.start()
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        rc = app.stop()
     # uvicorn with one worker re-raises the SIGTERM it handled once it has shut down.
-    assert proc.returncode in (0, -signal.SIGTERM), f"exit {proc.returncode} on SIGTERM (app.log)"
+    assert rc in (0, -signal.SIGTERM), f"exit {rc} on SIGTERM (app.log)"

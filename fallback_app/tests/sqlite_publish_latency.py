@@ -15,7 +15,9 @@ from pathlib import Path
 
 import httpx
 
-from .conftest import app_process, start_memcached
+from fastpoll_testkit.procs import start_memcached
+
+from .conftest import app_process
 
 
 def main(seconds: float, clients: int) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -12,7 +11,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from .conftest import Server, free_port
+from fastpoll_testkit.procs import Server, free_port
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -83,17 +82,13 @@ def test_workers_share_their_counts(memcached: Server, tmp_path: Path) -> None:
     env["TMPDIR"] = str(tmp_path)
     argv = [sys.executable, "-m", "fastpoll_app", "-c", str(ini), "--port", str(port)]
     app_dir = Path(__file__).resolve().parents[1]  # this checkout's fastpoll_app
-    proc = subprocess.Popen(
-        [*argv, "--workers", "2"], env=env, cwd=app_dir, stderr=subprocess.DEVNULL
-    )
+    healthz = f"http://127.0.0.1:{port}/healthz"
+    app = Server(
+        "the app", [*argv, "--workers", "2"], port, env=env, cwd=app_dir, timeout=60,
+        stop_timeout=30, ready=lambda: httpx.get(healthz).status_code == 200,
+    )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        app.start()
         n = 40
         for i in range(n):  # a new connection each time: both workers get some
             assert httpx.get(f"http://127.0.0.1:{port}/Poll/getMessages?user_id={i}").is_success
@@ -106,8 +101,7 @@ def test_workers_share_their_counts(memcached: Server, tmp_path: Path) -> None:
             assert s[("fastpoll_app_cache_fills_total", (("result", "stored"),))] == n
         assert list(tmp_path.glob("fastpoll-app-metrics-*"))
     finally:
-        proc.terminate()
-        proc.wait(30)
+        app.stop()
     assert not list(tmp_path.glob("fastpoll-app-metrics-*"))
 
 
@@ -115,8 +109,9 @@ def test_a_stuck_outbox_row_shows_its_age(tmp_path: Path) -> None:
     """fastpoll_app_repair_stuck_seconds: the age of a row whose repairs keep failing (the cache
     stopped under a publish), back to 0 once a repair writes it."""
     from fastpoll_app.app import create_app
+    from fastpoll_testkit.procs import start_memcached
 
-    from .conftest import make_settings, start_memcached
+    from .conftest import make_settings
 
     srv = start_memcached()
     try:

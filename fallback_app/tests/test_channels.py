@@ -15,8 +15,9 @@ from fastpoll_app import channels, config, signing
 from fastpoll_app.app import create_app
 from fastpoll_app.conditional import etag_of
 from fastpoll_app.service import FastPoll
+from fastpoll_testkit.procs import Server
 
-from .conftest import REPO_ROOT, Server, make_settings
+from .conftest import REPO_ROOT, make_settings
 
 VECTORS: dict[str, Any] = json.loads(
     (REPO_ROOT / "tests" / "vectors" / "channels.json").read_text(encoding="utf-8")
@@ -244,8 +245,7 @@ def test_memcached_put_many_pipelined_on_replicas(
     replaced by their `cas`; a key whose pipelined write lost a race is written again alone."""
     from fastpoll_app import mcpipe
     from fastpoll_app.cache import MemcachedCache
-
-    from .conftest import start_memcached
+    from fastpoll_testkit.procs import start_memcached
 
     nodes = [start_memcached() for _ in range(3)]
     try:

@@ -14,8 +14,9 @@ import httpx
 import pytest
 
 from fastpoll_app.accesslog import mask_target
+from fastpoll_testkit.procs import Server, free_port
 
-from .conftest import REPO_ROOT, Server, app_process, free_port
+from .conftest import REPO_ROOT, app_process
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -18,8 +18,9 @@ from starlette.testclient import TestClient
 from fastpoll_app import announce, conditional
 from fastpoll_app.app import create_app
 from fastpoll_app.config import ConfigError, PollSettings
+from fastpoll_testkit.procs import Server, free_port, start_memcached
 
-from .conftest import Server, make_settings, start_memcached
+from .conftest import make_settings
 
 URL = "/Poll/getMessages?user_id=42"
 CHANNEL = "fastpoll:announce"
@@ -275,19 +276,13 @@ def test_a_failed_announcement_does_not_fail_the_write(memcached: Server, tmp_pa
     finally:
         hung.close()
     # Nothing listening at all: refused at once.
-    port = _closed_port()
+    port = free_port()  # nothing listens there
     text = f"[memcached]\nservers = {memcached.addr}\n[announce]\nserver = 127.0.0.1:{port}\n"
     (tmp_path / "b").mkdir()
     with TestClient(create_app(make_settings(tmp_path / "b", text))) as c:
         failed = _announced("failed")
         assert c.post("/api/messages", json={"user_id": 5, "text": "x"}).status_code == 201
         assert _announced("failed") == failed + 1
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_repaired_write_is_announced(redis_server: Server, tmp_path: Path) -> None:

@@ -16,8 +16,7 @@ import pylibmc
 import pytest
 
 from fastpoll_app.cache import MemcachedCache
-
-from .conftest import Server, start_memcached
+from fastpoll_testkit.procs import Server, start_memcached
 
 MEMCACHED_BEHAVIOR_KETAMA = 3  # enum memcached_behavior_t, libmemcached-1.0/types/behavior.h
 

@@ -21,8 +21,9 @@ from fastpoll_app import config
 from fastpoll_app.cache import make_cache
 from fastpoll_app.service import FastPoll
 from fastpoll_app.store import OUTBOX_GRACE, open_store
+from fastpoll_testkit.procs import Server
 
-from .conftest import Server, make_settings
+from .conftest import make_settings
 from .faultproxy import HoldingProxy
 
 UID = 77

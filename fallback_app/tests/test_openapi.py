@@ -19,8 +19,9 @@ from starlette.testclient import TestClient
 
 from fastpoll_app import app as app_module
 from fastpoll_app.app import create_app
+from fastpoll_testkit.procs import Server
 
-from .conftest import Server, make_settings
+from .conftest import make_settings
 
 TOKEN = "o" * 20 + "0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"}

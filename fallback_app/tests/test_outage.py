@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,8 +10,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from fastpoll_app.app import create_app
+from fastpoll_testkit.procs import Server, start_memcached, start_redis, wait_for
 
-from .conftest import Server, freeze, make_settings, start_memcached, start_redis
+from .conftest import make_settings
 
 KEY = b"/Poll/getMessages?user_id=9"
 
@@ -22,11 +20,9 @@ KEY = b"/Poll/getMessages?user_id=9"
 @pytest.fixture(params=["memcached", "redis"])
 def own_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Server]]:
     """A cache process of this test's own, so the test may stop it."""
-    srv = start_memcached() if request.param == "memcached" else start_redis(tmp_path)
+    srv = start_memcached() if request.param == "memcached" else start_redis(dir=tmp_path)
     yield request.param, srv
-    if srv.proc is not None and srv.proc.poll() is None:
-        os.kill(srv.proc.pid, signal.SIGCONT)
-    srv.stop()
+    srv.stop()  # SIGCONT first
 
 
 @pytest.fixture
@@ -44,16 +40,6 @@ def outage_client(
         yield c
 
 
-def wait_until(cond: object, seconds: float = 20.0) -> bool:
-    """Poll a condition; a bound, not a timing assumption."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if cond():  # type: ignore[operator]
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_cache_stopped_then_back(outage_client: TestClient, own_server: tuple[str, Server]) -> None:
     c = outage_client
     fp = c.app.state.fastpoll  # type: ignore[attr-defined]
@@ -69,7 +55,13 @@ def test_cache_stopped_then_back(outage_client: TestClient, own_server: tuple[st
     assert fp.store.outbox_backlog() == 1
 
     srv.start()  # same port, empty cache
-    assert wait_until(lambda: fp.repair_pending() == 0), "repair never succeeded"
+    wait_for(
+        "the repair to succeed",
+        lambda: fp.repair_pending() == 0,
+        timeout=20,
+        interval=0.1,
+        retry_on=(),
+    )
     assert fp._fill.get(KEY) == fp.store.poll_answer(9)
     assert b"while down" in fp._fill.get(KEY)
 
@@ -78,7 +70,7 @@ def test_cache_stopped_then_back(outage_client: TestClient, own_server: tuple[st
         assert c.get("/Poll/getMessages?user_id=10").status_code == 200
         return fp._fill.get(b"/Poll/getMessages?user_id=10") == b""
 
-    assert wait_until(filled), "fills never resumed"
+    wait_for("fills to resume", filled, timeout=20, interval=0.1, retry_on=())
 
 
 def test_hung_cache_publish_is_repaired(
@@ -90,16 +82,21 @@ def test_hung_cache_publish_is_repaired(
     _, srv = own_server
     c.get("/Poll/getMessages?user_id=9")
     assert fp._fill.get(KEY) == b""
-    assert srv.proc is not None
-    freeze(srv.proc.pid)
+    srv.freeze()
     try:
         r = c.post("/api/messages", json={"user_id": 9, "text": "during hang"})
         assert r.status_code == 201
         assert r.headers["x-cache-publish"] == "pending"
         assert c.get("/Poll/getMessages?user_id=9").status_code == 200
     finally:
-        os.kill(srv.proc.pid, signal.SIGCONT)
-    assert wait_until(lambda: fp.repair_pending() == 0), "repair never succeeded"
+        srv.thaw()
+    wait_for(
+        "the repair to succeed",
+        lambda: fp.repair_pending() == 0,
+        timeout=20,
+        interval=0.1,
+        retry_on=(),
+    )
     assert b"during hang" in fp._fill.get(KEY)
 
 
@@ -131,20 +128,17 @@ def test_a_hung_node_does_not_hold_up_repairs_on_another(
             if len(users) == 2:
                 break
         for n in nodes:
-            assert n.proc is not None
-            freeze(n.proc.pid)
+            n.freeze()
         try:
             fp.publish(users[1], "on the node that stays hung")  # claimed first (older row)
             fp.publish(users[0], "on the node that comes back")
             assert fp.store.outbox_backlog() == 2
-            assert nodes[0].proc is not None
-            os.kill(nodes[0].proc.pid, signal.SIGCONT)
+            nodes[0].thaw()
             assert fp.repair_pending() == 1  # one round
             assert b"comes back" in (fp._fill.get(fp.user_key(users[0])) or b"")
         finally:
             for n in nodes:
-                if n.proc is not None:
-                    os.kill(n.proc.pid, signal.SIGCONT)
+                n.thaw()
         fp.close()
     finally:
         for n in nodes:

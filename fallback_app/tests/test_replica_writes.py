@@ -10,8 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from fastpoll_app.cache import CacheError, MemcachedCache, Placement
-
-from .conftest import Server, start_memcached
+from fastpoll_testkit.procs import Server, start_memcached
 
 
 @pytest.fixture

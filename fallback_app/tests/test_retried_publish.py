@@ -16,8 +16,9 @@ from fastpoll_app import store as store_mod
 from fastpoll_app.cache import make_cache
 from fastpoll_app.service import FastPoll
 from fastpoll_app.store import ConnectionLost, PgStore, open_store
+from fastpoll_testkit.procs import Server
 
-from .conftest import Server, make_settings
+from .conftest import make_settings
 
 
 @pytest.fixture

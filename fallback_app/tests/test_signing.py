@@ -12,8 +12,9 @@ from starlette.testclient import TestClient
 
 from fastpoll_app import config, signing
 from fastpoll_app.app import create_app
+from fastpoll_testkit.procs import Server
 
-from .conftest import Server, make_settings
+from .conftest import make_settings
 
 VECTORS = Path(__file__).resolve().parents[2] / "tests" / "vectors" / "signing.json"
 S32 = "0123456789abcdef0123456789abcdef"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fault drill for the cache backends (not part of `make test`: it measures
+"""Fault drill for the cache backends (`make check`, not `make test`: it measures
 time and stops servers). Starts its own memcached/redis on free loopback
 ports, drives build/cache_driver through stdin/stdout, kills only its pids.
 
@@ -18,17 +18,16 @@ import functools
 import os
 import select
 import shlex
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
-from fastpoll_testkit.procs import (
-    freeze,  # after the path: a SIGSTOP that has taken effect
-)
+from fastpoll_testkit.procs import Server, free_port, memcached_argv, redis_argv
+from fastpoll_testkit.scripted import Chunks, ScriptedServer
 
 TIMEOUT_MS = 100
 SLACK_MS = 40  # timer slack + scheduling on a loaded 2-core box
@@ -44,74 +43,16 @@ def check(cond: bool, what: str) -> None:
         failures += 1
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, limit: float = 5.0) -> None:
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"port {port} never opened")
-
-
-class Server:
-    def __init__(self, argv: list[str], port: int, tmp: str) -> None:
-        self.argv, self.port = argv, port
-        self.logpath = os.path.join(tmp, f"srv_{port}.log")
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    def start(self) -> None:
-        with open(self.logpath, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log)
-        wait_port(self.port)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            self.proc.wait(5)
-        self.proc = None
-
-    def sig(self, s: int) -> None:
-        if self.proc is None:
-            raise RuntimeError("signal to a server that is not running")
-        if s == signal.SIGSTOP:
-            freeze(self.proc.pid)
-        else:
-            self.proc.send_signal(s)
-
-
 def memcached(tmp: str) -> Server:
     p = free_port()
-    return Server(["memcached", "-l", "127.0.0.1", "-p", str(p), "-U", "0", "-u", "nobody"], p, tmp)
+    log = Path(tmp, f"srv_{p}.log")
+    return Server(f"memcached-{p}", memcached_argv(p), p, log=log).start()
 
 
 def redis(tmp: str, *extra: str) -> Server:
     p = free_port()
-    return Server(
-        [
-            "redis-server",
-            "--port",
-            str(p),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            *extra,
-        ],
-        p,
-        tmp,
-    )
+    log = Path(tmp, f"srv_{p}.log")
+    return Server(f"redis-{p}", redis_argv(p, *extra), p, log=log).start()
 
 
 def mc_set(port: int, key: str, val: bytes) -> None:
@@ -276,7 +217,7 @@ def scenario_memcached(drv: list[str], tmp: str) -> None:
 
         # SIGSTOP one node: only its keys wait, and only up to the timeout.
         sick = nodes[1]
-        sick.sig(signal.SIGSTOP)
+        sick.freeze()
         r = d.gets(keys)
         on_sick = [k for k in keys if home[k] == 1]
         others = [k for k in keys if home[k] != 1]
@@ -303,7 +244,7 @@ def scenario_memcached(drv: list[str], tmp: str) -> None:
             and all(r[k][0] == "HIT" for k in others),
             "memcached SIGSTOP: still bounded on the second round",
         )
-        sick.sig(signal.SIGCONT)
+        sick.thaw()
         check(
             wait_until(lambda: all(v[0] == "HIT" for v in d.gets(keys).values())),
             "memcached SIGCONT: all keys hit again without restart",
@@ -336,7 +277,7 @@ def scenario_memcached(drv: list[str], tmp: str) -> None:
         )
 
         # free() with requests in flight answers them all.
-        sick.sig(signal.SIGSTOP)
+        sick.freeze()
         d.send(*(f"get {k}" for k in on_sick))
         d.send("free")
         ln = d.line()
@@ -348,7 +289,7 @@ def scenario_memcached(drv: list[str], tmp: str) -> None:
             ln == "freed outstanding=0" and all(" ERROR " in a for a in answered),
             "memcached: free() answers in-flight requests with ERROR",
         )
-        sick.sig(signal.SIGCONT)
+        sick.thaw()
         check(d.quit() == 0, "memcached: driver exits clean (no contract violation)")
     finally:
         for n in nodes:
@@ -441,7 +382,7 @@ def scenario_redis(drv: list[str], tmp: str) -> None:
             "redis: get from inside a callback (as coalesce.c does)",
         )
 
-        r1.sig(signal.SIGSTOP)
+        r1.freeze()
         r = d.gets(["/Poll/k", "/Poll/a", "/Poll/b"])
         check(
             r["/Poll/k"][0] == "TIMEOUT"
@@ -455,7 +396,7 @@ def scenario_redis(drv: list[str], tmp: str) -> None:
             r["/Poll/k"][0] in ("TIMEOUT", "ERROR") and r["/Poll/k"][1] <= TIMEOUT_MS + SLACK_MS,
             "redis SIGSTOP: still bounded on the second round",
         )
-        r1.sig(signal.SIGCONT)
+        r1.thaw()
         check(
             wait_until(lambda: d.gets(["/Poll/k"])["/Poll/k"][0] == "HIT"),
             "redis SIGCONT: recovers",
@@ -495,7 +436,7 @@ def scenario_redis(drv: list[str], tmp: str) -> None:
         check(d.gets(["/Poll/k"])["/Poll/k"][0] == "ERROR", "redis without AUTH: NOAUTH is ERROR")
         check(d.quit() == 0, "redis noauth: driver exits clean")
 
-        r2.sig(signal.SIGSTOP)
+        r2.freeze()
         d = Driver(drv, ["-b", "redis", "-r", f"127.0.0.1:{r2.port}", "-a", passfile])
         d.send("get /Poll/k", "free")
         lines = [d.line(), d.line()]
@@ -503,7 +444,7 @@ def scenario_redis(drv: list[str], tmp: str) -> None:
             lines[1] == "freed outstanding=0" and " ERROR " in lines[0],
             f"redis: free() answers in-flight requests with ERROR {lines}",
         )
-        r2.sig(signal.SIGCONT)
+        r2.thaw()
         check(d.quit() == 0, "redis free: driver exits clean")
     finally:
         r1.stop()
@@ -532,12 +473,11 @@ FAKE_ANSWERS: dict[bytes, list[bytes]] = {
 FAKE_PAUSE = {b"drip": 0.0075}  # seconds between chunks (default 1 ms)
 
 
-def classic_answer(line: bytes) -> tuple[list[bytes], float]:
+def classic_answer(line: bytes) -> Chunks:
     """A memcached without meta commands: FAKE_ANSWERS for "get <key>", ERROR for anything
     else ("mn" included, so the client sticks to classic gets)."""
     key = line[4:] if line.startswith(b"get ") else b"?"
-    parts = FAKE_ANSWERS.get(key, [b"ERROR\r\n"])
-    return parts, FAKE_PAUSE.get(key, 0.001)
+    return Chunks(FAKE_ANSWERS.get(key, [b"ERROR\r\n"]), FAKE_PAUSE.get(key, 0.001))
 
 
 FAKE_META_ANSWERS: dict[bytes, list[bytes]] = {
@@ -557,72 +497,21 @@ FAKE_META_ANSWERS: dict[bytes, list[bytes]] = {
 }
 
 
-def meta_answer(line: bytes) -> tuple[list[bytes], float]:
+def meta_answer(line: bytes) -> Chunks:
     """A memcached >= 1.6: "MN" to "mn" (so the client uses meta commands), FAKE_META_ANSWERS
     for "mg <key> v k", ERROR for a classic get."""
     words = line.split(b" ")
     if words == [b"mn"]:
-        return [b"MN\r\n"], 0.001
+        return Chunks([b"MN\r\n"])
     if len(words) == 4 and words[0] == b"mg" and words[2:] == [b"v", b"k"]:
-        return FAKE_META_ANSWERS.get(words[1], [b"EN\r\n"]), 0.001
-    return [b"ERROR\r\n"], 0.001
-
-
-@contextlib.contextmanager
-def fake_server(answer: Callable[[bytes], tuple[list[bytes], float]]) -> Iterator[int]:
-    """A scripted memcached on a free loopback port (yielded): every request line gets the
-    chunks answer(line) gives, a pause between chunks when there are several."""
-    import threading
-
-    stop = False
-
-    def serve(c: socket.socket) -> None:
-        buf = b""
-        with c:
-            while not stop:
-                try:
-                    chunk = c.recv(4096)
-                except OSError:
-                    return
-                if not chunk:
-                    return
-                buf += chunk
-                while b"\r\n" in buf:
-                    line, buf = buf.split(b"\r\n", 1)
-                    parts, pause = answer(line)
-                    for part in parts:
-                        try:
-                            c.sendall(part)
-                        except OSError:
-                            return
-                        if len(parts) > 1:
-                            time.sleep(pause)
-
-    def accept(lsock: socket.socket) -> None:
-        lsock.settimeout(0.2)
-        while not stop:
-            try:
-                c, _ = lsock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=serve, args=(c,), daemon=True).start()
-
-    with socket.socket() as lsock:
-        lsock.bind(("127.0.0.1", 0))
-        lsock.listen(16)
-        t = threading.Thread(target=accept, args=(lsock,), daemon=True)
-        t.start()
-        try:
-            yield lsock.getsockname()[1]
-        finally:
-            stop = True
-            t.join(2)
+        return Chunks(FAKE_META_ANSWERS.get(words[1], [b"EN\r\n"]))
+    return Chunks([b"ERROR\r\n"])
 
 
 def scenario_protocol_meta(drv: list[str], tmp: str) -> None:
     """The parser of meta answers, against a fake memcached that says it speaks them."""
-    with fake_server(meta_answer) as port:
-        d = Driver(drv, ["-T", "500", "-s", f"127.0.0.1:{port}"])
+    with ScriptedServer(meta_answer) as fake:
+        d = Driver(drv, ["-T", "500", "-s", fake.addr])
         time.sleep(0.1)  # connected and past the "mn" probe: gets go out as "mg"
         want = {
             "m-split": ("HIT", "hello"),
@@ -659,8 +548,8 @@ def scenario_protocol_meta(drv: list[str], tmp: str) -> None:
 
 
 def scenario_protocol(drv: list[str], tmp: str) -> None:
-    with fake_server(classic_answer) as port:
-        d = Driver(drv, ["-T", "500", "-s", f"127.0.0.1:{port}"])
+    with ScriptedServer(classic_answer) as fake:
+        d = Driver(drv, ["-T", "500", "-s", fake.addr])
         want = {
             "split": ("HIT", "hello"),
             "cas": ("HIT", "ok"),
@@ -697,7 +586,7 @@ def scenario_protocol(drv: list[str], tmp: str) -> None:
         # the machine is loaded), so it has about 200 ms of its own 300 to spare. With drip at
         # 450 ms and 200 ms between the sends the spare was 50 ms, and a loaded machine (the
         # fleet test's boot alongside) once timed `cas` out too.
-        d = Driver(drv, ["-T", "300", "-s", f"127.0.0.1:{port}"])
+        d = Driver(drv, ["-T", "300", "-s", fake.addr])
         r = d.gets(["cas"])  # connected and answering
         d.send("get drip")
         time.sleep(0.25)
@@ -765,7 +654,7 @@ def mc_requests(buf: bytes) -> tuple[list[bytes], bytes]:
 def resp_requests(buf: bytes) -> tuple[list[bytes], bytes]:
     """Complete RESP commands (arrays of bulk strings) in buf, joined by spaces, and what is
     left."""
-    out = []
+    out: list[bytes] = []
     while buf.startswith(b"*") and b"\r\n" in buf:
         head, rest = buf[1:].split(b"\r\n", 1)
         args = []
@@ -794,7 +683,7 @@ def slow_server(
     stop = False
 
     def serve(c: socket.socket) -> None:
-        buf, due = b"", []  # due: (when, bytes), in order
+        buf, due = b"", list[tuple[float, bytes]]()  # due: (when, bytes), in order
         with c:
             while not stop:
                 wait = max(0.0, due[0][0] - time.monotonic()) if due else 0.2
@@ -934,7 +823,7 @@ def scenario_stall(drv: list[str], tmp: str) -> None:
                 # (health.h); the get's timer may fire a few ms early (libevent's cached clock),
                 # so it is sent a little after the last answer, not within the same few ms.
                 time.sleep(0.02)
-                srv.sig(signal.SIGSTOP)
+                srv.freeze()
                 stopped = time.monotonic()
                 r = d.gets(["/Poll/k"])
                 check(
@@ -947,7 +836,7 @@ def scenario_stall(drv: list[str], tmp: str) -> None:
                     f"{name} stall of {stall_ms} ms: a get after that fails fast ({r})",
                 )
                 time.sleep(max(0.0, stopped + stall_ms / 1000 - time.monotonic()))
-                srv.sig(signal.SIGCONT)
+                srv.thaw()
                 if not hung:
                     time.sleep(0.05)  # the late answers are read and dropped
                     r = d.gets(["/Poll/k"])

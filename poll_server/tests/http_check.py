@@ -11,7 +11,8 @@ subscriber's liveness (Redis stopped, a connection cut silently through a proxy)
 announcement during a poll's first (slow) read, and a node's recovery window after a hang
 without replicas. Polls with channels: composed answers, refusals, timeouts, held ones.
 Stops exactly the pids it started.
-Not part of `make test` (it sends signals to memcached and takes a few seconds).
+Part of `make check` (poll_server/Makefile), not of `make test`: it sends signals to
+memcached and takes a few seconds.
 
     python3 tests/http_check.py [--binary build/poll_server-asan]
 
@@ -36,28 +37,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fastpoll_testkit.procs import (
-    freeze,  # after the path: a SIGSTOP that has taken effect
+    Server,
+    free_port,
+    freeze,
+    memcached_argv,
+    start_redis,
+    wait_port,
 )
 
 HERE = Path(__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen, what: str) -> None:
-    for _ in range(100):
-        if proc.poll() is not None:
-            raise SystemExit(f"{what} exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"{what} did not listen on {port}")
 
 
 class Check:
@@ -697,21 +685,23 @@ class Proxy:
             dst.sendall(data)
 
 
-def start_server(
-    binary: str, tmp: Path, name: str, ini_text: str
-) -> tuple[subprocess.Popen, Check]:
+def poll_server(binary: str, ini: Path, log: Path, name: str) -> tuple[Server, Check]:
+    """A poll server on ini and free ports, its stderr to log, listening on both (started)."""
+    port, admin_port = free_port(), free_port()
+    argv = [binary, "-c", str(ini), "-p", str(port), "-A", str(admin_port)]
+    srv = Server(name, argv, port, log=log, stdout=False).start()
+    try:
+        wait_port(admin_port, srv.popen, what=name + "'s admin listener")
+    except BaseException:
+        srv.stop()
+        raise
+    return srv, Check(port, 0, 0, admin_port)
+
+
+def start_server(binary: str, tmp: Path, name: str, ini_text: str) -> tuple[Server, Check]:
     ini = tmp / f"{name}.ini"
     ini.write_text(ini_text)
-    port, admin_port = free_port(), free_port()
-    with open(tmp / f"{name}.log", "wb") as err:
-        proc = subprocess.Popen(
-            [binary, "-c", str(ini), "-p", str(port), "-A", str(admin_port)],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
-    wait_port(port, proc, name)
-    wait_port(admin_port, proc, name + "'s admin listener")
-    return proc, Check(port, 0, 0, admin_port)
+    return poll_server(binary, ini, tmp / f"{name}.log", name)
 
 
 def until(cond: Callable[[], bool], limit: float) -> float | None:
@@ -838,14 +828,11 @@ def room_wake_checks(c: Check, redis_port: int) -> None:
 def announce_checks(main: Check, binary: str, tmp: Path) -> None:
     """The subscriber's liveness and the announcement that arrives during a poll's first
     read, with a real Redis, each on a poll server of its own."""
-    redis_port = free_port()
-    argv = ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no"]
-    redis = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    procs: list[subprocess.Popen] = []
+    redis = start_redis()
+    redis_port = redis.port
+    procs: list[Server] = []
     proxies: list[Proxy] = []
     try:
-        wait_port(redis_port, redis, "redis-server")
 
         # Liveness: Redis stopped, then a connection cut silently (through a proxy).
         rproxy = Proxy(redis_port)
@@ -858,7 +845,7 @@ def announce_checks(main: Check, binary: str, tmp: Path) -> None:
             procs.append(p)
             main.ok(f"subscriber ({what}): subscribed", until(subscribed(c, 1), 5) is not None)
             if what == "stopped":
-                freeze(redis.pid)
+                redis.freeze()
             else:
                 rproxy.cut()
             try:
@@ -870,7 +857,7 @@ def announce_checks(main: Check, binary: str, tmp: Path) -> None:
                 )
             finally:
                 if what == "stopped":
-                    os.kill(redis.pid, signal.SIGCONT)
+                    redis.thaw()
             took = until(subscribed(c, 1), 12)
             main.ok(f"Redis {what}, then back: subscribed again ({took})", took is not None)
             # Announcements reach it again: a held poll is answered by one.
@@ -932,10 +919,7 @@ def announce_checks(main: Check, binary: str, tmp: Path) -> None:
         for pr in proxies:
             pr.close()
         for p in [*procs, redis]:
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGCONT)
-                p.terminate()
-                p.wait(timeout=10)
+            p.stop()
         for name in ("live-stopped", "live-silently", "race", "rooms"):
             log = tmp / f"{name}.log"
             if log.exists():
@@ -981,8 +965,7 @@ def recovery_check(main: Check, binary: str, tmp: Path) -> None:
             answers,
         )
     finally:
-        p.terminate()
-        p.wait(timeout=10)
+        p.stop()
         text = (tmp / "recovery.log").read_text(errors="replace")
         if "Sanitizer" in text or "runtime error" in text:
             main.ok("no sanitizer report in recovery.log", False)
@@ -1066,39 +1049,27 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="fp-http-check-"))
     ini = tmp / "fastpoll.ini"
-    mc_port, port, admin_port = free_port(), free_port(), free_port()
+    mc_port = free_port()
     ini.write_text(
         f"[server]\nrequest_timeout_ms = 300\n[memcached]\nservers = 127.0.0.1:{mc_port}\n"
         # The checks below hang memcached; recovery_check has the window on.
         "recovery_ms = 0\n"
     )
-    mc_argv = ["memcached", "-l", "127.0.0.1", "-p", str(mc_port), "-U", "0"]
-    if os.geteuid() == 0:
-        mc_argv += ["-u", "nobody"]
-    memcached = subprocess.Popen(
-        mc_argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    server = None
+    memcached = Server("memcached", memcached_argv(mc_port), mc_port)
+    server: Server | None = None
     passed = False
     log = tmp / "poll_server.log"
     try:
-        wait_port(mc_port, memcached, "memcached")
-        with open(log, "wb") as err:
-            server = subprocess.Popen(
-                [args.binary, "-c", str(ini), "-p", str(port), "-A", str(admin_port)],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
-        wait_port(port, server, "poll_server")
-        wait_port(admin_port, server, "poll_server's admin listener")
-        c = Check(port, mc_port, memcached.pid, admin_port)
+        memcached.start()
+        server, c = poll_server(args.binary, ini, log, "poll_server")
+        c.mc_port, c.mc_pid = mc_port, memcached.pid
         run_checks(c)
         wait_and_route(c)
         held_close_with_pipelined(c)
         channel_checks(c)
         announce_checks(c, args.binary, tmp)
         recovery_check(c, args.binary, tmp)
-        drain(c, server)
+        drain(c, server.popen)
         text = log.read_text(errors="replace")
         c.ok(
             "no sanitizer report in the server's log",
@@ -1112,10 +1083,8 @@ def main() -> int:
         return 0
     finally:
         for p in (server, memcached):
-            if p is not None and p.poll() is None:
-                os.kill(p.pid, signal.SIGCONT)
-                p.terminate()
-                p.wait(timeout=10)
+            if p is not None:
+                p.stop()
         # The log is kept only when it is needed: a failed or crashed run.
         if passed:
             shutil.rmtree(tmp, ignore_errors=True)

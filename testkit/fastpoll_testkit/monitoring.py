@@ -15,8 +15,8 @@ import httpx
 import jinja2
 import pytest
 
-from fastpoll_testkit.procs import terminate
-from fastpoll_testkit.stack import ROOT, wait_for
+from fastpoll_testkit.procs import terminate, wait_for
+from fastpoll_testkit.stack import ROOT
 
 BINARIES = {
     "promtool": "promtool",

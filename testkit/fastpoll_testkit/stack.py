@@ -23,7 +23,6 @@ import argparse
 import functools
 import json
 import os
-import random
 import re
 import secrets
 import shlex
@@ -36,7 +35,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,6 +43,7 @@ from typing import TYPE_CHECKING
 import httpx
 import jinja2
 
+from fastpoll_testkit.procs import free_port, memcached_argv, wait_for
 from fastpoll_testkit.status import start_time
 
 if TYPE_CHECKING:
@@ -69,76 +69,6 @@ PG_USER = "fastpoll"
 PG_DB = "fastpoll"
 
 
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-_handed_out: set[int] = set()
-
-
-def free_port() -> int:
-    """A TCP port nobody uses right now, below the kernel's ephemeral range: a port from that
-    range can be taken between now and the server's bind() by any outgoing connection (the
-    pollers' to memcached, say), and the server then fails with EADDRINUSE. Never the same port
-    twice in one process: a stack picks all its ports before its servers bind them."""
-    low = _ephemeral_low()
-    for _ in range(200 if low > 11000 else 0):
-        port = random.randrange(10000, low)
-        if port in _handed_out:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            _handed_out.add(port)
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _log_tail(logs: list[Path], lines: int = 5) -> str:
-    """The last lines of the first of these logs with anything in it."""
-    for log in logs:
-        try:
-            tail = log.read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
-            continue
-        if tail:
-            return f"; {log}:\n" + "\n".join(tail)
-    return ""
-
-
-def wait_for(
-    what: str,
-    check: Callable[[], object],
-    timeout: float = 30.0,
-    proc: subprocess.Popen | None = None,
-    logs: list[Path] | None = None,
-) -> None:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(
-                f"{what} exited with status {proc.returncode} while starting"
-                + _log_tail(logs or [])
-            )
-        try:
-            if check():
-                return
-        # Connection refused while it starts: the socket's own error, or httpx's for a check made
-        # through an httpx client (httpx.TransportError is not an OSError).
-        except (OSError, httpx.TransportError) as e:
-            last = e
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} did not become healthy within {timeout:.0f}s ({last})")
-
-
 def tcp_ask(port: int, request: bytes, expect: bytes) -> bool:
     with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
         s.sendall(request)
@@ -156,12 +86,6 @@ def memcached_ask(port: int, command: bytes) -> bytes:
                 break
             data += chunk
     return data
-
-
-def memcached_argv(port: int, *extra: str) -> list[str]:
-    """A memcached on 127.0.0.1:port, TCP only, 64 MB; as nobody when we are root."""
-    argv = ["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-m", "64", *extra]
-    return argv + ["-u", "nobody"] if os.geteuid() == 0 else argv
 
 
 def memcached_stats(port: int) -> dict[str, int]:

@@ -3,31 +3,20 @@ Redis started by the test itself on free loopback ports, stopped by pid at the e
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from fastpoll_testkit.procs import terminate
-from fastpoll_testkit.stack import (
-    POLL_SERVER,
-    POLL_WRAPPER,
-    SANITIZER_REPORT,
-    free_port,
-    memcached_argv,
-    tcp_ask,
-    wait_for,
-)
+from fastpoll_testkit.procs import Server, free_port, memcached_argv, wait_for
+from fastpoll_testkit.stack import POLL_SERVER, POLL_WRAPPER, SANITIZER_REPORT, tcp_ask
 
 
 @dataclass
 class Poller:
-    proc: Proc
+    proc: Server
     port: int
     admin: int
     ini: Path
@@ -50,14 +39,8 @@ class Poller:
         raise AssertionError(f"no {series} in /metrics")
 
     def log(self) -> str:
+        assert self.proc.log is not None
         return self.proc.log.read_text(errors="replace")
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log: Path
 
 
 @dataclass
@@ -65,20 +48,13 @@ class Procs:
     """Processes this test started, stopped by pid at the end."""
 
     dir: Path
-    started: list[Proc] = field(default_factory=list)
+    started: list[Server] = field(default_factory=list)
 
-    def spawn(self, name: str, argv: list[str]) -> Proc:
-        log = self.dir / f"{name}.log"
-        with open(log, "ab") as f:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        p = Proc(name, popen, log)
+    def spawn(self, name: str, argv: list[str]) -> Server:
+        """Start argv, its output to name.log; the caller waits for it (p.popen)."""
+        p = Server(name, argv, log=self.dir / f"{name}.log", new_session=True)
         self.started.append(p)
+        p.spawn()
         return p
 
     def memcached(self, *extra: str) -> int:
@@ -127,21 +103,19 @@ class Procs:
                 "poll server",
                 lambda: poller.status(-1) in (200, 404, 503),
                 proc=p.popen,
-                logs=[p.log],
+                logs=[self.dir / f"{p.name}.log"],
             )
         return poller
 
     def stop(self) -> None:
         for p in reversed(self.started):
-            if p.popen.poll() is None:
-                os.kill(p.popen.pid, signal.SIGCONT)  # a frozen one would not take SIGTERM
-                terminate(p.popen)
+            p.stop()  # SIGCONT first: a frozen one would not take SIGTERM
 
     def sanitizer_reports(self) -> list[str]:
         return [
             f"{p.log.name}: {line.decode(errors='replace')}"
             for p in self.started
-            if p.name.startswith("poller") and p.log.exists()
+            if p.name.startswith("poller") and p.log is not None and p.log.exists()
             for line in p.log.read_bytes().splitlines()
             if SANITIZER_REPORT.search(line)
         ]

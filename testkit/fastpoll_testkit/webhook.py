@@ -22,9 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import signal
-import socket
 import sys
 import threading
 import time
@@ -33,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from fastpoll_testkit.procs import free_port
 
 
 @dataclass
@@ -98,27 +98,6 @@ def read(path: Path) -> Iterator[Notification]:
             yield Notification.from_json(line)
         except (ValueError, TypeError, KeyError):
             continue
-
-
-# ---- free-port ------------------------------------------------------------------------------
-
-
-def free_port(addr: str) -> int:
-    """A port nothing is bound to on `addr` now, from 10000 up to the ephemeral range's start."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    candidates = list(range(10000, max(low, 10001)))
-    random.shuffle(candidates)
-    for port in candidates[:500]:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((addr, port))
-            except OSError:
-                continue
-            return port
-    raise SystemExit(f"no free port on {addr} below {low}")
 
 
 # ---- serve ----------------------------------------------------------------------------------
@@ -266,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.cmd == "free-port":
-        print(free_port(args.addr))
+        print(free_port(args.addr))  # fastpoll_testkit.procs's
     elif args.cmd == "serve":
         host, _, port = args.listen.rpartition(":")
         serve((host, int(port)), args.out, args.pid_file, args.while_pid, args.max_seconds)

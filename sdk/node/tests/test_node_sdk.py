@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fastpoll_testkit.stack import Stack, free_port
+from fastpoll_testkit.procs import free_port
+from fastpoll_testkit.stack import Stack
 
 NODE_SDK = Path(__file__).resolve().parents[1]
 

@@ -32,8 +32,8 @@ from fastpoll_testkit.contract import history as hist
 from fastpoll_testkit.contract.checker import Params, Report, check
 from fastpoll_testkit.contract.history import Fault, History, Op
 from fastpoll_testkit.contract.proxy import ProxyControl
-from fastpoll_testkit.procs import freeze
-from fastpoll_testkit.stack import PG_DB, PG_USER, Stack, free_port
+from fastpoll_testkit.procs import free_port, freeze
+from fastpoll_testkit.stack import PG_DB, PG_USER, Stack
 
 
 @dataclass(frozen=True)
