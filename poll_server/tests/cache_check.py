@@ -13,7 +13,6 @@ Each scenario prints PASS/FAIL; the exit status is the number of failures.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import os
 import select
@@ -23,11 +22,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from fastpoll_testkit.procs import Server, free_port, memcached_argv, redis_argv
-from fastpoll_testkit.scripted import Chunks, ScriptedServer
+from fastpoll_testkit.scripted import (
+    Chunks,
+    ScriptedServer,
+    mc_requests,
+    resp_requests,
+    slow_server,
+)
 
 TIMEOUT_MS = 100
 SLACK_MS = 40  # timer slack + scheduling on a loaded 2-core box
@@ -643,89 +648,6 @@ def scenario_batch(drv: list[str], tmp: str) -> None:
         for n in nodes:
             n.stop()
         rd.stop()
-
-
-def mc_requests(buf: bytes) -> tuple[list[bytes], bytes]:
-    """Complete memcached request lines in buf, and what is left."""
-    *lines, rest = buf.split(b"\r\n")
-    return lines, rest
-
-
-def resp_requests(buf: bytes) -> tuple[list[bytes], bytes]:
-    """Complete RESP commands (arrays of bulk strings) in buf, joined by spaces, and what is
-    left."""
-    out: list[bytes] = []
-    while buf.startswith(b"*") and b"\r\n" in buf:
-        head, rest = buf[1:].split(b"\r\n", 1)
-        args = []
-        for _ in range(int(head)):
-            if not rest.startswith(b"$") or b"\r\n" not in rest:
-                return out, buf
-            n, rest = rest[1:].split(b"\r\n", 1)
-            if len(rest) < int(n) + 2:
-                return out, buf
-            args.append(rest[: int(n)])
-            rest = rest[int(n) + 2 :]
-        out.append(b" ".join(args))
-        buf = rest
-    return out, buf
-
-
-@contextlib.contextmanager
-def slow_server(
-    parse: Callable[[bytes], tuple[list[bytes], bytes]],
-    answer: Callable[[bytes], tuple[bytes, float]],
-) -> Iterator[int]:
-    """A cache on a free loopback port (yielded) that answers each request, in order, a delay
-    after it came: answer(request) gives the bytes and the delay in seconds."""
-    import threading
-
-    stop = False
-
-    def serve(c: socket.socket) -> None:
-        buf, due = b"", list[tuple[float, bytes]]()  # due: (when, bytes), in order
-        with c:
-            while not stop:
-                wait = max(0.0, due[0][0] - time.monotonic()) if due else 0.2
-                if select.select([c], [], [], wait)[0]:
-                    try:
-                        chunk = c.recv(65536)
-                    except OSError:
-                        return
-                    if not chunk:
-                        return
-                    reqs, buf = parse(buf + chunk)
-                    for req in reqs:
-                        data, delay = answer(req)
-                        when = time.monotonic() + delay
-                        due.append((max(when, due[-1][0]) if due else when, data))
-                now, out = time.monotonic(), b""
-                while due and due[0][0] <= now:
-                    out += due.pop(0)[1]
-                try:
-                    c.sendall(out)
-                except OSError:
-                    return
-
-    def accept(lsock: socket.socket) -> None:
-        lsock.settimeout(0.2)
-        while not stop:
-            try:
-                c, _ = lsock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=serve, args=(c,), daemon=True).start()
-
-    with socket.socket() as lsock:
-        lsock.bind(("127.0.0.1", 0))
-        lsock.listen(16)
-        t = threading.Thread(target=accept, args=(lsock,), daemon=True)
-        t.start()
-        try:
-            yield lsock.getsockname()[1]
-        finally:
-            stop = True
-            t.join(2)
 
 
 def cache_sends(trace: str, marker: str) -> int:
