@@ -7,6 +7,7 @@
  * connections alike; only process_open_fds walks /proc/self/fd. */
 #include <dirent.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -224,6 +225,24 @@ static void series(struct out *o, const char *name, const char *server)
     out_printf(o, "\"");
 }
 
+/* One uint64_t counter of every cache server, `field` its offset in
+ * struct fp_stat_backend. */
+static void backend_counter(struct out *o, const char *name, const char *help,
+                            size_t field)
+{
+    size_t i;
+
+    head(o, name, "counter", help);
+    for (i = 0; i < fp_stats.nbackends; i++) {
+        const char *b = (const char *)&fp_stats.backends[i];
+        uint64_t v;
+
+        memcpy(&v, b + field, sizeof(v));
+        series(o, name, fp_stats.backends[i].name);
+        out_printf(o, "} %llu\n", (unsigned long long)v);
+    }
+}
+
 static uint64_t admin_mono_ms(void)
 {
     struct timespec ts;
@@ -254,30 +273,21 @@ static void write_backends(struct out *o)
         series(o, "fastpoll_backend_recovering", fp_stats.backends[i].name);
         out_printf(o, "} %d\n", fp_stats.backends[i].recover_until_ms > now_ms);
     }
-    head(o, "fastpoll_replica_reads_total", "counter",
-         "Gets sent to this memcached node as the replica of a key whose "
-         "primary was down, hung, recovering, or failed the get.");
-    for (i = 0; i < fp_stats.nbackends; i++) {
-        series(o, "fastpoll_replica_reads_total", fp_stats.backends[i].name);
-        out_printf(o, "} %llu\n",
-                   (unsigned long long)fp_stats.backends[i].replica_reads);
-    }
-    head(o, "fastpoll_backend_round_trips_total", "counter",
-         "Batches of gets written to the cache server, one round trip each: "
-         "the gets queued while the previous batch awaited its answers.");
-    for (i = 0; i < fp_stats.nbackends; i++) {
-        series(o, "fastpoll_backend_round_trips_total", fp_stats.backends[i].name);
-        out_printf(o, "} %llu\n",
-                   (unsigned long long)fp_stats.backends[i].round_trips);
-    }
-    head(o, "fastpoll_backend_keys_sent_total", "counter",
-         "Gets written to the cache server in those batches; divided by "
-         "fastpoll_backend_round_trips_total, the keys per round trip.");
-    for (i = 0; i < fp_stats.nbackends; i++) {
-        series(o, "fastpoll_backend_keys_sent_total", fp_stats.backends[i].name);
-        out_printf(o, "} %llu\n",
-                   (unsigned long long)fp_stats.backends[i].keys_sent);
-    }
+    backend_counter(o, "fastpoll_replica_reads_total",
+                    "Gets sent to this memcached node as the replica of a key "
+                    "whose primary was down, hung, recovering, or failed the "
+                    "get.",
+                    offsetof(struct fp_stat_backend, replica_reads));
+    backend_counter(o, "fastpoll_backend_round_trips_total",
+                    "Batches of gets written to the cache server, one round "
+                    "trip each: the gets queued while the previous batch "
+                    "awaited its answers.",
+                    offsetof(struct fp_stat_backend, round_trips));
+    backend_counter(o, "fastpoll_backend_keys_sent_total",
+                    "Gets written to the cache server in those batches; "
+                    "divided by fastpoll_backend_round_trips_total, the keys "
+                    "per round trip.",
+                    offsetof(struct fp_stat_backend, keys_sent));
     head(o, "fastpoll_backend_gets_total", "counter",
          "Cache gets by server and result; error includes gets failed fast "
          "while the server was down.");
