@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from . import __version__, channels, conditional, config, history, metrics, signing
+from . import __version__, channels, conditional, config, eventstream, history, metrics, signing
 from .announce import make_announcer
 from .cache import RateLimitedLog, make_cache
 from .config import Settings
@@ -299,6 +299,23 @@ async def poll(request: Request) -> Response:
     headers["ETag"] = etag = conditional.etag_of(answer)
     # A miss the app filled is paced as a hit; when the cache could not answer, later.
     headers["Poll-Interval-Ms"] = str(conditional.app_pace_ms(pacing, filled, wait_s))
+    accept = (v for n, v in scope["headers"] if n == b"accept")
+    if request.method == "GET" and eventstream.wants_stream(accept):
+        # Paced as a long poll: a miss the app filled is streamed by the poll server at once.
+        retry_ms = conditional.app_pace_ms(pacing, filled, max(wait_s, 1))
+        seen = conditional.not_modified(
+            (v for n, v in scope["headers"] if n in (b"if-none-match", b"last-event-id")), etag
+        )
+        metrics.STREAM_ANSWERS.inc()
+        headers.update(
+            {
+                "Content-Type": eventstream.MEDIA_TYPE,
+                "Cache-Control": "no-store",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        headers["Poll-Interval-Ms"] = str(retry_ms)
+        return Response(eventstream.short_stream(answer, etag, retry_ms, seen), headers=headers)
     # Conditional polls are GET and HEAD (RFC 9110 13.1.2 would have a POST answered 412;
     # a POST poll is a read, so its precondition is not evaluated: always the full answer).
     if request.method != "POST" and conditional.not_modified(

@@ -64,7 +64,7 @@ _MAX_ID_DIGITS = len(str(2**63 - 1))  # message ids are 64-bit
 MAX_WAIT = 300
 MAX_INTERVAL_MS = 3600 * 1000
 
-_IGNORED_SECTIONS = frozenset({"server", "admin", "log"})
+_IGNORED_SECTIONS = frozenset({"server", "stream", "admin", "log"})
 # Keys the app reads in a section it otherwise leaves to the poll server: its own log's format.
 _READ_IN_IGNORED = {("log", "format")}
 _PARAM_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")

@@ -106,6 +106,10 @@ ANNOUNCEMENTS = Counter(
     "(the write stands; held polls of that key wait for the poll server's re-check).",
     ["result"],
 )
+STREAM_ANSWERS = Counter(
+    "fastpoll_app_stream_answers_total",
+    "Event-stream polls (Accept: text/event-stream) the app answered as a one-event stream.",
+)
 NOT_MODIFIED = Counter(
     "fastpoll_app_not_modified",
     "Polls the app answered 304 Not Modified (If-None-Match matched the current answer).",

@@ -167,6 +167,10 @@ static void write_requests(struct out *o)
                            (unsigned long long)fp_stats.requests[m][k]);
 }
 
+static const char *const stream_end_names[FP_STAT_NSTREAM_END] = {
+    "client", "lifetime", "drain", "cache", "slow", "over_cap"
+};
+
 static void write_holds(struct out *o)
 {
     metric_u64(o, "fastpoll_held_requests", "gauge",
@@ -181,6 +185,24 @@ static void write_holds(struct out *o)
     metric_u64(o, "fastpoll_held_over_cap_total", "counter",
                "Long polls answered at once because [server] max_held were held.",
                fp_stats.held_over_cap);
+    metric_u64(o, "fastpoll_streams", "gauge",
+               "Event streams (Accept: text/event-stream) held open now.",
+               fp_stats.streams_now);
+    metric_u64(o, "fastpoll_stream_events_total", "counter",
+               "Events written to streams (the first answer and each change).",
+               fp_stats.stream_events);
+    metric_u64(o, "fastpoll_stream_heartbeats_total", "counter",
+               "Heartbeat comments written to streams.",
+               fp_stats.stream_heartbeats);
+    head(o, "fastpoll_stream_ends_total", "counter",
+         "Streams ended, by reason: client (went away), lifetime, drain, "
+         "cache (a miss or a failed read: the client falls back and resumes), "
+         "slow (its reader fell max_buffered behind), over_cap (one event, "
+         "[stream] max were held).");
+    for (int k = 0; k < FP_STAT_NSTREAM_END; k++)
+        out_printf(o, "fastpoll_stream_ends_total{reason=\"%s\"} %llu\n",
+                   stream_end_names[k],
+                   (unsigned long long)fp_stats.stream_ends[k]);
     metric_u64(o, "fastpoll_announcements_total", "counter",
                "Announcements (written keys) received on [announce] channel.",
                fp_stats.announcements);

@@ -36,6 +36,7 @@
 #include "longpoll.h"
 #include "settings.h"
 #include "sign.h"
+#include "stream.h"
 
 /* A part's value over this is taken for a cache failure (as memcached's
  * client skips a value over 1 MB), and a composed answer over CH_BODY_MAX
@@ -258,6 +259,20 @@ static void answer(struct fp_chpoll *p, int code, enum fp_stat_outcome outcome,
     free(body);
 }
 
+/* A part missed or could not be read: a poll goes to the app (404, 503);
+ * a stream ends, and its client's reconnect does. */
+static void fail(struct fp_chpoll *p, int code, enum fp_stat_outcome outcome)
+{
+    struct fp_request *r = p->r;
+
+    if (r->streaming) {
+        release(p);
+        fp_stream_end(r, FP_STAT_STREAM_CACHE);
+        return;
+    }
+    answer(p, code, outcome, NULL, 0);
+}
+
 /* Holds p on every part's key, each watch matching its part as read. 0,
  * or -1 (max_held polls held, out of memory): none is held. */
 static int hold(struct fp_chpoll *p)
@@ -274,6 +289,48 @@ static int hold(struct fp_chpoll *p)
         }
     }
     return 0;
+}
+
+/* A stream's parts are in, composed into body: its first event (the
+ * stream starts) or the next, then it is held on them again. */
+static void stream_parts(struct fp_chpoll *p, const char *body, size_t len,
+                         size_t total)
+{
+    struct fp_request *r = p->r;
+    uint64_t tag = fp_etag_of(body, len), pub_ms = p->pub_ms;
+    int rc;
+
+    if (!r->streaming) {
+        if ((rc = fp_stream_open(r, body, len, tag)) <= 0) {
+            if (rc == 0)
+                release(p);
+            return; /* rc < 0: gone, p with it */
+        }
+    } else if (fp_stream_send(r, body, len, tag) != 0) {
+        return; /* gone, p with it */
+    } else {
+        /* Held again from now: an announcement during the read that woke
+         * it is read again by hold.c (its `again`). */
+        p->since = fp_hold_seq(p->cp->ho);
+    }
+    p->was_held = 0;
+    p->pub_ms = 0;
+    if (hold(p) != 0) {
+        fp_stat_over_cap();
+        release(p);
+        fp_stream_end(r, FP_STAT_STREAM_OVER_CAP);
+        return;
+    }
+    p->kept = total <= CH_KEEP_MAX;
+    if (!p->kept)
+        free_values(p);
+    if (pub_ms != 0) {
+        struct timespec ts;
+
+        if (clock_gettime(CLOCK_REALTIME, &ts) == 0)
+            fp_stat_delivered(pub_ms, (uint64_t)ts.tv_sec * 1000u +
+                                      (uint64_t)ts.tv_nsec / 1000000u);
+    }
 }
 
 /* Every part is in: the composed answer, or the fallback. */
@@ -299,13 +356,12 @@ static void parts_in(struct fp_chpoll *p)
         failed = FP_CACHE_ERROR;
     }
     if (failed == FP_CACHE_MISS) {
-        answer(p, 404, FP_STAT_MISS, NULL, 0);
+        fail(p, 404, FP_STAT_MISS);
         return;
     }
     if (failed != FP_CACHE_HIT) {
-        answer(p, 503, failed == FP_CACHE_TIMEOUT ? FP_STAT_TIMEOUT
-                                                  : FP_STAT_BACKEND_ERROR,
-               NULL, 0);
+        fail(p, 503, failed == FP_CACHE_TIMEOUT ? FP_STAT_TIMEOUT
+                                                : FP_STAT_BACKEND_ERROR);
         return;
     }
     user.name = NULL;
@@ -321,10 +377,15 @@ static void parts_in(struct fp_chpoll *p)
     len = fp_ch_compose(&user, chans, p->nparts - 1, NULL, 0);
     if ((body = malloc(len)) == NULL) {
         fp_log(FP_LOG_ERROR, "http: out of memory composing an answer");
-        answer(p, 503, FP_STAT_BACKEND_ERROR, NULL, 0);
+        fail(p, 503, FP_STAT_BACKEND_ERROR);
         return;
     }
     (void)fp_ch_compose(&user, chans, p->nparts - 1, body, len);
+    if (p->r->stream) {
+        stream_parts(p, body, len, total);
+        free(body);
+        return;
+    }
     code = fp_longpoll_tagged(p->r, fp_etag_of(body, len));
     if (code == 0 && !p->expired) {
         if (hold(p) == 0) {
@@ -390,10 +451,11 @@ static void on_changed(struct fp_held *hd, enum fp_cache_status st,
     p->cause = cause;
     if (published_ms != 0 && (p->pub_ms == 0 || published_ms < p->pub_ms))
         p->pub_ms = published_ms;
+    if (p->r->streaming)
+        fp_stat_wake(cause);
     if (st == FP_CACHE_ERROR || st == FP_CACHE_TIMEOUT) {
-        answer(p, 503, st == FP_CACHE_TIMEOUT ? FP_STAT_TIMEOUT
-                                              : FP_STAT_BACKEND_ERROR,
-               NULL, 0);
+        fail(p, 503, st == FP_CACHE_TIMEOUT ? FP_STAT_TIMEOUT
+                                            : FP_STAT_BACKEND_ERROR);
         return;
     }
     if (st == FP_CACHE_HIT && p->kept) {
@@ -403,7 +465,12 @@ static void on_changed(struct fp_held *hd, enum fp_cache_status st,
         return;
     }
     if (read_parts(p) != 0)
-        answer(p, 503, FP_STAT_BACKEND_ERROR, NULL, 0);
+        fail(p, 503, FP_STAT_BACKEND_ERROR);
+}
+
+void fp_chpoll_stream_release(struct fp_request *r)
+{
+    release(poll_of(r->held.set));
 }
 
 /* hold.c: the connection let go of the poll (it closes). */

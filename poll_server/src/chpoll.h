@@ -64,6 +64,10 @@ int fp_chpoll_is(const struct fp_request *r);
  * are, and is not held then. */
 void fp_chpoll_end(struct fp_request *r, enum fp_stat_wake cause);
 
+/* r's stream ends (chpoll's poll with channels, its head out): lets go
+ * of its parts' reads and watches. */
+void fp_chpoll_stream_release(struct fp_request *r);
+
 /* Adds the counters of the parts' coalescer to *out (admin.c's /metrics). */
 void fp_chpolls_coalesce_stats(const struct fp_chpolls *cp,
                                struct fp_coalesce_stats *out);

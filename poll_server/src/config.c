@@ -1107,6 +1107,22 @@ static const struct option_def options[] = {
     NUM(OPT_UINT, "poll", "max_wait", poll_max_wait, 0, 300, "30",
         "the longest wait= honoured (seconds); larger values are clamped"),
 
+    NUM(OPT_UINT, "stream", "max", stream_max, 0, 1000000, "20000",
+        "event streams held at once; past it a stream gets its answer as one "
+        "event and ends, and its client reconnects after the retry hint"),
+    NUM(OPT_UINT, "stream", "heartbeat_ms", stream_heartbeat_ms, 1000,
+        600000, "15000", "every stream gets a comment line this often; the "
+        "edge's read timeout for streams must be above it (ms)"),
+    NUM(OPT_UINT, "stream", "lifetime_s", stream_lifetime_s, 1, 86400, "600",
+        "a stream ends after this plus 0..10 % of it; its client reconnects "
+        "with Last-Event-ID (seconds)"),
+    NUM(OPT_UINT, "stream", "retry_spread_ms", stream_retry_spread_ms, 0,
+        600000, "5000", "a stream ended by its lifetime, a drain or its "
+        "cache tells its client to reconnect after 0..this (ms)"),
+    NUM(OPT_SIZE, "stream", "max_buffered", stream_max_buffered, 1024,
+        16777216, "65536", "bytes a stream's reader may leave unread; more "
+        "and the stream is dropped (its client resumes from its last id)"),
+
     ROW("announce", "server", OPT_SERVER, F(announce), 0, 0, NULL,
         "Redis pub/sub of written keys; unset: the sentinels' master, else "
         "[redis] with the Redis backend, else none", .flags = OPT_UNSET,

@@ -49,17 +49,23 @@ static void process(struct conn *c);
  * READING_HEAD (or READING_BODY, a refusal): a request leaves WAITING_CACHE
  * or HELD for it first (conn_finish), and conn_answer then goes on to the
  * next request, WRITING or LINGERING. A poll with channels is held from its
- * dispatch (READING_HEAD -> HELD). Every state but FREE may close (FREE). */
+ * dispatch (READING_HEAD -> HELD). A stream's head goes out from where its
+ * answer was found (READING_HEAD, WAITING_CACHE, HELD: conn_stream_start),
+ * and it ends by writing what is left (WRITING) or lingering. Every state
+ * but FREE may close (FREE). */
 #define T(s) (1u << (s))
 static const unsigned legal_next[CONN_NSTATES] = {
     [CONN_FREE] = T(CONN_READING_HEAD),
     [CONN_READING_HEAD] = T(CONN_READING_HEAD) | T(CONN_READING_BODY) |
                           T(CONN_WAITING_CACHE) | T(CONN_HELD) |
-                          T(CONN_WRITING) | T(CONN_LINGERING) | T(CONN_FREE),
+                          T(CONN_STREAMING) | T(CONN_WRITING) |
+                          T(CONN_LINGERING) | T(CONN_FREE),
     [CONN_READING_BODY] = T(CONN_READING_HEAD) | T(CONN_WRITING) |
                           T(CONN_LINGERING) | T(CONN_FREE),
-    [CONN_WAITING_CACHE] = T(CONN_HELD) | T(CONN_READING_HEAD) | T(CONN_FREE),
-    [CONN_HELD] = T(CONN_READING_HEAD) | T(CONN_FREE),
+    [CONN_WAITING_CACHE] = T(CONN_HELD) | T(CONN_READING_HEAD) |
+                           T(CONN_STREAMING) | T(CONN_FREE),
+    [CONN_HELD] = T(CONN_READING_HEAD) | T(CONN_STREAMING) | T(CONN_FREE),
+    [CONN_STREAMING] = T(CONN_WRITING) | T(CONN_LINGERING) | T(CONN_FREE),
     [CONN_WRITING] = T(CONN_READING_HEAD) | T(CONN_LINGERING) | T(CONN_FREE),
     [CONN_LINGERING] = T(CONN_FREE),
 };
@@ -241,6 +247,7 @@ static struct conn *conn_get(struct fp_conns *h, evutil_socket_t fd)
     c->in_cap = h->in_small;
     c->in_off = c->in_len = c->scanned = 0;
     c->out_off = c->out_len = 0;
+    c->out_moved = c->slow = 0;
     LIST_INSERT_HEAD(&h->conns, c, link);
     return c;
 }
@@ -276,7 +283,8 @@ void conn_close(struct conn *c)
 {
     struct fp_conns *h = c->h;
 
-    if (c->state == CONN_WAITING_CACHE || c->state == CONN_HELD)
+    if (c->state == CONN_WAITING_CACHE || c->state == CONN_HELD ||
+        c->state == CONN_STREAMING)
         h->ops->abandon(c);
     conn_set_state(c, CONN_FREE);
     /* Deleting events that are not pending is a no-op. */
@@ -359,6 +367,7 @@ static size_t format_head(struct conn *c, char *buf, size_t cap, int code,
     r.tag = cached != NULL ? cached->tag : 0;
     r.pace_ms = cached != NULL ? cached->pace_ms : 0;
     r.date = fp_resp_date_now(&c->h->date, c->h->base);
+    r.stream = 0;
     return fp_resp_format(buf, cap, &r);
 }
 
@@ -462,11 +471,14 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
         return;
     }
     c->out_off += (size_t)n;
+    c->out_moved = 1;
     if (c->out_off < c->out_len)
         return;
     c->out_off = c->out_len = 0;
     if (event_del(c->wev) != 0)
         fp_log(FP_LOG_ERROR, "http: cannot stop writing a connection");
+    if (c->state == CONN_STREAMING)
+        return; /* caught up: the next event is written at once */
     if (c->out_cap > OUT_KEEP) {
         free(c->out);
         c->out = NULL;
@@ -509,6 +521,148 @@ void conn_finish(struct conn *c, int code, const char *body, size_t len,
     conn_set_state(c, CONN_READING_HEAD);
     if (conn_answer(c, code, body, len, cached) == 0)
         resume_later(c);
+}
+
+/* Appends iov[from..n), less the first `skip` bytes, to the output
+ * buffer, if the buffer stays within max. -1 if it would not, or out of
+ * memory. */
+static int out_append(struct conn *c, const struct iovec *iov, int n,
+                      size_t skip, size_t max)
+{
+    size_t need = c->out_len - c->out_off;
+    int i;
+
+    for (i = 0; i < n; i++)
+        need += iov[i].iov_len;
+    need -= skip;
+    if (need > max)
+        return -1;
+    if (c->out_off > 0) {
+        memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+        c->out_len -= c->out_off;
+        c->out_off = 0;
+    }
+    if (need > c->out_cap) {
+        char *p = realloc(c->out, need);
+
+        if (p == NULL)
+            return -1;
+        c->out = p;
+        c->out_cap = need;
+    }
+    for (i = 0; i < n; i++) {
+        size_t l = iov[i].iov_len;
+        const char *b = iov[i].iov_base;
+
+        if (skip >= l) {
+            skip -= l;
+            continue;
+        }
+        memcpy(c->out + c->out_len, b + skip, l - skip);
+        c->out_len += l - skip;
+        skip = 0;
+    }
+    return 0;
+}
+
+int conn_stream_send(struct conn *c, const struct iovec *iov, int n)
+{
+    size_t total = 0;
+    ssize_t w = 0;
+    int i;
+
+    assert(c->state == CONN_STREAMING);
+    for (i = 0; i < n; i++)
+        total += iov[i].iov_len;
+    if (c->out_len == c->out_off) {
+        do
+            w = writev(c->fd, iov, n);
+        while (w < 0 && errno == EINTR);
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            fp_log(FP_LOG_DEBUG, "http: write: %s", strerror(errno));
+            conn_close(c);
+            return -1;
+        }
+        if (w < 0)
+            w = 0;
+        if ((size_t)w == total)
+            return 0;
+        if (event_add(c->wev, NULL) != 0) {
+            fp_log(FP_LOG_ERROR, "http: cannot wait to write a stream");
+            conn_close(c);
+            return -1;
+        }
+    }
+    /* Behind: the rest waits, within the bound. */
+    if (out_append(c, iov, n, (size_t)w, c->h->s->stream_max_buffered) != 0) {
+        fp_log(FP_LOG_DEBUG, "http: a stream's reader left more than %zu "
+               "bytes unread, closing", c->h->s->stream_max_buffered);
+        c->slow = 1;
+        conn_close(c);
+        return -1;
+    }
+    return 0;
+}
+
+int conn_stream_start(struct conn *c, const struct iovec *data, int n,
+                      unsigned tick_ms)
+{
+    char head[512];
+    struct fp_resp r;
+    struct iovec iov[1 + CONN_STREAM_IOV];
+    size_t hlen;
+    struct timeval tv;
+
+    assert(c->state == CONN_READING_HEAD || c->state == CONN_WAITING_CACHE ||
+           c->state == CONN_HELD);
+    assert(n >= 0 && n <= CONN_STREAM_IOV);
+    memset(&r, 0, sizeof(r));
+    r.code = 200;
+    r.minor = c->minor;
+    r.close = 1;
+    r.stream = 1;
+    r.date = fp_resp_date_now(&c->h->date, c->h->base);
+    c->keep_alive = 0;
+    if ((hlen = fp_resp_format(head, sizeof(head), &r)) == 0) {
+        conn_close(c);
+        return -1;
+    }
+    conn_set_state(c, CONN_STREAMING);
+    /* Pipelined requests are not served after a stream: dropped. */
+    in_shrink(c);
+    read_on(c);
+    c->out_moved = 0;
+    ms_to_tv(tick_ms, &tv);
+    if (c->rd != CONN_READ_ON || evtimer_add(c->timer, &tv) != 0) {
+        fp_log(FP_LOG_ERROR, "http: cannot start a stream's events");
+        conn_close(c);
+        return -1;
+    }
+    iov[0].iov_base = head;
+    iov[0].iov_len = hlen;
+    memcpy(iov + 1, data, (size_t)n * sizeof(*data));
+    return conn_stream_send(c, iov, 1 + n);
+}
+
+void conn_stream_tick(struct conn *c, unsigned ms)
+{
+    struct timeval tv;
+
+    ms_to_tv(ms, &tv);
+    arm(c, &tv);
+}
+
+void conn_stream_end(struct conn *c)
+{
+    assert(c->state == CONN_STREAMING);
+    if (c->out_len > c->out_off) {
+        /* on_write ends it once the rest is out (answered(): linger). */
+        conn_set_state(c, CONN_WRITING);
+        arm(c, c->h->request_tv);
+        return;
+    }
+    request_done(c);
+    linger(c);
 }
 
 /* The head buf[0..len) of a request is in: its framing, then the request
@@ -661,8 +815,8 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
         conn_close(c);
         return;
     }
-    if (c->state == CONN_LINGERING) {
-        c->in_len = 0;
+    if (c->state == CONN_LINGERING || c->state == CONN_STREAMING) {
+        c->in_len = 0;  /* nothing more is served on it: dropped */
         return;
     }
     c->in_len += (size_t)n;
@@ -680,6 +834,16 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
         return; /* the cache's timeout bounds it; re-armed once answered */
     case CONN_HELD:
         c->h->ops->hold_expired(c);
+        return;
+    case CONN_STREAMING:
+        if (c->out_len > c->out_off && !c->out_moved) {
+            fp_log(FP_LOG_DEBUG, "http: a stream's reader took nothing "
+                   "since the last tick, closing");
+            c->slow = 1;
+            break;
+        }
+        c->out_moved = 0;
+        c->h->ops->stream_tick(c);
         return;
     case CONN_READING_HEAD:
     case CONN_READING_BODY:

@@ -49,6 +49,7 @@
 
 struct event;
 struct event_base;
+struct iovec;
 struct sockaddr;
 struct fp_accept_guard;
 struct fp_settings;
@@ -64,6 +65,9 @@ enum conn_state {
     CONN_WAITING_CACHE, /* the request waits for the cache (conn_wait) */
     CONN_HELD,          /* a long poll waits for its answer to change, its
                          * timer the wait (conn_hold) */
+    CONN_STREAMING,     /* an event stream: its head is out, events go
+                         * out as they come, its timer the heartbeat
+                         * (conn_stream_start) */
     CONN_WRITING,       /* the rest of an answer waits for the socket */
     CONN_LINGERING,     /* answered, closing: input is dropped until EOF */
     CONN_NSTATES
@@ -106,6 +110,9 @@ struct conn {
     /* What the socket did not take of an answer (the slow path). */
     char *out;
     size_t out_off, out_len, out_cap;
+    int out_moved;                  /* STREAMING: the socket took some of
+                                     * out since the last tick */
+    int slow;                       /* ... closed: its reader was too slow */
 };
 
 /* The request layer's part, called from this one. */
@@ -121,6 +128,8 @@ struct fp_conn_ops {
     int (*dispatch)(struct conn *c);
     /* A held poll's wait is over (its timer fired). */
     void (*hold_expired)(struct conn *c);
+    /* A stream's timer fired: its heartbeat, or the end of its life. */
+    void (*stream_tick)(struct conn *c);
     /* The connection closes while its request waits or is held: let go of
      * what the request holds (c->state says which). */
     void (*abandon)(struct conn *c);
@@ -197,6 +206,31 @@ int conn_hold(struct conn *c, unsigned wait_ms);
  * from inside the delivery (the coalescer's or hold.c's). */
 void conn_finish(struct conn *c, int code, const char *body, size_t len,
                  const struct fp_resp_meta *cached);
+
+/* The request is answered with an event stream (docs/api.md, "Event
+ * streams"): the stream's head and data[0..n) go out, and the
+ * connection is STREAMING until conn_stream_end or its close (input is
+ * read and dropped; the client's close is seen). Its timer fires every
+ * tick_ms (fp_conn_ops.stream_tick, which re-arms it with conn_stream_tick).
+ * From READING_HEAD, WAITING_CACHE or HELD. Returns 0, or -1 if the
+ * connection is gone (closed: the caller let go of what it held first). */
+#define CONN_STREAM_IOV 3 /* pieces of a stream's first bytes at most */
+int conn_stream_start(struct conn *c, const struct iovec *data, int n,
+                      unsigned tick_ms);
+
+/* Writes iov[0..n) to a STREAMING connection. What the socket does not
+ * take waits in the output buffer, [stream] max_buffered bytes at most:
+ * past that, or when a tick finds it has not moved since the last one,
+ * the reader is too slow and the connection is closed. Returns 0, or -1 if
+ * it is gone (fp_conn_ops.abandon was called). */
+int conn_stream_send(struct conn *c, const struct iovec *iov, int n);
+
+/* Re-arms a STREAMING connection's timer. */
+void conn_stream_tick(struct conn *c, unsigned ms);
+
+/* Ends a stream (the request layer let go of it): what is buffered is
+ * written, then the connection closes as after any answer that ends it. */
+void conn_stream_end(struct conn *c);
 
 /* Closes the connection and recycles it. c is gone after this. */
 void conn_close(struct conn *c);

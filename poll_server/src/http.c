@@ -33,10 +33,59 @@
 #include "settings.h"
 #include "sign.h"
 #include "stats.h"
+#include "stream.h"
 
 static struct fp_http *http_of(const struct conn *c)
 {
     return (struct fp_http *)(void *)c->h;
+}
+
+/* Holds r's stream on its key, on the answer tagged tag it last sent. */
+static void stream_hold(struct fp_http *h, struct fp_request *r, uint64_t tag,
+                        uint64_t since)
+{
+    r->inm.star = 0;
+    r->inm.ntags = 1;
+    r->inm.tags[0] = tag;
+    r->held.inm = &r->inm;
+    if (fp_hold_add(h->hold, r->key, r->keylen, &r->held, since) != 0) {
+        fp_stat_over_cap();
+        fp_stream_end(r, FP_STAT_STREAM_OVER_CAP);
+    }
+}
+
+/* A stream's first read of its key found value: the stream starts. */
+static void stream_hit(struct fp_http *h, struct fp_request *r,
+                       const char *value, size_t len)
+{
+    uint64_t tag = fp_etag_of(value, len);
+
+    if (fp_stream_open(r, value, len, tag) == 1)
+        stream_hold(h, r, tag, r->ann_seq);
+}
+
+/* hold.c's release callback: a held poll's or stream's answer changed, its
+ * key is gone, or a change could not be read. */
+static void on_release(struct fp_held *hd, enum fp_cache_status st,
+                       const char *value, size_t len, uint64_t tag,
+                       enum fp_stat_wake cause, void *arg)
+{
+    struct fp_request *r = (struct fp_request *)(void *)((char *)hd -
+                               offsetof(struct fp_request, held));
+    struct fp_http *h = arg;
+
+    if (!r->stream) {
+        fp_longpoll_release(hd, st, value, len, tag, cause, arg);
+        return;
+    }
+    fp_stat_wake(cause);
+    if (st != FP_CACHE_HIT) {
+        /* Its client reconnects, and falls back as a poll does. */
+        fp_stream_end(r, FP_STAT_STREAM_CACHE);
+        return;
+    }
+    if (fp_stream_send(r, value, len, tag) == 0)
+        stream_hold(h, r, tag, fp_hold_seq(h->hold));
 }
 
 static void on_answer(struct fp_waiter *w, enum fp_cache_status st,
@@ -50,6 +99,10 @@ static void on_answer(struct fp_waiter *w, enum fp_cache_status st,
     (void)arg;
     switch (st) {
     case FP_CACHE_HIT:
+        if (r->stream) {
+            stream_hit(h, r, value, len);
+            return;
+        }
         if ((code = fp_longpoll_hit(r, h->hold, value, len)) == 0)
             return; /* held */
         break;
@@ -118,6 +171,8 @@ static int start_request(struct conn *c, const struct fp_http_head *hd)
     r->verdict = 0;
     r->ans.has_tag = 0;
     r->wait_s = 0;
+    r->stream = fp_stream_wanted(hd);
+    r->streaming = 0;
     if (hd->method == FP_HM_OTHER) {
         r->verdict = 405;
         r->outcome = FP_STAT_METHOD_NOT_ALLOWED;
@@ -131,6 +186,8 @@ static int start_request(struct conn *c, const struct fp_http_head *hd)
         r->outcome = FP_STAT_BAD_REQUEST;
         return 0;
     }
+    if (r->stream)
+        r->wait_s = 0; /* a stream is held for its lifetime, not a wait */
     keylen = key_derive(s->key_prefix, s->key_params, s->nkey_params,
                         hd->target, hd->target_len, r->key, sizeof(r->key));
     if (event_base_gettimeofday_cached(h->cs.base, &now) == 0)
@@ -178,6 +235,25 @@ static void end_held(struct fp_request *r, enum fp_stat_wake cause)
         fp_longpoll_end(r, cause);
 }
 
+/* Ends a stream: its keys let go of, then the end's retry hint. */
+static void end_stream(struct fp_request *r, enum fp_stat_stream_end why)
+{
+    if (fp_chpoll_is(r))
+        fp_chpoll_stream_release(r);
+    else
+        fp_hold_remove(&r->held);
+    fp_stream_end(r, why);
+}
+
+/* fp_conn_ops.stream_tick */
+static void stream_tick(struct conn *c)
+{
+    struct fp_request *r = fp_request_of(c);
+
+    if (fp_stream_tick(r) == 1)
+        end_stream(r, FP_STAT_STREAM_LIFETIME);
+}
+
 /* fp_conn_ops.hold_expired */
 static void hold_expired(struct conn *c)
 {
@@ -190,6 +266,11 @@ static void abandon(struct conn *c)
 {
     struct fp_request *r = fp_request_of(c);
 
+    if (c->state == CONN_STREAMING) {
+        fp_hold_remove(&r->held);
+        fp_stream_gone(r);
+        return;
+    }
     fp_stat_request(r->method, FP_STAT_CLIENT_CLOSED);
     if (c->state == CONN_WAITING_CACHE) {
         fp_coalesce_detach(&r->w);
@@ -201,7 +282,8 @@ static void abandon(struct conn *c)
 }
 
 static const struct fp_conn_ops http_ops = {
-    sizeof(struct fp_request), start_request, dispatch, hold_expired, abandon
+    sizeof(struct fp_request), start_request, dispatch, hold_expired,
+    stream_tick, abandon
 };
 
 int fp_http_init(struct fp_http *h, struct event_base *base,
@@ -211,7 +293,7 @@ int fp_http_init(struct fp_http *h, struct event_base *base,
     if (fp_conns_init(&h->cs, base, s, &http_ops, guard) != 0)
         return -1;
     if ((h->co = fp_coalesce_new(cache, on_answer, h)) == NULL ||
-        (h->hold = fp_hold_new(base, s, cache, fp_longpoll_release, h)) == NULL ||
+        (h->hold = fp_hold_new(base, s, cache, on_release, h)) == NULL ||
         (h->chp = fp_chpolls_new(cache, h->hold, s)) == NULL ||
         (s->nsign_secrets > 0 &&
          (h->signer = fp_signer_new(s->sign_secrets, s->nsign_secrets)) == NULL)) {
@@ -237,6 +319,8 @@ void fp_http_drain(struct fp_http *h, void (*done)(void *arg), void *arg)
         next = LIST_NEXT(c, link);
         if (c->state == CONN_HELD)
             end_held(fp_request_of(c), FP_STAT_WAKE_SHUTDOWN);
+        else if (c->state == CONN_STREAMING)
+            end_stream(fp_request_of(c), FP_STAT_STREAM_DRAIN);
     }
     fp_conns_check_drained(&h->cs);
 }

@@ -91,6 +91,30 @@ static void connection_tokens(const char *v, size_t n, int *close_it, int *ka)
     }
 }
 
+/* Does the comma-separated list v[0..n) (Accept's media ranges) have an
+ * element whose type, before any ';' parameters, is the lower-case lit? */
+static int has_token_ci(const char *v, size_t n, const char *lit)
+{
+    size_t i = 0;
+
+    while (i < n) {
+        size_t s, e;
+
+        while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
+            i++;
+        s = i;
+        while (i < n && v[i] != ',' && v[i] != ';' && v[i] != ' ' &&
+               v[i] != '\t')
+            i++;
+        e = i;
+        if (eq_lower(v + s, e - s, lit))
+            return 1;
+        while (i < n && v[i] != ',')
+            i++;
+    }
+    return 0;
+}
+
 /* The request line: METHOD SP target SP HTTP/1.x CRLF. Returns the offset
  * past it, or 0 if malformed. */
 static size_t request_line(const char *buf, size_t len,
@@ -159,7 +183,8 @@ int fp_http_parse_head(const char *buf, size_t len, struct fp_http_head *out)
         while (i < len && (buf[i] == ' ' || buf[i] == '\t'))
             i++;
         v = i;
-        is_inm = eq_lower(buf + name, name_len, "if-none-match");
+        is_inm = eq_lower(buf + name, name_len, "if-none-match") ||
+                 eq_lower(buf + name, name_len, "last-event-id");
         while (i < len && (is_inm ? is_inm_byte((unsigned char)buf[i])
                                   : is_vbyte((unsigned char)buf[i])))
             i++;
@@ -194,9 +219,17 @@ int fp_http_parse_head(const char *buf, size_t len, struct fp_http_head *out)
         } else if (eq_lower(buf + name, name_len, "x-fastpoll-route")) {
             /* nginx's route (proxy_set_header: clients cannot send it).
              * Anything but `held` on every line means "never hold". */
-            if (out->route != FP_ROUTE_PLAIN)
-                out->route = eq_lower(buf + v, ve - v, "held") ? FP_ROUTE_HELD
-                                                               : FP_ROUTE_PLAIN;
+            enum fp_route r = eq_lower(buf + v, ve - v, "held") ? FP_ROUTE_HELD :
+                              eq_lower(buf + v, ve - v, "stream") ? FP_ROUTE_STREAM :
+                              FP_ROUTE_PLAIN;
+
+            if (out->route == FP_ROUTE_NONE)
+                out->route = r;
+            else if (out->route != r)
+                out->route = FP_ROUTE_PLAIN;
+        } else if (eq_lower(buf + name, name_len, "accept")) {
+            if (has_token_ci(buf + v, ve - v, "text/event-stream"))
+                out->accept_stream = 1;
         } else if (is_inm) {
             if (out->ninm < FP_HTTP_MAX_INM) {
                 out->inm[out->ninm] = buf + v;

@@ -3,7 +3,8 @@
  *
  * No allocation, no copies: the head is parsed in the caller's buffer once
  * its end (an empty line) is there. Only what the poll server acts on is
- * kept: method, target, version, keep-alive, If-None-Match, nginx's
+ * kept: method, target, version, keep-alive, If-None-Match (Last-Event-ID
+ * is one more of its lines), whether Accept names text/event-stream, nginx's
  * X-Fastpoll-Route, and the body's framing (Content-Length or chunked),
  * which must be unambiguous. Anything outside
  * RFC 9112's grammar is refused rather than guessed at: bare LF, obsolete
@@ -30,6 +31,8 @@ enum fp_hmethod { FP_HM_GET, FP_HM_HEAD, FP_HM_POST, FP_HM_OTHER };
 enum fp_route {
     FP_ROUTE_NONE,      /* no header (direct access): `wait` decides */
     FP_ROUTE_HELD,      /* `held` (any case) on every line */
+    FP_ROUTE_STREAM,    /* `stream` on every line: an event stream's route
+                         * (read timeout above the heartbeat, unbuffered) */
     FP_ROUTE_PLAIN      /* `plain`, or any other value: never held */
 };
 
@@ -40,10 +43,12 @@ struct fp_http_head {
     int minor;                  /* HTTP/1.minor: 0 or 1 */
     int keep_alive;             /* by the version and Connection */
     enum fp_route route;        /* X-Fastpoll-Route */
+    int accept_stream;          /* an Accept line names text/event-stream */
     int chunked;                /* Transfer-Encoding: chunked */
     int has_length;             /* Content-Length given */
     unsigned long long content_length;
-    /* If-None-Match values (trimmed), in the caller's buffer; ninm counts
+    /* If-None-Match values (trimmed), in the caller's buffer, and
+     * Last-Event-ID's (an event's id is its answer's ETag); ninm counts
      * every line (never more than FP_HTTP_MAX_INM: a head with more header
      * lines is refused). */
     const char *inm[FP_HTTP_MAX_INM];

@@ -34,6 +34,11 @@ struct fp_request {
     struct fp_resp_meta ans;        /* the answer from the cache's ETag and
                                      * Poll-Interval-Ms */
     struct fp_held held;
+    /* Event streams (stream.h). */
+    int stream;                     /* to be answered as a stream */
+    int streaming;                  /* ... and its head is out */
+    uint64_t stream_end_ms;         /* its life ends then (monotonic) */
+    uint64_t stream_tag;            /* the last event's id */
 };
 
 _Static_assert(offsetof(struct fp_request, c) == 0,

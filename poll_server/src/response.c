@@ -88,11 +88,17 @@ size_t fp_resp_format(char *buf, size_t cap, const struct fp_resp *r)
     p = put_num(p, end, (size_t)r->code);
     p = put(p, end, " ", 1);
     p = put_str(p, end, reason_of(r->code));
-    if (r->code != 304) { /* RFC 9110 15.4.5: a 304 has no content headers */
+    if (r->stream) {
+        /* Unbuffered through nginx (X-Accel-Buffering), never cached. */
+        p = put_str(p, end, "\r\nContent-Type: text/event-stream"
+                            "\r\nCache-Control: no-store"
+                            "\r\nX-Accel-Buffering: no"
+                            "\r\nX-Poll-Source: cache");
+    } else if (r->code != 304) { /* RFC 9110 15.4.5: a 304 has no content headers */
         p = put(p, end, "\r\nContent-Length: ", 18);
         p = put_num(p, end, r->len);
     }
-    if (r->from_cache) {
+    if (r->from_cache && !r->stream) {
         if (r->code != 304) {
             p = put(p, end, "\r\nContent-Type: ", 16);
             p = put_str(p, end, r->content_type);

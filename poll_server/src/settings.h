@@ -87,6 +87,13 @@ struct fp_settings {
     unsigned poll_jitter_pct;    /* ... plus 0..this % of it, default 20 */
     unsigned poll_max_wait;      /* wait= is clamped to this (s), default 30 */
 
+    /* [stream] (docs/api.md, "Event streams") */
+    unsigned stream_max;         /* streams held at once, default 20000 */
+    unsigned stream_heartbeat_ms;/* a comment after this silence, 15000 */
+    unsigned stream_lifetime_s;  /* a stream ends after this (+0..10%), 600 */
+    unsigned stream_retry_spread_ms; /* an ended stream's retry: 0..this */
+    size_t stream_max_buffered;  /* unread bytes a slow reader may leave */
+
     /* [announce] (shared with the app): Redis pub/sub of written keys */
     struct fp_server_addr announce; /* unset (no host, no path): [redis] with
                                      * the Redis backend or with sentinels,

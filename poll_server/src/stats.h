@@ -49,6 +49,19 @@ enum fp_stat_wake {
     FP_STAT_NWAKE
 };
 
+/* Why an event stream ended (stream.c). */
+enum fp_stat_stream_end {
+    FP_STAT_STREAM_CLIENT,      /* the client went away */
+    FP_STAT_STREAM_LIFETIME,    /* [stream] lifetime_s */
+    FP_STAT_STREAM_DRAIN,       /* SIGTERM's drain */
+    FP_STAT_STREAM_CACHE,       /* its key missed or a change could not be
+                                 * read: the client falls back and resumes */
+    FP_STAT_STREAM_SLOW,        /* its reader fell [stream] max_buffered
+                                 * behind */
+    FP_STAT_STREAM_OVER_CAP,    /* [stream] max were held: one event */
+    FP_STAT_NSTREAM_END
+};
+
 /* Backend latency buckets, upper bounds in microseconds (+Inf is implied). */
 #define FP_STAT_LATENCY_BUCKETS \
     { 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, \
@@ -91,6 +104,11 @@ struct fp_stats {
     uint64_t held_now;          /* wait= polls held now */
     uint64_t wakeups[FP_STAT_NWAKE];
     uint64_t held_over_cap;     /* answered at once: [server] max_held reached */
+    /* Event streams (stream.c). */
+    uint64_t streams_now;
+    uint64_t stream_events;     /* events written (not heartbeats) */
+    uint64_t stream_heartbeats;
+    uint64_t stream_ends[FP_STAT_NSTREAM_END];
     uint64_t announcements;     /* messages received on [announce] channel */
     int subscriber_up;          /* subscribed to the channel now */
     uint64_t announce_malformed; /* a time suffix that did not parse */
@@ -128,6 +146,10 @@ void fp_stats_backend_name(size_t i, const char *name);
 #define fp_stat_conn_closed() ((void)0)
 #define fp_stat_held(d) ((void)(d))
 #define fp_stat_wake(c) ((void)(c))
+#define fp_stat_stream_open() ((void)0)
+#define fp_stat_stream_end(w) ((void)(w))
+#define fp_stat_stream_event() ((void)0)
+#define fp_stat_stream_heartbeat() ((void)0)
 #define fp_stat_over_cap() ((void)0)
 #define fp_stat_announcement() ((void)0)
 #define fp_stat_subscriber(up) ((void)(up))
@@ -200,6 +222,28 @@ static inline void fp_stat_held(int d)
 static inline void fp_stat_wake(enum fp_stat_wake c)
 {
     fp_stats.wakeups[c]++;
+}
+
+static inline void fp_stat_stream_open(void)
+{
+    fp_stats.streams_now++;
+}
+
+static inline void fp_stat_stream_end(enum fp_stat_stream_end w)
+{
+    fp_stats.stream_ends[w]++;
+    if (fp_stats.streams_now > 0)
+        fp_stats.streams_now--;
+}
+
+static inline void fp_stat_stream_event(void)
+{
+    fp_stats.stream_events++;
+}
+
+static inline void fp_stat_stream_heartbeat(void)
+{
+    fp_stats.stream_heartbeats++;
 }
 
 static inline void fp_stat_over_cap(void)

@@ -396,6 +396,10 @@ class Stack:
             "fastpoll_poll_max_wait": int(
                 self.ini_sections().get("poll", {}).get("max_wait", "30")
             ),
+            # ... and their stream heartbeat: @poll_stream's read timeout is above it.
+            "fastpoll_stream_heartbeat_ms": int(
+                self.ini_sections().get("stream", {}).get("heartbeat_ms", "15000")
+            ),
             **({"fastpoll_status_port": self.nginx_status_port} if self.nginx_status_port else {}),
             **({"fastpoll_access_log": str(ngx / "access.log")} if self.access_log else {}),
             **self.nginx_vars,
