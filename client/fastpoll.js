@@ -408,13 +408,16 @@ export function startPolling(options) {
         .catch(() => {}); // stop() before the lock came: AbortError
     let leading = lead();
     const onFreeze = () => hooks.end?.();
+    const ask = () => channel.postMessage({ t: "q", from: me });
     const onResume = () => {
-      if (!mainSignal.aborted) leading = leading.then(lead);
+      if (mainSignal.aborted) return;
+      leading = leading.then(lead);
+      ask(); // what the leader answered meanwhile
     };
     const doc = globalThis.document;
     doc?.addEventListener("freeze", onFreeze);
     doc?.addEventListener("resume", onResume);
-    channel.postMessage({ t: "q", from: me });
+    ask();
     done = new Promise((resolve) => {
       if (mainSignal.aborted) resolve();
       mainSignal.addEventListener("abort", resolve, { once: true });

@@ -12,7 +12,8 @@ messages, each with an unread badge; each message with its id and the time the p
 connection as the client reports it): its texts are read from each item's `.text`, whether its
 conversation is the open one or not. Tabs (the demo shares its poll across a browser's tabs of
 one URL): three tabs make one tab's polls, a publish shows in each, and when the leading tab
-closes another takes over with nothing lost or shown twice; with shared=0 each tab polls.
+closes, or is frozen, another takes over with nothing lost or shown twice, and a tab opened later
+gets the last answer from the leader; with shared=0 each tab polls.
 
 The page's polls carry wait=25 and the current tag: the poll server holds them, and the app's
 announcement on the stack's Redis ([announce] server: the cache is memcached) wakes them when a
@@ -520,6 +521,11 @@ def on_each(driver: webdriver.Chrome, windows: list[str], script: str) -> list[o
     return out
 
 
+def shown_in(driver: webdriver.Chrome, window: str) -> list[str]:
+    driver.switch_to.window(window)
+    return shown(driver)
+
+
 def close_tabs(driver: webdriver.Chrome, windows: list[str], home: str) -> None:
     for w in windows:
         driver.switch_to.window(w)
@@ -534,8 +540,10 @@ def test_tabs_share_one_poll_and_a_tab_takes_over_when_the_leader_closes(
     """Three tabs of the demo on one user's URL (the demo shares its poll across tabs): one
     poll reaches the poll server, not three; three publishes show in every tab, in order. The
     leading tab closed: another takes the lead within 3 s, continues from the last tag, and a
-    publish then shows in both remaining tabs, nothing lost, nothing twice. With shared=0 each
-    tab polls on its own (two tabs: two held polls)."""
+    publish then shows in both remaining tabs, nothing lost, nothing twice. A tab opened then
+    gets the leader's last answer without a poll of its own. The leader frozen: another tab
+    leads, and the frozen one, resumed, shows what it missed, once. With shared=0 each tab polls
+    on its own (two tabs: two held polls)."""
     uid, home = 939393, browser.current_window_handle
     page = (
         f"{demo_stack.base_url}/fastpoll-client/demo.html"
@@ -548,7 +556,7 @@ def test_tabs_share_one_poll_and_a_tab_takes_over_when_the_leader_closes(
             WebDriverWait(browser, 10, 0.05).until(
                 lambda d: d.execute_script("return window.fastpollDemo.stats.answers") >= 1
             )
-        wait_held(demo_stack, 1)
+        WebDriverWait(browser, 10, 0.05).until(lambda _: poller_metrics(demo_stack)[0] >= 1)
         time.sleep(1.5)  # a tab polling on its own would have its poll held by now
         held, before = poller_metrics(demo_stack)
         assert held == 1, f"{held} polls held for three tabs of one URL"
@@ -591,6 +599,42 @@ def test_tabs_share_one_poll_and_a_tab_takes_over_when_the_leader_closes(
         for w in windows:
             browser.switch_to.window(w)
             assert shown(browser) == [*sent, "after takeover"]  # none lost, none twice
+        assert poller_metrics(demo_stack)[0] == 1
+
+        # A tab opened now gets the leader's last answer at once (no poll of its own): a URL
+        # new to it starts from what that answer lists (answer_messages = 2).
+        held, before = poller_metrics(demo_stack)
+        windows += open_tabs(browser, page, 1)
+        WebDriverWait(browser, 2, 0.02).until(
+            lambda d: d.execute_script("return window.fastpollDemo.stats.bySource.tab") == 1
+        )
+        assert shown(browser) == [sent[-1], "after takeover"]
+        assert browser.execute_script("return window.fastpollDemo.poller.polls") == 0
+        assert poller_metrics(demo_stack) == (1, before)
+
+        # The leader frozen (Chromium's page lifecycle): it lets the lock go, another tab
+        # leads; resumed, it catches up from the leader's last answer, once.
+        leaders = on_each(browser, windows, "return window.fastpollDemo.poller.leader")
+        leader = windows[leaders.index(True)]
+        others = [w for w in windows if w != leader]
+        want = {w: [*shown_in(browser, w), "while frozen"] for w in windows}
+        browser.switch_to.window(leader)
+        browser.execute_cdp_cmd("Page.setWebLifecycleState", {"state": "frozen"})
+        t0 = time.monotonic()
+        while not any(on_each(browser, others, "return window.fastpollDemo.poller.leader")):
+            assert time.monotonic() - t0 < 3.0, "no tab took the lead from the frozen one"
+            time.sleep(0.05)
+        wait_held(demo_stack, 1)
+        publish(demo_stack, uid, "while frozen")
+        for w in others:
+            browser.switch_to.window(w)
+            WebDriverWait(browser, 5, 0.05).until(lambda d: shown(d) == want[w])  # noqa: B023
+        browser.switch_to.window(leader)
+        browser.execute_cdp_cmd("Page.setWebLifecycleState", {"state": "active"})
+        WebDriverWait(browser, 5, 0.05).until(lambda d: shown(d) == want[leader])
+        time.sleep(0.5)
+        for w in windows:
+            assert shown_in(browser, w) == want[w]  # once each
         assert poller_metrics(demo_stack)[0] == 1
     finally:
         close_tabs(browser, windows, home)
