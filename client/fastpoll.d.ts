@@ -44,7 +44,7 @@ export interface Parts {
 
 export interface AnswerInfo {
   status: 200;
-  /** X-Poll-Source: "cache", "app", ... (null without the header). */
+  /** X-Poll-Source: "cache", "app", ... (null without the header); "tab": the leading tab's last answer, handed to a tab that opened. */
   source: string | null;
 }
 
@@ -84,7 +84,14 @@ export interface PollOptions {
   navigator?: { readonly onLine: boolean } | null;
   /** Where "online"/"offline" are listened to; default globalThis (the window). */
   events?: EventTarget | null;
-  /** Every 200 answer, as it came (before onMessages). */
+  /**
+   * One poll for all this origin's tabs of the same URL (true: the URL without exp=, sig= and
+   * wait= names it; a string: that name): a leader elected with navigator.locks polls and
+   * shares each answer on a BroadcastChannel. Each tab polls on its own where either is missing.
+   * Default false.
+   */
+  shared?: boolean | string;
+  /** Every 200 answer, as it came (before onMessages); with shared, the leader's too. */
   onAnswer?: (answer: Answer, info: AnswerInfo) => void;
   /** The user's new messages, ascending by id, each exactly once. */
   onMessages?: (messages: Message[]) => void;
@@ -103,8 +110,10 @@ export interface Poller {
   stop(): Promise<void>;
   /** Resolves when the loop has ended (stop(), or a 400/403/404). */
   readonly done: Promise<void>;
-  /** Answers received (any status). */
+  /** Answers this tab's own requests received (any status); 0 for a tab that follows. */
   readonly polls: number;
+  /** True while this tab polls (always without shared; with it, while it holds the lead). */
+  readonly leader: boolean;
   /** The ETag sent as If-None-Match on the next poll. */
   readonly etag: string | null;
   /** True while the browser is offline and the poller waits for "online". */

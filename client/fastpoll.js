@@ -13,6 +13,7 @@
 //     onMessages: (list) => { ... },           // the user's new messages, ascending, each once
 //     onChannelMessages: (name, list) => { ... }, // a room's new messages, ascending, each once
 //     refreshUrl: async () => newSignedUrl,    // called on 403 (the signed URL expired)
+//     shared: true,                            // one poll for all tabs of this URL
 //   });
 //   ...
 //   await poller.stop();
@@ -123,6 +124,25 @@ function parseAnswer(text) {
   return text === "" ? null : JSON.parse(text);
 }
 
+// The long-poll transport: one conditional poll (If-None-Match, wait=) and its answer as
+// {status, answer (a 200's), etag, source, pace (ms or null), retry (ms or null)}. The poll
+// loop and the sharing across tabs see only this shape, whatever made the request.
+async function longPoll(url, etag, wait, signal) {
+  const res = await fetch(withWait(url, wait), {
+    headers: etag ? { "If-None-Match": etag } : {},
+    signal,
+    cache: "no-store", // our own If-None-Match; the browser's cache stays out of it
+    credentials: "same-origin",
+  });
+  const h = (name) => res.headers.get(name);
+  const out = { status: res.status, etag: h("ETag"), source: h("X-Poll-Source") };
+  out.pace = pacedMs(res);
+  out.retry = retryAfterMs(res);
+  if (res.status === 200) out.answer = parseAnswer(await res.text());
+  else await res.body?.cancel();
+  return out;
+}
+
 // {user, channels} of any answer: a plain poll's answer is its user part, with no channels.
 export function parts(answer) {
   if (answer !== null && typeof answer === "object" && "channels" in answer && "user" in answer) {
@@ -138,6 +158,7 @@ export function channelMessages(answer, name) {
 
 export function startPolling(options) {
   const opt = { ...DEFAULTS, ...options };
+  const transport = longPoll;
   if (typeof opt.url !== "string" || opt.url === "") throw new TypeError("url is required");
   const controller = new AbortController();
   const mainSignal = controller.signal;
@@ -241,91 +262,175 @@ export function startPolling(options) {
   };
   const ownInterval = () => opt.interval * (1 + Math.random() * opt.jitter);
 
-  async function once() {
-    const headers = state.etag ? { "If-None-Match": state.etag } : {};
-    // This request's own controller: stop() and going offline both cancel it.
+  async function once(signal0) {
+    // This request's own controller: stop(), going offline and losing the lead cancel it.
     const request = new AbortController();
     const signal = request.signal;
     const cancel = () => request.abort();
-    mainSignal.addEventListener("abort", cancel, { once: true });
+    signal0.addEventListener("abort", cancel, { once: true });
     hooks.request = request;
-    let res;
     try {
-      res = await fetch(withWait(state.url, opt.wait), {
-        headers,
-        signal,
-        cache: "no-store", // our own If-None-Match; the browser's cache stays out of it
-        credentials: "same-origin",
-      });
+      const r = await transport(state.url, state.etag, opt.wait, signal);
       state.polls += 1;
-      if (res.status === 200) {
-        const text = await res.text();
-        const etag = res.headers.get("ETag"); // null from a server without ETags: no condition
+      if (r.status === 200) {
         state.failures = 0;
-        const answer = parseAnswer(text);
-        state.lastAnswer = answer;
-        opt.onAnswer?.(answer, { status: 200, source: res.headers.get("X-Poll-Source") });
-        if (!(await deliver(answer, signal))) {
+        share({ t: "a", answer: r.answer, etag: r.etag, source: r.source });
+        if (!(await take(r.answer, r.etag, r.source, signal))) {
           if (signal.aborted) return 0; // stopped or offline during the gap's read
           // The gap could not be read: poll again without the tag (the answer at once), later.
           state.etag = null;
           state.failures += 1;
           return backoff();
         }
-        state.etag = etag;
-        return pacedMs(res) ?? ownInterval();
+        return r.pace ?? ownInterval();
       }
-      if (res.status === 304) {
+      share({ t: "s", status: r.status, source: r.source });
+      opt.onStatus?.({ status: r.status, source: r.source });
+      if (r.status === 304) {
         state.failures = 0;
-        opt.onStatus?.({ status: 304, source: res.headers.get("X-Poll-Source") });
-        return pacedMs(res) ?? ownInterval();
+        return r.pace ?? ownInterval();
       }
-      await res.body?.cancel();
-      opt.onStatus?.({ status: res.status, source: res.headers.get("X-Poll-Source") });
-      if (res.status === 403 && opt.refreshUrl) {
+      if (r.status === 403 && opt.refreshUrl) {
         // The signed URL expired (or was rotated): ask the site for a new one.
         state.failures += 1;
         state.url = await opt.refreshUrl();
         state.etag = null;
         return state.failures > 1 ? backoff() : 0;
       }
-      if (res.status === 403 || res.status === 400 || res.status === 404) {
-        throw new Error(`poll refused with ${res.status}: not retried`);
+      if (r.status === 403 || r.status === 400 || r.status === 404) {
+        throw new Error(`poll refused with ${r.status}: not retried`);
       }
       state.failures += 1;
-      return retryAfterMs(res) ?? backoff(); // 429/503 shed by nginx carry Retry-After
+      return r.retry ?? backoff(); // 429/503 shed by nginx carry Retry-After
     } catch (err) {
-      if (signal.aborted) return 0; // stop(), or offline: no error, no back-off
+      if (signal.aborted) return 0; // stop(), offline, the lead lost: no error, no back-off
       if (err instanceof Error && err.message.startsWith("poll refused")) throw err;
       state.failures += 1; // the network, a reset, a bad body
       opt.onError?.(err);
       return isOffline() ? 0 : backoff(); // offline: the loop waits for "online" instead
     } finally {
-      mainSignal.removeEventListener("abort", cancel);
+      signal0.removeEventListener("abort", cancel);
       if (hooks.request === request) hooks.request = null;
     }
   }
 
-  const done = (async () => {
-    while (!mainSignal.aborted) {
+  // A 200 answer, this tab's own or the leading tab's: onAnswer, then the messages newer than
+  // this tab's last ids (a gap read first); the tag is kept once they are handed over.
+  // Answers are taken one after the other, in the order they came.
+  let taking = Promise.resolve(true);
+  function take(answer, etag, source, signal) {
+    taking = taking.then(async () => {
+      state.lastAnswer = answer;
+      opt.onAnswer?.(answer, { status: 200, source });
+      const ok = await deliver(answer, signal);
+      if (ok) state.etag = etag;
+      return ok;
+    });
+    return taking;
+  }
+
+  // The poll loop, while `signal` is not aborted (stop(), or this tab's lead ended).
+  const loop = async (signal) => {
+    while (!signal.aborted) {
       if (isOffline()) {
         // Offline: nothing is sent until the browser is back online ("online" wakes this; with
         // no events to listen to, navigator.onLine is looked at every interval).
         opt.onStatus?.({ status: 0, source: "offline" });
-        if (!(await pause(listen ? Infinity : opt.interval, mainSignal, hooks))) break;
+        if (!(await pause(listen ? Infinity : opt.interval, signal, hooks))) break;
         continue;
       }
       let delay;
       try {
-        delay = await once();
+        delay = await once(signal);
       } catch (err) {
         opt.onError?.(err);
+        refused = true;
+        share({ t: "x" });
         break;
       }
       if (isOffline()) continue; // gone offline meanwhile: wait above, then poll at once
-      if (!(await pause(delay, mainSignal, hooks))) break;
+      if (!(await pause(delay, signal, hooks))) break;
     }
-  })().finally(() => {
+  };
+
+  // Shared across tabs (options.shared): the tabs of one origin polling the same URL (its
+  // identity: without exp=, sig= and wait=) elect one leader with a Web Lock; only it polls,
+  // and it posts each answer (with its tag) and status on a BroadcastChannel. Every tab hands
+  // the answer's messages over by its own last ids, so a tab that takes the lead over (the
+  // leader closed, or frozen: it lets the lock go) polls on from the last tag it got, and no
+  // message is lost or handed over twice. A tab that opens asks the leader for its last answer.
+  // Without navigator.locks or BroadcastChannel each tab polls on its own.
+  const locks = nav?.locks;
+  const shared = opt.shared && locks && typeof BroadcastChannel === "function";
+  const channel = shared
+    ? new BroadcastChannel("fastpoll:" + (typeof opt.shared === "string" ? opt.shared : idsKey))
+    : null;
+  const me = Math.random().toString(36).slice(2);
+  let refused = false;
+  let term = null; // the lead's AbortController while this tab leads
+  function share(msg) {
+    if (term) channel?.postMessage(msg);
+  }
+  let done;
+  if (!channel) {
+    done = loop(mainSignal);
+  } else {
+    channel.onmessage = ({ data: m }) => {
+      if (m.t === "q" && term && state.lastAnswer !== undefined) {
+        const a = state.lastAnswer;
+        channel.postMessage({ t: "a", to: m.from, answer: a, etag: state.etag, source: "tab" });
+      } else if (term || (m.to && m.to !== me)) {
+        // the leader's own answers only reach the others
+      } else if (m.t === "a") take(m.answer, m.etag, m.source, mainSignal);
+      else if (m.t === "s") opt.onStatus?.({ status: m.status, source: m.source });
+      else if (m.t === "x") {
+        refused = true;
+        controller.abort();
+      }
+    };
+    // Leads while it holds the lock: until stop(), or the page is frozen (then it lets go,
+    // and asks again when it resumes).
+    const lead = () =>
+      locks
+        .request(channel.name, { signal: mainSignal }, async () => {
+          if (mainSignal.aborted || refused) return;
+          term = new AbortController();
+          const end = () => term.abort();
+          mainSignal.addEventListener("abort", end, { once: true });
+          hooks.end = end;
+          try {
+            await loop(term.signal);
+          } finally {
+            mainSignal.removeEventListener("abort", end);
+            term = hooks.end = null;
+          }
+        })
+        .catch(() => {}); // stop() before the lock came: AbortError
+    let leading = lead();
+    const onFreeze = () => hooks.end?.();
+    const ask = () => channel.postMessage({ t: "q", from: me });
+    const onResume = () => {
+      if (mainSignal.aborted) return;
+      leading = leading.then(lead);
+      ask(); // what the leader answered meanwhile
+    };
+    const doc = globalThis.document;
+    doc?.addEventListener("freeze", onFreeze);
+    doc?.addEventListener("resume", onResume);
+    ask();
+    done = new Promise((resolve) => {
+      if (mainSignal.aborted) resolve();
+      mainSignal.addEventListener("abort", resolve, { once: true });
+    })
+      .then(() => leading)
+      .then(() => taking)
+      .finally(() => {
+        doc?.removeEventListener("freeze", onFreeze);
+        doc?.removeEventListener("resume", onResume);
+        channel.close();
+      });
+  }
+  done = done.then(() => {}).finally(() => {
     if (listen) {
       events.removeEventListener("offline", onOffline);
       events.removeEventListener("online", onOnline);
@@ -348,6 +453,10 @@ export function startPolling(options) {
     // True while the browser is offline and the poller waits for it to come back.
     get offline() {
       return isOffline();
+    },
+    // True while this tab polls for the others (always, unless shared).
+    get leader() {
+      return !channel || term !== null;
     },
   };
 }

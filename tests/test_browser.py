@@ -10,7 +10,10 @@ is read through the history read, and a publish after the poll server's restart 
 The demo is a small chat page (a conversation per room of the URL and one for the user's own
 messages, each with an unread badge; each message with its id and the time the page got it; the
 connection as the client reports it): its texts are read from each item's `.text`, whether its
-conversation is the open one or not.
+conversation is the open one or not. Tabs (the demo shares its poll across a browser's tabs of
+one URL): three tabs make one tab's polls, a publish shows in each, and when the leading tab
+closes, or is frozen, another takes over with nothing lost or shown twice, and a tab opened later
+gets the last answer from the leader; with shared=0 each tab polls.
 
 The page's polls carry wait=25 and the current tag: the poll server holds them, and the app's
 announcement on the stack's Redis ([announce] server: the cache is memcached) wakes them when a
@@ -486,3 +489,169 @@ def test_offline_sends_nothing_and_online_polls_at_once(
     publish(demo_stack, uid, "after")
     WebDriverWait(browser, 5, 0.05).until(lambda d: shown(d) == ["before", *away, "after"])
     stop_page(browser)
+
+
+def poller_metrics(stack: Stack) -> tuple[int, int]:
+    """(polls held now, requests answered so far) of the poll server, from its /metrics."""
+    text = httpx.get(f"http://127.0.0.1:{stack.admin_ports[0]}/metrics", timeout=5).text
+    held = answered = 0
+    for line in text.splitlines():
+        if line.startswith("fastpoll_held_requests "):
+            held = int(line.split()[1])
+        elif line.startswith("fastpoll_requests_total{"):
+            answered += int(line.split()[1])
+    return held, answered
+
+
+def open_tabs(driver: webdriver.Chrome, page: str, n: int) -> list[str]:
+    """n more windows of the browser on `page` (tabs of one origin: one profile)."""
+    out = []
+    for _ in range(n):
+        driver.switch_to.new_window("window")
+        out.append(driver.current_window_handle)
+        driver.get(page)
+    return out
+
+
+def on_each(driver: webdriver.Chrome, windows: list[str], script: str) -> list[object]:
+    out = []
+    for w in windows:
+        driver.switch_to.window(w)
+        out.append(driver.execute_script(script))
+    return out
+
+
+def shown_in(driver: webdriver.Chrome, window: str) -> list[str]:
+    driver.switch_to.window(window)
+    return shown(driver)
+
+
+def close_tabs(driver: webdriver.Chrome, windows: list[str], home: str) -> None:
+    for w in windows:
+        driver.switch_to.window(w)
+        stop_page(driver)
+        driver.close()
+    driver.switch_to.window(home)
+
+
+def test_tabs_share_one_poll_and_a_tab_takes_over_when_the_leader_closes(
+    demo_stack: Stack, browser: webdriver.Chrome
+) -> None:
+    """Three tabs of the demo on one user's URL (the demo shares its poll across tabs): one
+    poll reaches the poll server, not three; three publishes show in every tab, in order. The
+    leading tab closed: another takes the lead within 3 s, continues from the last tag, and a
+    publish then shows in both remaining tabs, nothing lost, nothing twice. A tab opened then
+    gets the leader's last answer without a poll of its own. The leader frozen: another tab
+    leads, and the frozen one, resumed, shows what it missed, once. With shared=0 each tab polls
+    on its own (two tabs: two held polls)."""
+    uid, home = 939393, browser.current_window_handle
+    page = (
+        f"{demo_stack.base_url}/fastpoll-client/demo.html"
+        f"?url={quote(demo_stack.poll_url(uid), safe='')}&interval={INTERVAL_MS}&wait=25"
+    )
+    windows = open_tabs(browser, page, 3)
+    try:
+        for w in windows:  # every tab has its first answer (the leader's, or its own)
+            browser.switch_to.window(w)
+            WebDriverWait(browser, 10, 0.05).until(
+                lambda d: d.execute_script("return window.fastpollDemo.stats.answers") >= 1
+            )
+        WebDriverWait(browser, 10, 0.05).until(lambda _: poller_metrics(demo_stack)[0] >= 1)
+        time.sleep(1.5)  # a tab polling on its own would have its poll held by now
+        held, before = poller_metrics(demo_stack)
+        assert held == 1, f"{held} polls held for three tabs of one URL"
+        leaders = on_each(browser, windows, "return window.fastpollDemo.poller.leader")
+        assert leaders.count(True) == 1, leaders
+        leader = windows[leaders.index(True)]
+        polls = on_each(browser, windows, "return window.fastpollDemo.poller.polls")
+        assert [p for w, p in zip(windows, polls, strict=True) if w != leader] == [0, 0], polls
+
+        sent = [f"tab {i}" for i in range(1, 4)]
+        for t in sent:
+            publish(demo_stack, uid, t)
+            time.sleep(0.3)
+        for w in windows:
+            browser.switch_to.window(w)
+            WebDriverWait(browser, 5, 0.05).until(lambda d: shown(d) == sent)
+        held, after = poller_metrics(demo_stack)
+        # One tab's polls: each publish answers the held poll, its next one is held again.
+        assert held == 1 and after - before <= len(sent) + 1, (held, after - before)
+
+        # The leader closes: its lock passes to another tab, which polls with the last tag.
+        browser.switch_to.window(leader)
+        browser.close()
+        windows.remove(leader)
+        t0 = time.monotonic()
+        while True:
+            leaders = on_each(browser, windows, "return window.fastpollDemo.poller.leader")
+            if True in leaders:
+                break
+            assert time.monotonic() - t0 < 3.0, "no tab took the lead over"
+            time.sleep(0.05)
+        print(f"lead taken over in {time.monotonic() - t0:.3f} s")
+        assert leaders.count(True) == 1, leaders
+        wait_held(demo_stack, 1)
+        publish(demo_stack, uid, "after takeover")
+        for w in windows:
+            browser.switch_to.window(w)
+            WebDriverWait(browser, 5, 0.05).until(lambda d: shown(d) == [*sent, "after takeover"])
+        time.sleep(0.5)
+        for w in windows:
+            browser.switch_to.window(w)
+            assert shown(browser) == [*sent, "after takeover"]  # none lost, none twice
+        assert poller_metrics(demo_stack)[0] == 1
+
+        # A tab opened now gets the leader's last answer at once (no poll of its own): a URL
+        # new to it starts from what that answer lists (answer_messages = 2).
+        held, before = poller_metrics(demo_stack)
+        windows += open_tabs(browser, page, 1)
+        WebDriverWait(browser, 2, 0.02).until(
+            lambda d: d.execute_script("return window.fastpollDemo.stats.bySource.tab") == 1
+        )
+        assert shown(browser) == [sent[-1], "after takeover"]
+        assert browser.execute_script("return window.fastpollDemo.poller.polls") == 0
+        assert poller_metrics(demo_stack) == (1, before)
+
+        # The leader frozen (Chromium's page lifecycle): it lets the lock go, another tab
+        # leads; resumed, it catches up from the leader's last answer, once.
+        leaders = on_each(browser, windows, "return window.fastpollDemo.poller.leader")
+        leader = windows[leaders.index(True)]
+        others = [w for w in windows if w != leader]
+        want = {w: [*shown_in(browser, w), "while frozen"] for w in windows}
+        browser.switch_to.window(leader)
+        browser.execute_cdp_cmd("Page.setWebLifecycleState", {"state": "frozen"})
+        t0 = time.monotonic()
+        while not any(on_each(browser, others, "return window.fastpollDemo.poller.leader")):
+            assert time.monotonic() - t0 < 3.0, "no tab took the lead from the frozen one"
+            time.sleep(0.05)
+        wait_held(demo_stack, 1)
+        publish(demo_stack, uid, "while frozen")
+        for w in others:
+            browser.switch_to.window(w)
+            WebDriverWait(browser, 5, 0.05).until(lambda d: shown(d) == want[w])  # noqa: B023
+        browser.switch_to.window(leader)
+        browser.execute_cdp_cmd("Page.setWebLifecycleState", {"state": "active"})
+        WebDriverWait(browser, 5, 0.05).until(lambda d: shown(d) == want[leader])
+        time.sleep(0.5)
+        for w in windows:
+            assert shown_in(browser, w) == want[w]  # once each
+        assert poller_metrics(demo_stack)[0] == 1
+    finally:
+        close_tabs(browser, windows, home)
+
+    # Not shared: each tab polls on its own.
+    wait_held(demo_stack, 0)
+    page = (
+        f"{demo_stack.base_url}/fastpoll-client/demo.html?url="
+        f"{quote(demo_stack.poll_url(uid + 1), safe='')}&interval={INTERVAL_MS}&wait=25&shared=0"
+    )
+    windows = open_tabs(browser, page, 2)
+    try:
+        wait_held(demo_stack, 2)
+        assert on_each(browser, windows, "return window.fastpollDemo.poller.leader") == [True] * 2
+        publish(demo_stack, uid + 1, "each polls")
+        for w in windows:
+            browser.switch_to.window(w)
+            WebDriverWait(browser, 5, 0.05).until(lambda d: shown(d) == ["each polls"])
+    finally:
+        close_tabs(browser, windows, home)

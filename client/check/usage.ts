@@ -53,7 +53,9 @@ const polls: number = poller.polls;
 const etag: string | null = poller.etag;
 const stopped: Promise<void> = poller.stop();
 const done: Promise<void> = startMin({ url: "/Poll/x" }).done;
-void [texts, offline, polls, etag, stopped, done];
+const leader: boolean = startPolling({ url: "/Poll/x", shared: true }).leader;
+const named: Poller = startPolling({ url: "/Poll/x", shared: "inbox" });
+void [texts, offline, polls, etag, stopped, done, leader, named];
 
 // Wrong uses the declarations must refuse (tsc fails if one is accepted).
 // @ts-expect-error url is required
@@ -64,4 +66,6 @@ startPolling({ url: "/p", onMessages: (list: string) => list });
 const wrong: number = composed.channels["room.a"]!.unread;
 // @ts-expect-error stop() returns a promise, not a number
 const n: number = poller.stop();
+// @ts-expect-error shared is a flag or a name, not a number
+startPolling({ url: "/p", shared: 1 });
 void [wrong, n];
