@@ -1120,8 +1120,9 @@ static const struct option_def options[] = {
         600000, "5000", "a stream ended by its lifetime, a drain or its "
         "cache tells its client to reconnect after 0..this (ms)"),
     NUM(OPT_SIZE, "stream", "max_buffered", stream_max_buffered, 1024,
-        16777216, "65536", "bytes a stream's reader may leave unread; more "
-        "and the stream is dropped (its client resumes from its last id)"),
+        16777216, "65536", "bytes a stream's reader may leave unread (and its "
+        "socket's send buffer); more and the stream is dropped (its client "
+        "resumes from its last id)"),
 
     ROW("announce", "server", OPT_SERVER, F(announce), 0, 0, NULL,
         "Redis pub/sub of written keys; unset: the sentinels' master, else "

@@ -4,6 +4,7 @@
  * timeouts). See conn.h for how a connection is served. */
 #include <assert.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -626,6 +627,16 @@ int conn_stream_start(struct conn *c, const struct iovec *data, int n,
     if ((hlen = fp_resp_format(head, sizeof(head), &r)) == 0) {
         conn_close(c);
         return -1;
+    }
+    /* A stream lives long: the kernel's share of what its reader leaves
+     * unread is bounded as ours is (autotuning would let it grow to
+     * tcp_wmem's maximum, megabytes per stream). */
+    {
+        int sndbuf = c->h->s->stream_max_buffered > INT_MAX / 2
+                         ? INT_MAX / 2 : (int)c->h->s->stream_max_buffered;
+
+        if (setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf)) != 0)
+            fp_log(FP_LOG_DEBUG, "http: SO_SNDBUF: %s", strerror(errno));
     }
     conn_set_state(c, CONN_STREAMING);
     /* Pipelined requests are not served after a stream: dropped. */
