@@ -28,6 +28,7 @@ class Event:
     data: str
     source: str  # X-Poll-Source of the response it came on: cache (a poller) or app
     connection: int  # which connection of this client (0, 1, ...)
+    sent: float = 0.0  # when that connection's request was sent (monotonic)
 
     @property
     def answer(self) -> bytes:
@@ -63,6 +64,8 @@ class EventStreamClient:
         self.retry_ms = 1000
         self.max_retry_s = max_retry_s
         self.connections = 0
+        # (connection, request sent, response ended, status, X-Poll-Source), monotonic times
+        self.log: list[tuple[int, float, float, int, str]] = []
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._own = client is None
@@ -93,21 +96,27 @@ class EventStreamClient:
             headers["Last-Event-ID"] = self.last_event_id
         conn = self.connections
         self.connections += 1
-        with self._client.stream("GET", self.url, headers=headers) as resp:
-            self._response = resp
-            ctype = resp.headers.get("content-type", "")
-            if resp.status_code != 200 or not ctype.startswith(MEDIA_TYPE):
-                raise StreamFailed(resp.status_code, ctype)
-            source = resp.headers.get("x-poll-source", "")
-            for sse in _Parser(resp).iter_sse():
-                if sse.retry is not None:
-                    self.retry_ms = sse.retry
-                if sse.id:
-                    self.last_event_id = sse.id
-                if sse.data or sse.event != "message":
-                    self.on_event(Event(time.monotonic(), sse.id, sse.data, source, conn))
-                if self._stop.is_set():
-                    return
+        sent, status, source = time.monotonic(), 0, ""
+        try:
+            with self._client.stream("GET", self.url, headers=headers) as resp:
+                self._response = resp
+                status = resp.status_code
+                ctype = resp.headers.get("content-type", "")
+                if resp.status_code != 200 or not ctype.startswith(MEDIA_TYPE):
+                    raise StreamFailed(resp.status_code, ctype)
+                source = resp.headers.get("x-poll-source", "")
+                for sse in _Parser(resp).iter_sse():
+                    if sse.retry is not None:
+                        self.retry_ms = sse.retry
+                    if sse.id:
+                        self.last_event_id = sse.id
+                    if sse.data or sse.event != "message":
+                        at = time.monotonic()
+                        self.on_event(Event(at, sse.id, sse.data, source, conn, sent))
+                    if self._stop.is_set():
+                        return
+        finally:
+            self.log.append((conn, sent, time.monotonic(), status, source))
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -36,7 +36,7 @@ from fastpoll_testkit.contract.history import (
 )
 
 WRITES = ("publish", "read")
-POLLS = ("poll", "cond", "held", "hostile", "final-nginx", "final-app")
+POLLS = ("poll", "cond", "held", "hostile", "final-nginx", "final-app", "stream")
 NGINX_POLLS = ("poll", "cond", "held", "hostile", "final-nginx")
 RULES = {
     "1-no-stale": "no poll sent after a write returned shows an older state",
@@ -49,6 +49,8 @@ RULES = {
     "8-held-stall": "held polls answered within the bound while cache reads are slow or stalled",
     "9-isolation": "a user's order held from outside slows no other user",
     "10-no-skip": "a history read lists every acknowledged unread message after its id, no other",
+    "11-stream": "a stream's events never go back, and a returned write reaches an open stream "
+    "within the held bound (path healthy)",
 }
 
 
@@ -206,6 +208,7 @@ def check(h: History, p: Params | None = None) -> Report:
     _rule8(h, model, p, rules["8-held-stall"])
     _rule9(h, p, rules["9-isolation"])
     _rule10(h, model, rules["10-no-skip"])
+    _rule11(h, model, p, rules["11-stream"])
     return Report(h.seed, h.config, rules, t0)
 
 
@@ -250,15 +253,15 @@ def _app_path_exception(h: History, model: _Model, p: Params, op: Op, j: int, m:
     fails (no poll server sees a failure), or a Redis cache hangs and resumes, "the older answer
     is served until the outbox rewrites the key (within about 1 s, 3 s at most)". So a poll may
     show state j, older than state m, if every write j+1..m returned X-Cache-Publish: pending and
-    such a fault was in effect after write j+1 started and ended at most outbox_s before the
-    poll was sent."""
+    such a fault was in effect after write j+1 started (its end widened by pad_s: a hold's
+    released writes still drain after it) and ended at most outbox_s before the poll was sent."""
     missed = model.writes[op.user][j:m]
     if any(w.headers.get("x-cache-publish") != "pending" for w in missed):
         return False
     return any(
         (_touches(f, [APP_PATH]) or _unseen_hang(h, f, op))
         and f.start - p.pad_s <= op.start  # in effect before the poll: a later one excuses nothing
-        and f.end >= missed[0].start
+        and f.end + p.pad_s >= missed[0].start
         and f.end + p.outbox_s >= op.start
         for f in h.faults
     )
@@ -554,6 +557,96 @@ def _rule9(h: History, p: Params, r: RuleResult) -> None:
             f"was held (bound {p.isolation_bound_s:g} s)"
         )
         r.violations.append(Violation("9-isolation", what, [op], held))
+
+
+def _states(model: _Model, op: Op) -> list[int]:
+    """The model's states an answer can be: those with its body, invoked by its end."""
+    bodies = model.bodies(op.user)
+    hi = model.invoked(op.user, op.end)
+    return [j for j in range(min(hi, len(bodies) - 1) + 1) if bodies[j] == op.body]
+
+
+def _rule11(h: History, model: _Model, p: Params, r: RuleResult) -> None:
+    """docs/api.md, "Event streams": rule 1 judges each event as a poll sent when its stream's
+    connection was (the first event is no older than a write returned before it). Here: (a) a
+    streaming client's events, in the order they came (across its reconnects), never show an
+    older state than the one before; (b) a write that returned while one of its connections was
+    open (from before the write returned to the bound after) is in an event by then, plus the
+    longest cache hit then, unless a fault touched the announcement path, the cache or a poll
+    server (`_blocking`), or the write returned X-Cache-Publish: pending."""
+    hits = _hits(h)
+    events: dict[tuple[int, str], list[Op]] = {}
+    conns: dict[tuple[int, str], list[Op]] = {}
+    for op in h.ops:
+        if op.kind in ("stream", "stream-conn"):
+            client = (op.user, op.note.split(", connection")[0])
+            (events if op.kind == "stream" else conns).setdefault(client, []).append(op)
+    for evs in events.values():
+        evs.sort(key=lambda o: o.end)
+        prev: Op | None = None
+        for op in evs:
+            if not model.certain(op.user, op.end):
+                r.excluded += 1
+                continue
+            states = _states(model, op)
+            if prev is not None and states:
+                r.checked += 1
+                before = _states(model, prev)
+                if (
+                    before
+                    and max(states) < min(before)
+                    and _app_path_exception(h, model, p, op, max(states), min(before))
+                ):
+                    # The app answered the newer state (its cache write pending), the poll
+                    # server the older one until the outbox rewrote it: rule 1's exception.
+                    r.excluded += 1
+                elif before and max(states) < min(before):
+                    what = (
+                        f"user {op.user}: {op.note}: an event shows state {max(states)} after "
+                        f"one that showed state {min(before)}"
+                    )
+                    r.violations.append(Violation("11-stream", what, [prev, op]))
+            prev = op
+    for client, cs in conns.items():
+        user = client[0]
+        evs = events.get(client, [])
+        for k, w in enumerate(model.writes.get(user, []), start=1):
+            t_k = w.end
+            bound = t_k + p.held_bound_s
+            if w.index < 0 or not model.certain(user, bound):
+                continue
+            if not any(
+                c.start <= t_k - 0.05
+                and c.end >= bound + 0.5
+                and c.status == 200
+                and c.source == "cache"
+                for c in cs
+            ):
+                continue
+            deadline = bound + _hit_latency(hits, t_k, bound + 1.0)
+            # The last event by then shows state k or a later one (an unchanged answer sends
+            # no event: the last one may be from before the write).
+            shown = [e for e in evs if e.end <= deadline]
+            bodies = model.bodies(user)
+            if shown and shown[-1].body in bodies[k : model.invoked(user, deadline) + 1]:
+                r.checked += 1
+                continue
+            if w.headers.get("x-cache-publish") == "pending" or _blocking(
+                h.faults, w.start, deadline, p
+            ):
+                r.excluded += 1
+                continue
+            r.checked += 1
+            got = [e for e in evs if e.end > t_k]
+            when = f"{(got[0].end - t_k) * 1000:.0f} ms after" if got else "never after"
+            what = (
+                f"user {user}: {client[1]}: write {k} reached the open stream {when} it returned "
+                f"(bound {(deadline - t_k) * 1000:.0f} ms)"
+            )
+            window = _overlapping(h.faults, w.start, deadline, p.pad_s, p.pad_s)
+            r.violations.append(
+                Violation("11-stream", what, [*_related(model, user, k, k + 1), *got[:1]], window)
+            )
 
 
 def _history_list(op: Op) -> tuple[list[tuple[int, str]], bool] | None:

@@ -33,6 +33,7 @@ from fastpoll_testkit.contract.checker import Params, Report, check
 from fastpoll_testkit.contract.history import Fault, History, Op
 from fastpoll_testkit.contract.proxy import ProxyControl
 from fastpoll_testkit.procs import free_port, freeze
+from fastpoll_testkit.sse import Event, EventStreamClient
 from fastpoll_testkit.stack import PG_DB, PG_USER, Stack
 
 
@@ -163,6 +164,10 @@ ROOM_WRITERS = 2  # threads publishing to the room, besides the batches' room it
 # Of a plain poller's turns, the share that is a history read (docs/api.md, "The history read"),
 # and the limits it asks for (None: the default); a small one cuts the list, `more` says so.
 HISTORY_SHARE = 0.15
+# Users with an event stream (docs/api.md, "Event streams") beside their pollers, and the room
+# stream's user (its URL with the room).
+STREAM_USERS = (1, 2)
+ROOM_STREAMERS = (1,)
 HISTORY_LIMITS = (1, 2, None)
 BATCH_USERS = 3  # users written by batches only
 
@@ -859,6 +864,62 @@ class Run:
                 if not held:
                     self.stop.wait(rng.uniform(0.05, 0.4))
 
+    def streamer(self, uid: int, room: bool = False) -> None:
+        """An EventSource on the user's poll URL (or its URL with the room) for the whole run:
+        each event an Op "stream" whose start is its connection's request, so rule 1 judges a
+        stream's events as a poll sent then; rule 11 that they never go back and that a returned
+        write reaches an open stream within the held bound. Its connections are "stream-conn"
+        ops (status, source), recorded when it stops."""
+        url = self.stack.base_url + (self.room_urls[uid] if room else self.stack.poll_url(uid))
+
+        def on_event(e: Event) -> None:
+            body = e.answer.decode("utf-8", "replace")
+            op = Op(
+                "stream",
+                ROOM_USER if room else uid,
+                e.sent,
+                end=e.at,
+                status=200,
+                body=room_part(body) if room else body,
+                source=e.source,
+                target="nginx",
+                note=f"{'room stream' if room else 'stream'} of user {uid}, connection "
+                f"{e.connection}",
+                ids=[uid, e.connection],
+            )
+            self.history.add(op)
+
+        last_id, clients = "", []
+        while not self.stop.is_set():
+            # A failed stream (a refusal: 403, 503 shed) is opened again, as the browser client
+            # does after a poll, from the last id it saw.
+            client = EventStreamClient(url, on_event, last_event_id=last_id, max_retry_s=2.0)
+            clients.append(client.start())
+            while client.alive and not self.stop.wait(0.2):
+                pass
+            client.stop()
+            last_id = client.last_event_id
+            if client.error is not None and not self.stop.is_set():
+                self.history.add(
+                    Op("stream-failed", uid, time.monotonic(), note=repr(client.error), ids=[uid])
+                )
+                self.stop.wait(1.0)
+        for client in clients:
+            for conn, sent, ended, status, source in client.log:
+                self.history.add(
+                    Op(
+                        "stream-conn",
+                        ROOM_USER if room else uid,
+                        sent,
+                        end=ended,
+                        status=status,
+                        source=source,
+                        target="nginx",
+                        note=f"{'room stream' if room else 'stream'} of user {uid}",
+                        ids=[uid, conn],
+                    )
+                )
+
     def _history_read(
         self, client: httpx.Client, uid: int, url: str, body: str, rng: random.Random
     ) -> None:
@@ -1404,6 +1465,13 @@ class Run:
         for u in [*range(1, self.s.users + 1), *self.batch_users]:
             threads.append(threading.Thread(target=self.poller, args=(u, True), name=f"held-{u}"))
             threads.append(threading.Thread(target=self.poller, args=(u, False), name=f"poll-{u}"))
+        for u in STREAM_USERS:
+            if u <= self.s.users:
+                threads.append(threading.Thread(target=self.streamer, args=(u,), name=f"es-{u}"))
+        for u in ROOM_STREAMERS:
+            threads.append(
+                threading.Thread(target=self.streamer, args=(u, True), name=f"room-es-{u}")
+            )
         for u in ROOM_POLLERS:
             for held in (True, False):
                 name = f"room-{'held' if held else 'poll'}-{u}"
