@@ -43,6 +43,12 @@ static void test_illegal_transitions(void **state)
 {
     (void)state;
     assert_false(conn_transition_legal(CONN_WAITING_CACHE, CONN_WRITING));
+    /* A stream never goes back to serving requests on its connection. */
+    assert_false(conn_transition_legal(CONN_STREAMING, CONN_READING_HEAD));
+    assert_false(conn_transition_legal(CONN_STREAMING, CONN_HELD));
+    assert_false(conn_transition_legal(CONN_READING_BODY, CONN_STREAMING));
+    assert_true(conn_transition_legal(CONN_HELD, CONN_STREAMING));
+    assert_true(conn_transition_legal(CONN_STREAMING, CONN_WRITING));
     assert_false(conn_transition_legal(CONN_HELD, CONN_WRITING));
     assert_false(conn_transition_legal(CONN_HELD, CONN_WAITING_CACHE));
     assert_false(conn_transition_legal(CONN_READING_BODY, CONN_HELD));
