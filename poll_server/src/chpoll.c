@@ -60,6 +60,8 @@ struct part {
     const char *name;           /* a channel's name (in key), or NULL */
     size_t nlen;
     enum fp_cache_status st;    /* the last read's */
+    uint64_t seq;               /* fp_hold_seq before that read: an
+                                 * announcement after it reads it again */
     char *value;                /* its copy (NULL: empty), until answered */
     size_t len;
 };
@@ -68,7 +70,6 @@ struct fp_chpoll {
     struct fp_held_set set;
     struct fp_chpolls *cp;
     struct fp_request *r;
-    uint64_t since;             /* fp_hold_seq before the parts' reads */
     uint64_t pub_ms;            /* the waking publish's time, 0: unknown */
     size_t nparts, reading;     /* parts; reads still out */
     int was_held;               /* held once: its answer ends a wait */
@@ -217,11 +218,12 @@ static void release(struct fp_chpoll *p)
 static int read_parts(struct fp_chpoll *p)
 {
     struct fp_chpolls *cp = p->cp;
+    uint64_t since = fp_hold_seq(cp->ho);
 
-    p->since = fp_hold_seq(cp->ho);
     for (size_t i = 0; i < p->nparts; i++) {
         struct part *pt = &p->parts[i];
 
+        pt->seq = since;
         if (fp_coalesce_get(cp->co, pt->key, pt->keylen, &pt->w) < 0) {
             fp_log(FP_LOG_DEBUG, "http: cache get failed for %s", pt->key);
             for (size_t j = 0; j < i; j++)
@@ -283,7 +285,7 @@ static int hold(struct fp_chpoll *p)
         memset(&pt->inm, 0, sizeof(pt->inm));
         pt->inm.ntags = 1;
         pt->inm.tags[0] = fp_etag_of(pt->value != NULL ? pt->value : "", pt->len);
-        if (fp_hold_add(p->cp->ho, pt->key, pt->keylen, &pt->held, p->since) != 0) {
+        if (fp_hold_add(p->cp->ho, pt->key, pt->keylen, &pt->held, pt->seq) != 0) {
             fp_hold_remove_set(&p->set);
             return -1;
         }
@@ -308,10 +310,6 @@ static void stream_parts(struct fp_chpoll *p, const char *body, size_t len,
         }
     } else if (fp_stream_send(r, body, len, tag) != 0) {
         return; /* gone, p with it */
-    } else {
-        /* Held again from now: an announcement during the read that woke
-         * it is read again by hold.c (its `again`). */
-        p->since = fp_hold_seq(p->cp->ho);
     }
     p->was_held = 0;
     p->pub_ms = 0;
@@ -459,6 +457,11 @@ static void on_changed(struct fp_held *hd, enum fp_cache_status st,
         return;
     }
     if (st == FP_CACHE_HIT && p->kept) {
+        /* Its watch's read: an announcement during it is read again by
+         * hold.c (`again`), so the part is held again as of now; the kept
+         * ones keep their own read's number (a change announced while
+         * their watches were down, for this wake, is read again). */
+        part_of(hd)->seq = fp_hold_seq(p->cp->ho);
         p->kept = 0;
         p->reading = 1;
         on_part(&part_of(hd)->w, st, value, len, NULL); /* -> parts_in() */
