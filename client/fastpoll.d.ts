@@ -44,7 +44,7 @@ export interface Parts {
 
 export interface AnswerInfo {
   status: 200;
-  /** X-Poll-Source: "cache", "app", ... (null without the header); "tab": the leading tab's last answer, handed to a tab that opened. */
+  /** X-Poll-Source: "cache", "app", ... (null without the header); "tab": the leading tab's last answer, handed to a tab that opened; "stream": an event of the stream. */
   source: string | null;
 }
 
@@ -60,6 +60,9 @@ export interface IdStorage {
   getItem(key: string): string | null;
   setItem(key: string, value: string): void;
 }
+
+/** How a poller asks: an event stream (EventSource) or long polls. */
+export type Transport = "auto" | "stream" | "poll";
 
 export interface PollOptions {
   /** The user's signed poll URL (POST /api/poll-url on the app), same origin as the page. */
@@ -91,6 +94,16 @@ export interface PollOptions {
    * Default false.
    */
   shared?: boolean | string;
+  /**
+   * How the tab (with shared, the leader) polls: "stream", an EventSource on the same URL (each
+   * event an answer, its id the tag); "poll", long polls; "auto" (the default), a stream where
+   * EventSource exists. A stream that fails (a non-200, not an event stream) is followed by one
+   * long poll (a 403 asks refreshUrl, a 503 waits its Retry-After), then a stream again; after
+   * streamFailures failed streams in a row, long polls for a jittered while.
+   */
+  transport?: Transport;
+  /** Failed streams in a row before long polls for a while; default 3. */
+  streamFailures?: number;
   /** Every 200 answer, as it came (before onMessages); with shared, the leader's too. */
   onAnswer?: (answer: Answer, info: AnswerInfo) => void;
   /** The user's new messages, ascending by id, each exactly once. */
@@ -118,6 +131,8 @@ export interface Poller {
   readonly etag: string | null;
   /** True while the browser is offline and the poller waits for "online". */
   readonly offline: boolean;
+  /** The transport in use now: "stream" (an EventSource) or "poll" (long polls). */
+  readonly transport: "stream" | "poll";
 }
 
 /** Starts polling `options.url`; throws TypeError without a url. */

@@ -14,6 +14,7 @@
 //     onChannelMessages: (name, list) => { ... }, // a room's new messages, ascending, each once
 //     refreshUrl: async () => newSignedUrl,    // called on 403 (the signed URL expired)
 //     shared: true,                            // one poll for all tabs of this URL
+//     transport: "auto",                       // "stream" | "poll"; auto: EventSource if any
 //   });
 //   ...
 //   await poller.stop();
@@ -33,6 +34,10 @@
 // is {"user": U, "channels": {"room.a": A}}, U as a plain poll's answer, each A
 // {"messages": [{id, text}, ...]} (the room's newest, ascending) or null. parts(answer) gives
 // {user, channels} for either kind of URL; channelMessages(answer, name) a room's messages.
+//
+// Streams (transport, below streamOnce): an EventSource on the same URL, each event an answer
+// (its id the tag), handed over by message id like a poll's; a failed stream gives way to a
+// long poll from the last tag, and to long polls for a while after repeated failures.
 
 const DEFAULTS = {
   wait: 25, // seconds a poll may be held (the server clamps it to its [poll] max_wait)
@@ -41,6 +46,8 @@ const DEFAULTS = {
   backoffBase: 500, // ms, the first retry after an error; doubles up to backoffMax
   backoffMax: 30000,
   gapPages: 20, // history reads (100 messages each) at most per gap
+  transport: "auto", // "stream" (EventSource), "poll" (long polls), "auto": stream if it can
+  streamFailures: 3, // streams failed in a row before long polls for a while
 };
 
 // Where the last handed-over ids of a URL are kept: the URL without its signature (exp=,
@@ -120,8 +127,9 @@ function withWait(url, wait) {
   return url + (url.includes("?") ? "&" : "?") + "wait=" + Math.floor(wait);
 }
 
+// The empty answer (nothing unread) is "" in a poll and "\n" in a stream's event.
 function parseAnswer(text) {
-  return text === "" ? null : JSON.parse(text);
+  return text.trim() === "" ? null : JSON.parse(text);
 }
 
 // The long-poll transport: one conditional poll (If-None-Match, wait=) and its answer as
@@ -159,6 +167,8 @@ export function channelMessages(answer, name) {
 export function startPolling(options) {
   const opt = { ...DEFAULTS, ...options };
   const transport = longPoll;
+  const ES = globalThis.EventSource;
+  const canStream = opt.transport !== "poll" && typeof ES === "function";
   if (typeof opt.url !== "string" || opt.url === "") throw new TypeError("url is required");
   const controller = new AbortController();
   const mainSignal = controller.signal;
@@ -169,6 +179,9 @@ export function startPolling(options) {
     polls: 0,
     lastAnswer: undefined,
     offline: false,
+    using: canStream ? "stream" : "poll",
+    streamFails: 0,
+    pollUntil: 0, // ms (Date.now()): long polls until then after repeated stream failures
   };
   const storage = "storage" in opt ? opt.storage : globalThis.sessionStorage;
   const idsKey = "fastpoll:" + (opt.storageKey ?? stableUrl(opt.url));
@@ -256,8 +269,8 @@ export function startPolling(options) {
     return true;
   }
 
-  const backoff = () => {
-    const cap = Math.min(opt.backoffMax, opt.backoffBase * 2 ** Math.min(state.failures, 16));
+  const backoff = (n = state.failures) => {
+    const cap = Math.min(opt.backoffMax, opt.backoffBase * 2 ** Math.min(n, 16));
     return Math.random() * cap; // full jitter: failed clients do not come back in step
   };
   const ownInterval = () => opt.interval * (1 + Math.random() * opt.jitter);
@@ -314,6 +327,77 @@ export function startPolling(options) {
     }
   }
 
+  // The stream transport: an EventSource on the poll URL, held until it fails for good (an
+  // error with readyState CLOSED: a non-200 or not an event stream), `signal` aborts, or an
+  // answer's gap could not be read. An event is a poll's 200 (its id the tag); a stream the
+  // server ends is reopened by the EventSource itself with Last-Event-ID. Resolves what to
+  // wait before the next round, and whether the stream failed.
+  function streamOnce(signal0) {
+    return new Promise((resolve) => {
+      const request = new AbortController();
+      hooks.request = request;
+      const es = new ES(state.url);
+      let got = false;
+      const end = (delay, failed) => {
+        es.close();
+        signal0.removeEventListener("abort", abort);
+        request.signal.removeEventListener("abort", abort);
+        if (hooks.request === request) hooks.request = null;
+        resolve({ delay, failed, got });
+      };
+      const abort = () => end(0, false);
+      signal0.addEventListener("abort", abort, { once: true });
+      request.signal.addEventListener("abort", abort, { once: true });
+      es.onmessage = (ev) => {
+        let answer;
+        try {
+          answer = parseAnswer(ev.data);
+        } catch (err) {
+          opt.onError?.(err);
+          return end(backoff(), true);
+        }
+        got = true;
+        state.polls += 1;
+        state.failures = 0;
+        const etag = ev.lastEventId || null;
+        share({ t: "a", answer, etag, source: "stream" });
+        take(answer, etag, "stream", request.signal).then((ok) => {
+          if (ok || request.signal.aborted) return;
+          state.etag = null; // the gap could not be read: the answer at once, later
+          state.failures += 1;
+          end(backoff(), false);
+        });
+      };
+      es.onerror = () => {
+        if (es.readyState === ES.CLOSED) end(0, true); // refused: a long poll tells why
+      };
+    });
+  }
+
+  // One round of the loop by the transport in use: a stream (while streams work; a failed one
+  // is followed by one long poll, which refreshes a 403's URL or waits out a 503's
+  // Retry-After, then the stream again; after opt.streamFailures in a row, long polls for a
+  // while) or a long poll.
+  async function round(signal) {
+    if (state.using !== "stream") {
+      const delay = await once(signal);
+      if (canStream && Date.now() >= state.pollUntil) state.using = "stream";
+      return delay;
+    }
+    const r = await streamOnce(signal);
+    if (!r.failed) {
+      if (r.got) state.streamFails = 0;
+      return r.delay;
+    }
+    state.streamFails = r.got ? 1 : state.streamFails + 1;
+    state.using = "poll"; // the next round is a long poll (from the last tag)
+    state.pollUntil =
+      state.streamFails >= opt.streamFailures
+        ? Date.now() + backoff(state.streamFails + 4)
+        : 0; // one long poll
+    return r.delay;
+  }
+
   // A 200 answer, this tab's own or the leading tab's: onAnswer, then the messages newer than
   // this tab's last ids (a gap read first); the tag is kept once they are handed over.
   // Answers are taken one after the other, in the order they came.
@@ -341,7 +425,7 @@ export function startPolling(options) {
       }
       let delay;
       try {
-        delay = await once(signal);
+        delay = await round(signal);
       } catch (err) {
         opt.onError?.(err);
         refused = true;
@@ -453,6 +537,10 @@ export function startPolling(options) {
     // True while the browser is offline and the poller waits for it to come back.
     get offline() {
       return isOffline();
+    },
+    // "stream" (an EventSource) or "poll" (long polls): the transport of this tab's polls.
+    get transport() {
+      return state.using;
     },
     // True while this tab polls for the others (always, unless shared).
     get leader() {

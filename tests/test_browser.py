@@ -13,7 +13,11 @@ connection as the client reports it): its texts are read from each item's `.text
 conversation is the open one or not. Tabs (the demo shares its poll across a browser's tabs of
 one URL): three tabs make one tab's polls, a publish shows in each, and when the leading tab
 closes, or is frozen, another takes over with nothing lost or shown twice, and a tab opened later
-gets the last answer from the leader; with shared=0 each tab polls.
+gets the last answer from the leader; with shared=0 each tab polls. Streams: with the client's
+default transport the page holds an event stream (the poll server's fastpoll_streams, an event
+per publish, no poll), three publishes show in order once each, and across the poll server's
+restart the EventSource reconnects with nothing lost or twice; the other tests ask for long
+polls (transport=poll).
 
 The page's polls carry wait=25 and the current tag: the poll server holds them, and the app's
 announcement on the stack's Redis ([announce] server: the cache is memcached) wakes them when a
@@ -43,6 +47,7 @@ from fastpoll_testkit.stack import Stack
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 INTERVAL_MS = 100
+POLLS = "&transport=poll"  # the page's client long polls (its default is an event stream)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +154,7 @@ def test_messages_in_order_once_each_across_a_reload_a_gap_and_a_poller_restart(
     uid = 737373
     page = (
         f"{demo_stack.base_url}/fastpoll-client/demo.html"
-        f"?url={quote(demo_stack.poll_url(uid), safe='')}&interval={INTERVAL_MS}&wait=25"
+        f"?url={quote(demo_stack.poll_url(uid), safe='')}&interval={INTERVAL_MS}&wait=25{POLLS}"
     )
     browser.get(page)
     wait_held(demo_stack)
@@ -216,7 +221,7 @@ def test_the_demo_shows_quick_messages_in_order_across_a_reload_and_a_poller_res
         url = r.json()["url"]
     page = (
         f"{demo_stack.base_url}/fastpoll-client/demo.html"
-        f"?url={quote(url, safe='')}&interval={INTERVAL_MS}&wait=25"
+        f"?url={quote(url, safe='')}&interval={INTERVAL_MS}&wait=25{POLLS}"
     )
     browser.get(page)
     wait_held(demo_stack)  # the first answer came (a URL new to the tab starts from it)
@@ -287,7 +292,7 @@ def test_messages_arrive_within_a_second_and_stop_is_clean(
     url = demo_stack.poll_url(uid)
     browser.get(
         f"{demo_stack.base_url}/fastpoll-client/demo.html"
-        f"?url={quote(url, safe='')}&interval={INTERVAL_MS}&wait=25"
+        f"?url={quote(url, safe='')}&interval={INTERVAL_MS}&wait=25{POLLS}"
     )
     # The first poll is a miss (the app answers, with a 1-1.2 s pace); the next, with its tag,
     # is held by the poller: the steady state, before timing anything.
@@ -335,7 +340,7 @@ def test_retry_after_is_honoured_and_the_page_recovers(
     try:
         browser.get(
             f"{demo_stack.base_url}/fastpoll-client/demo.html"
-            f"?url={quote(demo_stack.poll_url(uid), safe='')}&interval={INTERVAL_MS}&wait=25"
+            f"?url={quote(demo_stack.poll_url(uid), safe='')}&interval={INTERVAL_MS}&wait=25{POLLS}"
         )
         WebDriverWait(browser, 10, 0.05).until(
             lambda d: "status 503" in d.find_element(By.ID, "status").text
@@ -372,7 +377,7 @@ def test_a_room_shared_by_users(demo_stack: Stack, browser: webdriver.Chrome) ->
             windows.append(browser.current_window_handle)
             browser.get(
                 f"{demo_stack.base_url}/fastpoll-client/demo.html"
-                f"?url={quote(url, safe='')}&interval={INTERVAL_MS}&wait=25"
+                f"?url={quote(url, safe='')}&interval={INTERVAL_MS}&wait=25{POLLS}"
             )
 
     def room(d: webdriver.Chrome) -> list[str]:
@@ -446,7 +451,7 @@ def test_offline_sends_nothing_and_online_polls_at_once(
     uid = 818181
     browser.get(
         f"{demo_stack.base_url}/fastpoll-client/demo.html"
-        f"?url={quote(demo_stack.poll_url(uid), safe='')}&interval={INTERVAL_MS}&wait=25"
+        f"?url={quote(demo_stack.poll_url(uid), safe='')}&interval={INTERVAL_MS}&wait=25{POLLS}"
     )
     wait_held(demo_stack)
     publish(demo_stack, uid, "before")
@@ -491,16 +496,20 @@ def test_offline_sends_nothing_and_online_polls_at_once(
     stop_page(browser)
 
 
-def poller_metrics(stack: Stack) -> tuple[int, int]:
-    """(polls held now, requests answered so far) of the poll server, from its /metrics."""
+def metric_sums(stack: Stack, *prefixes: str) -> tuple[int, ...]:
+    """Per prefix, the sum of the poll server's /metrics samples whose line starts with it."""
     text = httpx.get(f"http://127.0.0.1:{stack.admin_ports[0]}/metrics", timeout=5).text
-    held = answered = 0
+    sums = [0] * len(prefixes)
     for line in text.splitlines():
-        if line.startswith("fastpoll_held_requests "):
-            held = int(line.split()[1])
-        elif line.startswith("fastpoll_requests_total{"):
-            answered += int(line.split()[1])
-    return held, answered
+        for i, prefix in enumerate(prefixes):
+            if line.startswith(prefix):
+                sums[i] += int(line.split()[1])
+    return tuple(sums)
+
+
+def poller_metrics(stack: Stack) -> tuple[int, ...]:
+    """(polls held now, requests answered so far) of the poll server, from its /metrics."""
+    return metric_sums(stack, "fastpoll_held_requests ", "fastpoll_requests_total{")
 
 
 def open_tabs(driver: webdriver.Chrome, page: str, n: int) -> list[str]:
@@ -547,7 +556,7 @@ def test_tabs_share_one_poll_and_a_tab_takes_over_when_the_leader_closes(
     uid, home = 939393, browser.current_window_handle
     page = (
         f"{demo_stack.base_url}/fastpoll-client/demo.html"
-        f"?url={quote(demo_stack.poll_url(uid), safe='')}&interval={INTERVAL_MS}&wait=25"
+        f"?url={quote(demo_stack.poll_url(uid), safe='')}&interval={INTERVAL_MS}&wait=25{POLLS}"
     )
     windows = open_tabs(browser, page, 3)
     try:
@@ -643,7 +652,8 @@ def test_tabs_share_one_poll_and_a_tab_takes_over_when_the_leader_closes(
     wait_held(demo_stack, 0)
     page = (
         f"{demo_stack.base_url}/fastpoll-client/demo.html?url="
-        f"{quote(demo_stack.poll_url(uid + 1), safe='')}&interval={INTERVAL_MS}&wait=25&shared=0"
+        f"{quote(demo_stack.poll_url(uid + 1), safe='')}&interval={INTERVAL_MS}&wait=25"
+        f"&shared=0{POLLS}"
     )
     windows = open_tabs(browser, page, 2)
     try:
@@ -655,3 +665,63 @@ def test_tabs_share_one_poll_and_a_tab_takes_over_when_the_leader_closes(
             WebDriverWait(browser, 5, 0.05).until(lambda d: shown(d) == ["each polls"])
     finally:
         close_tabs(browser, windows, home)
+
+
+def stream_metrics(stack: Stack) -> tuple[int, ...]:
+    """(streams held now, stream events sent so far) of the poll server, from its /metrics."""
+    return metric_sums(stack, "fastpoll_streams ", "fastpoll_stream_events_total ")
+
+
+def test_the_default_transport_is_an_event_stream_that_resumes_across_a_restart(
+    demo_stack: Stack, browser: webdriver.Chrome
+) -> None:
+    """The demo with the client's default transport ("auto"): Chromium has EventSource, so the
+    page holds an event stream (the poll server counts it, and an event per publish), not a
+    long poll; three publishes show in order, once each; the poll server restarted, the
+    EventSource reconnects (through the app's short stream while the poller is away) with its
+    last id, and a publish after it shows, nothing twice or lost."""
+    uid = 757575
+    page = (
+        f"{demo_stack.base_url}/fastpoll-client/demo.html"
+        f"?url={quote(demo_stack.poll_url(uid), safe='')}&interval={INTERVAL_MS}&wait=25"
+    )
+    transport = "return window.fastpollDemo?.poller.transport"
+    browser.get(page)
+    try:
+        WebDriverWait(browser, 5, 0.05).until(lambda d: d.execute_script(transport) == "stream")
+        # The first answer of a key not yet cached comes from the app (a short stream); the
+        # EventSource reconnects, now to the poll server, which holds it.
+        WebDriverWait(browser, 15, 0.05).until(lambda _: stream_metrics(demo_stack)[0] >= 1)
+        # The held gauge counts a stream too: what it holds is the stream, no long poll.
+        held, answered0 = poller_metrics(demo_stack)
+        streams, events0 = stream_metrics(demo_stack)
+        assert held == streams == 1, (held, streams)
+        texts_ = [f"s{i}" for i in range(1, 4)]
+        for t in texts_:
+            publish(demo_stack, uid, t)
+            time.sleep(0.5)
+        WebDriverWait(browser, 5, 0.05).until(lambda d: shown(d) == texts_)
+        time.sleep(0.5)
+        assert shown(browser) == texts_
+        streams, events = stream_metrics(demo_stack)
+        assert streams == 1 and events >= events0 + 3, (streams, events0, events)
+        # No poll made for them: each came down the one stream.
+        assert poller_metrics(demo_stack) == (1, answered0)
+        assert browser.execute_script(transport) == "stream"
+        # The poll server restarted: its stream ends, the page reconnects by itself.
+        demo_stack.stop_proc("poller-0")
+        demo_stack.start_poller(0)
+        # Once the new one holds the page's stream, subscribed to the announcements, a
+        # publish shows.
+        demo_stack.wait_subscribed()
+        WebDriverWait(browser, 20, 0.05).until(lambda _: stream_metrics(demo_stack)[0] >= 1)
+        publish(demo_stack, uid, "s4")
+        WebDriverWait(browser, 10, 0.05).until(lambda d: shown(d) == [*texts_, "s4"])
+        publish(demo_stack, uid, "s5")
+        WebDriverWait(browser, 5, 0.05).until(lambda d: shown(d) == [*texts_, "s4", "s5"])
+        time.sleep(0.5)
+        assert shown(browser) == [*texts_, "s4", "s5"]  # nothing twice, nothing lost
+        assert browser.execute_script(transport) == "stream"
+        assert stream_metrics(demo_stack)[1] >= 2  # the new poll server's events
+    finally:
+        stop_page(browser)

@@ -55,7 +55,9 @@ const stopped: Promise<void> = poller.stop();
 const done: Promise<void> = startMin({ url: "/Poll/x" }).done;
 const leader: boolean = startPolling({ url: "/Poll/x", shared: true }).leader;
 const named: Poller = startPolling({ url: "/Poll/x", shared: "inbox" });
-void [texts, offline, polls, etag, stopped, done, leader, named];
+const using: "stream" | "poll" = startPolling({ url: "/Poll/x", transport: "auto" }).transport;
+const polled: Poller = startPolling({ url: "/Poll/x", transport: "poll", streamFailures: 2 });
+void [texts, offline, polls, etag, stopped, done, leader, named, using, polled];
 
 // Wrong uses the declarations must refuse (tsc fails if one is accepted).
 // @ts-expect-error url is required
@@ -66,6 +68,8 @@ startPolling({ url: "/p", onMessages: (list: string) => list });
 const wrong: number = composed.channels["room.a"]!.unread;
 // @ts-expect-error stop() returns a promise, not a number
 const n: number = poller.stop();
+// @ts-expect-error transport is "auto", "stream" or "poll"
+startPolling({ url: "/p", transport: "sse" });
 // @ts-expect-error shared is a flag or a name, not a number
 startPolling({ url: "/p", shared: 1 });
 void [wrong, n];
