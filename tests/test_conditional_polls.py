@@ -203,9 +203,12 @@ def test_wait_polls_take_the_held_location_with_the_raw_target(
 
 def test_the_rendered_config_routes_waits_and_passes_if_none_match(gz_stack: Stack) -> None:
     conf = (Path(gz_stack.run_dir) / "nginx" / "fastpoll.conf").read_text()
-    assert conf.count("proxy_set_header If-None-Match $http_if_none_match;") == 2
+    # The poll location, @poll_held and @poll_stream each pass it to the poller.
+    assert conf.count("proxy_set_header If-None-Match $http_if_none_match;") == 3
     assert "proxy_read_timeout 40s;" in conf  # [poll] max_wait 30 + 10
     assert "error_page 418 = @poll_held;" in conf
+    assert "error_page 421 = @poll_stream;" in conf
+    assert "proxy_read_timeout 35s;" in conf  # [stream] heartbeat_ms 15000: twice it + 5 s
 
 
 # ---- the poll server's half ----------------------------------------------------------------
