@@ -354,7 +354,8 @@ static int answered(struct conn *c)
 /* Formats the head of c's answer into buf (response.c). Returns its
  * length, 0 if it does not fit. */
 static size_t format_head(struct conn *c, char *buf, size_t cap, int code,
-                          size_t len, const struct fp_resp_meta *cached)
+                          size_t len, const struct fp_resp_meta *cached,
+                          int stream)
 {
     struct fp_resp r;
 
@@ -368,7 +369,7 @@ static size_t format_head(struct conn *c, char *buf, size_t cap, int code,
     r.tag = cached != NULL ? cached->tag : 0;
     r.pace_ms = cached != NULL ? cached->pace_ms : 0;
     r.date = fp_resp_date_now(&c->h->date, c->h->base);
-    r.stream = 0;
+    r.stream = stream;
     return fp_resp_format(buf, cap, &r);
 }
 
@@ -407,11 +408,11 @@ int conn_answer(struct conn *c, int code, const char *body, size_t len,
     ssize_t n;
 
     unwatch(c);
-    if ((hlen = format_head(c, head, sizeof(head), code, len, cached)) == 0) {
+    if ((hlen = format_head(c, head, sizeof(head), code, len, cached, 0)) == 0) {
         /* Never with a content_type of at most 255 bytes (config.c). */
         fp_log(FP_LOG_ERROR, "http: an answer's head does not fit");
         c->keep_alive = 0;
-        hlen = format_head(c, head, sizeof(head), 503, 0, NULL);
+        hlen = format_head(c, head, sizeof(head), 503, 0, NULL, 0);
         blen = 0;
     }
     iov[0].iov_base = head;
@@ -609,7 +610,6 @@ int conn_stream_start(struct conn *c, const struct iovec *data, int n,
                       unsigned tick_ms)
 {
     char head[512];
-    struct fp_resp r;
     struct iovec iov[1 + CONN_STREAM_IOV];
     size_t hlen;
     struct timeval tv;
@@ -617,14 +617,8 @@ int conn_stream_start(struct conn *c, const struct iovec *data, int n,
     assert(c->state == CONN_READING_HEAD || c->state == CONN_WAITING_CACHE ||
            c->state == CONN_HELD);
     assert(n >= 0 && n <= CONN_STREAM_IOV);
-    memset(&r, 0, sizeof(r));
-    r.code = 200;
-    r.minor = c->minor;
-    r.close = 1;
-    r.stream = 1;
-    r.date = fp_resp_date_now(&c->h->date, c->h->base);
-    c->keep_alive = 0;
-    if ((hlen = fp_resp_format(head, sizeof(head), &r)) == 0) {
+    c->keep_alive = 0; /* the body ends with the connection */
+    if ((hlen = format_head(c, head, sizeof(head), 200, 0, NULL, 1)) == 0) {
         conn_close(c);
         return -1;
     }

@@ -69,48 +69,23 @@ size_t fp_http_head_end(const char *buf, size_t len, size_t from)
     return 0;
 }
 
-/* Connection: a comma-separated list of tokens; close and keep-alive
- * count, others (upgrade, TE) are ignored. */
-static void connection_tokens(const char *v, size_t n, int *close_it, int *ka)
+/* Does the list v[0..n) have the element lit (lower case, compared in any
+ * case)? Elements end at a comma, a ';' (a media range's parameters), a
+ * space or a tab: Connection's tokens, and Accept's media types. */
+static int list_has(const char *v, size_t n, const char *lit)
 {
     size_t i = 0;
 
     while (i < n) {
-        size_t s, e;
+        size_t s;
 
-        while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
+        while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ',' || v[i] == ';'))
             i++;
         s = i;
-        while (i < n && v[i] != ',' && v[i] != ' ' && v[i] != '\t')
+        while (i < n && v[i] != ',' && v[i] != ';' && v[i] != ' ' && v[i] != '\t')
             i++;
-        e = i;
-        if (eq_lower(v + s, e - s, "close"))
-            *close_it = 1;
-        else if (eq_lower(v + s, e - s, "keep-alive"))
-            *ka = 1;
-    }
-}
-
-/* Does the comma-separated list v[0..n) (Accept's media ranges) have an
- * element whose type, before any ';' parameters, is the lower-case lit? */
-static int has_token_ci(const char *v, size_t n, const char *lit)
-{
-    size_t i = 0;
-
-    while (i < n) {
-        size_t s, e;
-
-        while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
-            i++;
-        s = i;
-        while (i < n && v[i] != ',' && v[i] != ';' && v[i] != ' ' &&
-               v[i] != '\t')
-            i++;
-        e = i;
-        if (eq_lower(v + s, e - s, lit))
+        if (eq_lower(v + s, i - s, lit))
             return 1;
-        while (i < n && v[i] != ',')
-            i++;
     }
     return 0;
 }
@@ -215,7 +190,9 @@ int fp_http_parse_head(const char *buf, size_t len, struct fp_http_head *out)
                 return 501;
             out->chunked = 1;
         } else if (eq_lower(buf + name, name_len, "connection")) {
-            connection_tokens(buf + v, ve - v, &close_it, &ka);
+            /* close and keep-alive count; others (upgrade, TE) not. */
+            close_it |= list_has(buf + v, ve - v, "close");
+            ka |= list_has(buf + v, ve - v, "keep-alive");
         } else if (eq_lower(buf + name, name_len, "x-fastpoll-route")) {
             /* nginx's route (proxy_set_header: clients cannot send it).
              * Anything but `held` on every line means "never hold". */
@@ -228,7 +205,7 @@ int fp_http_parse_head(const char *buf, size_t len, struct fp_http_head *out)
             else if (out->route != r)
                 out->route = FP_ROUTE_PLAIN;
         } else if (eq_lower(buf + name, name_len, "accept")) {
-            if (has_token_ci(buf + v, ve - v, "text/event-stream"))
+            if (list_has(buf + v, ve - v, "text/event-stream"))
                 out->accept_stream = 1;
         } else if (is_inm) {
             if (out->ninm < FP_HTTP_MAX_INM) {

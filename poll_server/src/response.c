@@ -98,7 +98,7 @@ size_t fp_resp_format(char *buf, size_t cap, const struct fp_resp *r)
         p = put(p, end, "\r\nContent-Length: ", 18);
         p = put_num(p, end, r->len);
     }
-    if (r->from_cache && !r->stream) {
+    if (r->from_cache) {
         if (r->code != 304) {
             p = put(p, end, "\r\nContent-Type: ", 16);
             p = put_str(p, end, r->content_type);

@@ -23,8 +23,9 @@ struct fp_resp {
     unsigned pace_ms;           /* ... Poll-Interval-Ms */
     const char *date;           /* Date, or NULL: none */
     int stream;                 /* an event stream's head (code 200, close
-                                 * set): no length, the body ends with the
-                                 * connection (docs/api.md, "Event streams") */
+                                 * set, not from_cache): no length, the body
+                                 * ends with the connection (docs/api.md,
+                                 * "Event streams") */
 };
 
 /* What an answer from the cache says of itself (the request layer's, kept

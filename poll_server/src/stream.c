@@ -159,6 +159,7 @@ int fp_stream_open(struct fp_request *r, const char *value, size_t len,
     int over = fp_stats.streams_now >= s->stream_max;
     int drain = r->c.h->draining;
     unsigned life = s->stream_lifetime_s;
+    uint64_t left;
 
     fp_stat_request(r->method, seen ? FP_STAT_NOT_MODIFIED : FP_STAT_HIT);
     r->stream_tag = tag;
@@ -175,9 +176,10 @@ int fp_stream_open(struct fp_request *r, const char *value, size_t len,
         return 0;
     }
     r->streaming = 1;
-    r->stream_end_ms = now_ms(r) + (uint64_t)life * 1000u + spread(life * 100u);
-    if (r->stream_end_ms - now_ms(r) < s->stream_heartbeat_ms)
-        conn_stream_tick(&r->c, (unsigned)(r->stream_end_ms - now_ms(r)));
+    left = (uint64_t)life * 1000u + spread(life * 100u);
+    r->stream_end_ms = now_ms(r) + left;
+    if (left < s->stream_heartbeat_ms)
+        conn_stream_tick(&r->c, (unsigned)left);
     return 1;
 }
 
