@@ -117,6 +117,32 @@ def signal_group(stack: Stack, name: str, sig: int) -> None:
     os.killpg(stack.procs[name].pid, sig)
 
 
+def advisory_locks_of(stack: Stack, name: str) -> int:
+    """Advisory locks held by the app `name`'s database sessions (the stack sets PGAPPNAME)."""
+    with connect(stack) as conn:
+        row = conn.execute(
+            "SELECT COUNT(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = %s",
+            (name,),
+        ).fetchone()
+        return int(row[0])
+
+
+def freeze_between_repairs(stack: Stack, name: str) -> None:
+    """SIGSTOP the app `name` when it holds no owner's lock. Its repair loop holds the owner's
+    lock for a repair's cache write: frozen in one, it would keep the owner locked from every
+    other app until it is thawed, which is a test's freeze, not the upgrade's state. The
+    caches must be answering, so that a repair in flight ends."""
+    deadline = time.monotonic() + 15
+    while True:
+        signal_group(stack, name, signal.SIGSTOP)
+        if advisory_locks_of(stack, name) == 0:
+            return
+        signal_group(stack, name, signal.SIGCONT)
+        assert time.monotonic() < deadline, f"{name} kept an owner's lock for 15 s"
+        time.sleep(0.2)
+
+
 def test_a_room_repaired_beside_an_earlier_release_is_fresh(stack: Stack) -> None:
     with stack.api(0) as api:
         r = api.post(f"/api/channels/{ROOM}/messages", json={"text": "first"})
@@ -129,11 +155,11 @@ def test_a_room_repaired_beside_an_earlier_release_is_fresh(stack: Stack) -> Non
         assert r.status_code == 201, r.text
         assert r.headers.get("x-cache-publish") == "pending", r.headers
         newest = r.json()["id"]
-        # This tree's app stops before its repair loop may take the row (OUTBOX_GRACE):
-        # only the earlier release's loop runs now.
-        signal_group(stack, "app", signal.SIGSTOP)
     finally:
         os.kill(memcached, signal.SIGCONT)
+    # This tree's app stops between repairs, before its loop may take the row (OUTBOX_GRACE):
+    # only the earlier release's loop runs now.
+    freeze_between_repairs(stack, "app")
     try:
         # Long enough for the earlier release to claim and repair every row it sees
         # (grace 2 s, back-off up to 1 s, its loop every 1 s).
@@ -186,9 +212,9 @@ def test_rows_an_earlier_release_left_are_repaired_by_the_new_one(stack: Stack) 
                 r = api.post(path, json={**body, "text": "while the cache hangs"})
                 assert r.status_code == 201, r.text
                 newest.append(r.json()["id"])
-        signal_group(stack, "app-1", signal.SIGSTOP)
     finally:
         os.kill(memcached, signal.SIGCONT)
+    freeze_between_repairs(stack, "app-1")
     try:
         for (_, _, key), want in zip(targets, newest, strict=True):
 

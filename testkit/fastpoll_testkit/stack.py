@@ -550,7 +550,11 @@ class Stack:
         ]
         # The workers' metrics files live in run_dir, not in a temporary directory of the
         # app's own that an app stopped with SIGKILL (the fault drills) would leave behind.
-        env = {"PROMETHEUS_MULTIPROC_DIR": str(self.run_dir / f"{name}-metrics")}
+        # PGAPPNAME: PostgreSQL's pg_stat_activity names the app a session belongs to.
+        env = {
+            "PROMETHEUS_MULTIPROC_DIR": str(self.run_dir / f"{name}-metrics"),
+            "PGAPPNAME": name,
+        }
         if i in self.app_trees:
             env["PYTHONPATH"] = str(self.app_trees[i])
         self._spawn(name, argv, port, env=env)
