@@ -5,7 +5,7 @@ RELEASES runs here beside this tree's app on one PostgreSQL, and its repair loop
 outbox row it can see while this tree's app is stopped: what it repairs must be right, and what
 it cannot repair must stay for this tree's app.
 
-Every schema change adds the release before it to RELEASES.
+Every schema change adds the release before it to RELEASES (fastpoll_testkit.releases).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,24 +25,11 @@ import pytest
 from fastpoll_app import channels, keys
 from fastpoll_app.store import ORDERS_REFRESH_S
 from fastpoll_testkit.procs import wait_for
-from fastpoll_testkit.stack import ROOT, VENV_PYTHON, Stack, memcached_ask
+from fastpoll_testkit.releases import RELEASES, extract
+from fastpoll_testkit.stack import VENV_PYTHON, Stack, memcached_ask
 
-# The last release before each schema change: its app must stay correct beside the newest.
-RELEASES = {
-    "before-channels": "cc9fbe0",  # schema 2: owners are users only
-    "before-channel-outbox": "b78c6df",  # schema 3: a room's outbox row among the users'
-}
 HAS_CHANNELS = {"before-channel-outbox"}
 ROOM = "lobby"
-
-
-def extract(rev: str, into: Path) -> Path:
-    """The release's fallback_app package directory (for Stack.app_trees)."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "fallback_app"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into / "fallback_app"
 
 
 @pytest.fixture(scope="module", params=sorted(RELEASES))

@@ -24,7 +24,7 @@ from fastpoll_testkit.contract.run import CONFIGS, Run, Settings
 from fastpoll_testkit.stack import DEFAULT_RUN_DIR
 
 SHORT_CONFIGS = ["mc1-sqlite", "mc3-pg"]
-SHORT_SECONDS = 65.0  # per configuration: the first deck of faults (every kind once) fits
+SHORT_SECONDS = 80.0  # per configuration: the first deck of faults (every kind once) fits
 
 
 def main() -> int:

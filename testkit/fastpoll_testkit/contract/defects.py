@@ -134,6 +134,7 @@ def run_on(top: Path, seed: int, summary: Path) -> dict[str, int] | None:
         **os.environ,
         "PYTHONPATH": f"{top / 'testkit'}:{top / 'fallback_app'}",
         "FP_POLL_SERVER": str(top / "poll_server" / "build" / "poll_server"),
+        "FP_GIT_DIR": str(ROOT),  # the copy has no repository: earlier releases come from here
     }
     argv = [
         sys.executable,

@@ -33,6 +33,7 @@ from fastpoll_testkit.contract.checker import Params, Report, check
 from fastpoll_testkit.contract.history import Fault, History, Op
 from fastpoll_testkit.contract.proxy import ProxyControl
 from fastpoll_testkit.procs import free_port, freeze
+from fastpoll_testkit.releases import PREVIOUS, extract
 from fastpoll_testkit.sse import Event, EventStreamClient
 from fastpoll_testkit.stack import PG_DB, PG_USER, Stack
 
@@ -153,6 +154,7 @@ ORDER_PROBE_S = 1.0
 IDLE_HOLD_S = 1.0
 OVERHEAD_S = {
     "app-restart": 2.0,
+    "app-previous-release": 4.0,
     "pg-restart": 2.0,
     "cache-kill": 0.5,
     "poller-restart": 0.5,
@@ -1066,6 +1068,8 @@ class Run:
             kinds.append("cache-kill")
         if self.config.db == "postgresql":
             kinds += ["pg-restart", "db-read-only", "user-lock"]
+        if self.config.apps > 1:
+            kinds.append("app-previous-release")
         return kinds
 
     def schedule(self) -> list[tuple[float, str, dict[str, object]]]:
@@ -1126,6 +1130,10 @@ class Run:
             p.update(length=0.5, index=rng.randrange(len(self.stack.poller_ports)))
         elif kind == "app-restart":
             p.update(length=0.5, index=rng.randrange(self.config.apps))
+        elif kind == "app-previous-release":
+            # A rolling upgrade's step: one app host runs the release before this tree beside
+            # this tree's, on the schema this tree migrated, and is then upgraded again.
+            p.update(length=rng.uniform(4.0, 6.0), index=rng.randrange(self.config.apps))
         return p
 
     def nemesis(self, t_start: float) -> None:
@@ -1217,12 +1225,46 @@ class Run:
             i = int(str(p["index"]))
             f.target = st.app_name(i)
             f.paths = [hist.APP + str(i)] + ([hist.APPS_DOWN] if self.config.apps == 1 else [])
-            self.app_up[i].clear()
+            self._restart_app(i)
+        elif f.kind == "app-previous-release":
+            # Judged whole: only the two restarts are faults of the app's path (their own).
+            i = int(str(p["index"]))
+            f.target, p["release"] = st.app_name(i), PREVIOUS
+            tree = extract(PREVIOUS, st.run_dir / "releases" / PREVIOUS)
+            self._swap_app(i, tree)
             try:
-                st.stop_proc(st.app_name(i))
-                st.start_app(i)
+                time.sleep(length)
             finally:
-                self.app_up[i].set()
+                self._swap_app(i, None)
+
+    def _restart_app(self, i: int) -> None:
+        self.app_up[i].clear()
+        try:
+            self.stack.stop_proc(self.stack.app_name(i))
+            self.stack.start_app(i)
+        finally:
+            self.app_up[i].set()
+
+    def _swap_app(self, i: int, tree: Path | None) -> None:
+        """App host i restarted on `tree`'s app (None: this tree's), recorded as an app-restart
+        fault. An earlier release that cannot start leaves this tree's running, and raises."""
+        fault = Fault(
+            "app-restart", self.stack.app_name(i), time.monotonic(), paths=[hist.APP + str(i)]
+        )
+        try:
+            if tree is None:
+                self.stack.app_trees.pop(i, None)
+            else:
+                self.stack.app_trees[i] = tree
+            try:
+                self._restart_app(i)
+            except Exception:
+                self.stack.app_trees.pop(i, None)
+                self._restart_app(i)
+                raise
+        finally:
+            fault.end = time.monotonic()
+            self.history.add_fault(fault)
 
     def _pg(self, dbname: str) -> psycopg.Connection[tuple[object, ...]]:
         """A connection of the nemesis's own to the run's PostgreSQL (its superuser)."""
