@@ -16,8 +16,9 @@ closes, or is frozen, another takes over with nothing lost or shown twice, and a
 gets the last answer from the leader; with shared=0 each tab polls. Streams: with the client's
 default transport the page holds an event stream (the poll server's fastpoll_streams, an event
 per publish, no poll), three publishes show in order once each, and across the poll server's
-restart the EventSource reconnects with nothing lost or twice; the other tests ask for long
-polls (transport=poll).
+restart the EventSource reconnects with nothing lost or twice; a stream refused with 403 gets
+a new URL from refreshUrl and streams again, one refused with 503 waits its Retry-After and
+streams again once the app is back; the other tests ask for long polls (transport=poll).
 
 The page's polls carry wait=25 and the current tag: the poll server holds them, and the app's
 announcement on the stack's Redis ([announce] server: the cache is memcached) wakes them when a
@@ -725,3 +726,90 @@ def test_the_default_transport_is_an_event_stream_that_resumes_across_a_restart(
         assert stream_metrics(demo_stack)[1] >= 2  # the new poll server's events
     finally:
         stop_page(browser)
+
+
+# A poller of the page's own, started in the demo page (same origin) from the client module:
+# its URL, a refreshed URL for refreshUrl, and what it saw, kept on window.t.
+START_OWN_POLLER = """
+const [url, fresh, done] = [arguments[0], arguments[1], arguments[arguments.length - 1]];
+import("/fastpoll-client/fastpoll.js").then(({ startPolling }) => {
+  const t = { refreshed: 0, statuses: [], texts: [] };
+  t.poller = startPolling({
+    url, interval: 100, wait: 25,
+    refreshUrl: async () => { t.refreshed += 1; return fresh; },
+    onStatus: (s) => t.statuses.push(s.status),
+    onMessages: (list) => t.texts.push(...list.map((m) => m.text)),
+  });
+  window.t = t;
+  done(true);
+});
+"""
+
+
+def stop_own_poller(driver: webdriver.Chrome) -> None:
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "window.t ? window.t.poller.stop().then(() => done(true)) : done(false);"
+    )
+
+
+def test_a_stream_refused_403_refreshes_its_url_and_streams_again(
+    demo_stack: Stack, browser: webdriver.Chrome
+) -> None:
+    """A stream on an expired signed URL is refused (403): the EventSource closes, one long
+    poll from the last tag gets the 403 and asks refreshUrl for a new URL, and the stream
+    opens again on it; a publish then comes down that stream."""
+    uid = 434343
+    expired = demo_stack.poll_url(uid, ttl=1)
+    fresh = demo_stack.poll_url(uid)
+    time.sleep(2.5)
+    assert httpx.get(demo_stack.base_url + expired, timeout=5).status_code == 403
+    browser.get(f"{demo_stack.base_url}/fastpoll-client/demo.html")
+    browser.execute_async_script(START_OWN_POLLER, expired, fresh)
+    try:
+        WebDriverWait(browser, 10, 0.05).until(
+            lambda d: d.execute_script("return window.t.refreshed") == 1
+        )
+        WebDriverWait(browser, 15, 0.05).until(lambda _: stream_metrics(demo_stack)[0] >= 1)
+        assert browser.execute_script("return window.t.poller.transport") == "stream"
+        assert 403 in browser.execute_script("return window.t.statuses")
+        publish(demo_stack, uid, "after the refresh")
+        WebDriverWait(browser, 5, 0.05).until(
+            lambda d: d.execute_script("return window.t.texts") == ["after the refresh"]
+        )
+        assert browser.execute_script("return window.t.refreshed") == 1
+    finally:
+        stop_own_poller(browser)
+
+
+def test_a_stream_refused_503_waits_retry_after_and_streams_again(
+    demo_stack: Stack, browser: webdriver.Chrome
+) -> None:
+    """The app stopped, a stream of a key not cached falls back and gets nginx's 503 with
+    Retry-After 2-3 s: the client's long poll after the failed stream waits that long (not
+    its own 0-1 s back-off, not at once), it tries the stream again, and once the app is back
+    it holds a stream and a publish comes down it."""
+    uid = 535353
+    app = demo_stack.app_name(0)
+    demo_stack.stop_proc(app)
+    try:
+        browser.get(f"{demo_stack.base_url}/fastpoll-client/demo.html")
+        browser.execute_async_script(START_OWN_POLLER, demo_stack.poll_url(uid), "")
+        WebDriverWait(browser, 10, 0.05).until(
+            lambda d: 503 in d.execute_script("return window.t.statuses")
+        )
+        time.sleep(5.0)
+        statuses = browser.execute_script("return window.t.statuses")
+        # Each 503 is a long poll's (the failed stream says nothing): every 2-3 s.
+        assert 2 <= statuses.count(503) <= 4, statuses
+    finally:
+        demo_stack.start_app(0)
+    WebDriverWait(browser, 60, 0.05).until(lambda _: stream_metrics(demo_stack)[0] >= 1)
+    try:
+        assert browser.execute_script("return window.t.poller.transport") == "stream"
+        publish(demo_stack, uid, "after the outage")
+        WebDriverWait(browser, 5, 0.05).until(
+            lambda d: "after the outage" in d.execute_script("return window.t.texts")
+        )
+    finally:
+        stop_own_poller(browser)
