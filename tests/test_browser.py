@@ -18,7 +18,8 @@ default transport the page holds an event stream (the poll server's fastpoll_str
 per publish, no poll), three publishes show in order once each, and across the poll server's
 restart the EventSource reconnects with nothing lost or twice; a stream refused with 403 gets
 a new URL from refreshUrl and streams again, one refused with 503 waits its Retry-After and
-streams again once the app is back; the other tests ask for long polls (transport=poll).
+streams again once the app is back; tabs sharing a URL hold one stream, the leader's, and a tab
+that takes the lead over holds its own; the other tests ask for long polls (transport=poll).
 
 The page's polls carry wait=25 and the current tag: the poll server holds them, and the app's
 announcement on the stack's Redis ([announce] server: the cache is memcached) wakes them when a
@@ -813,3 +814,55 @@ def test_a_stream_refused_503_waits_retry_after_and_streams_again(
         )
     finally:
         stop_own_poller(browser)
+
+
+def test_tabs_share_one_stream_and_a_tab_takes_it_over(
+    demo_stack: Stack, browser: webdriver.Chrome
+) -> None:
+    """Three tabs of the demo with the default transport: the leading tab holds the one event
+    stream (the poll server holds one stream, no long poll), three publishes show in every tab
+    in order; the leader closed, another tab takes over and holds a stream of its own, and a
+    publish then shows in both remaining tabs, nothing lost or twice."""
+    uid, home = 969696, browser.current_window_handle
+    page = (
+        f"{demo_stack.base_url}/fastpoll-client/demo.html"
+        f"?url={quote(demo_stack.poll_url(uid), safe='')}&interval={INTERVAL_MS}&wait=25"
+    )
+    windows = open_tabs(browser, page, 3)
+    try:
+        WebDriverWait(browser, 20, 0.05).until(lambda _: stream_metrics(demo_stack)[0] >= 1)
+        time.sleep(1.5)  # a tab streaming on its own would hold its stream by now
+        assert stream_metrics(demo_stack)[0] == 1 and poller_metrics(demo_stack)[0] == 1
+        leaders = on_each(browser, windows, "return window.fastpollDemo.poller.leader")
+        assert leaders.count(True) == 1, leaders
+        leader = windows[leaders.index(True)]
+        browser.switch_to.window(leader)
+        assert browser.execute_script("return window.fastpollDemo.poller.transport") == "stream"
+        sent = [f"stream tab {i}" for i in range(1, 4)]
+        for t in sent:
+            publish(demo_stack, uid, t)
+            time.sleep(0.3)
+        for w in windows:
+            browser.switch_to.window(w)
+            WebDriverWait(browser, 5, 0.05).until(lambda d: shown(d) == sent)
+        assert stream_metrics(demo_stack)[0] == 1
+
+        browser.switch_to.window(leader)
+        browser.close()
+        windows.remove(leader)
+        t0 = time.monotonic()
+        while True not in on_each(browser, windows, "return window.fastpollDemo.poller.leader"):
+            assert time.monotonic() - t0 < 3.0, "no tab took the lead over"
+            time.sleep(0.05)
+        # The closed tab's stream ends (the poll server sees the close), the new leader's opens.
+        WebDriverWait(browser, 10, 0.05).until(lambda _: stream_metrics(demo_stack)[0] == 1)
+        publish(demo_stack, uid, "after takeover")
+        for w in windows:
+            browser.switch_to.window(w)
+            WebDriverWait(browser, 5, 0.05).until(lambda d: shown(d) == [*sent, "after takeover"])
+        time.sleep(0.5)
+        for w in windows:
+            assert shown_in(browser, w) == [*sent, "after takeover"]  # none lost, none twice
+        assert stream_metrics(demo_stack)[0] == 1
+    finally:
+        close_tabs(browser, windows, home)
