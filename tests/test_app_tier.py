@@ -1,6 +1,7 @@
 """The app tier as a shared system of record, on a real PostgreSQL started by the
-harness: two app processes behind one nginx, an outbox that survives an app restart, and a hung
-memcached node that no longer slows the publishes of users on the other nodes."""
+harness: two app processes behind one nginx, an outbox that survives an app restart, a hung
+memcached node that no longer slows the publishes of users on the other nodes, and a rolling
+restart of the apps that leaves one to answer misses."""
 
 from __future__ import annotations
 
@@ -55,9 +56,7 @@ def test_publish_through_one_app_the_other_fills_it(pg_stack: Stack) -> None:
         # Ids come from one sequence, and mark-read on app 1 sees app 0's message.
         other = second.post("/api/messages", json={"user_id": uid, "text": "via app 1"}).json()
         assert other["id"] > msg["id"]
-        read = second.post(
-            "/api/messages/read", json={"user_id": uid, "up_to_id": other["id"]}
-        )
+        read = second.post("/api/messages/read", json={"user_id": uid, "up_to_id": other["id"]})
         assert read.json()["marked_read"] == 2
 
 
@@ -113,7 +112,8 @@ def test_outbox_survives_an_app_restart(tier_stack: Stack) -> None:
             "the restarted app sees the outbox row",
             lambda: backlog(stack) >= 1,
             timeout=30,
-            interval=0.2, retry_on=(),
+            interval=0.2,
+            retry_on=(),
         )
     finally:
         os.kill(stack.procs[node].pid, signal.SIGCONT)  # the cache is back, still stale
@@ -205,3 +205,37 @@ def test_hung_node_does_not_slow_publishes_to_other_nodes(tier_stack: Stack) -> 
         interval=0.2,
         retry_on=(),
     )
+
+
+def test_an_app_just_restarted_answers_misses_when_the_other_restarts(pg_stack: Stack) -> None:
+    """A rolling restart of the apps: app 1 restarted (nginx saw it refuse connections), then,
+    3 s after it answers again, app 0 stopped: nginx must send misses to app 1 (a failed app is
+    skipped for fastpoll_app_fail_timeout, 2 s), not answer 503 "no live upstreams"."""
+    uid = new_uid()
+    with pg_stack.api(0) as api:
+        assert (
+            api.post("/api/messages", json={"user_id": uid, "text": "rolling"}).status_code == 201
+        )
+    url = f"/Poll/getMessages?user_id={uid}"  # http_client signs it
+    app1 = pg_stack.app_name(1)
+    pg_stack.stop_proc(app1)
+    try:
+        with http_client(pg_stack) as c:
+            for _ in range(6):  # round robin: some misses meet the stopped app and mark it
+                Cache(pg_stack).delete(poll_key(uid))
+                assert c.get(url).status_code == 200
+    finally:
+        pg_stack.start_app(1)
+    time.sleep(3.0)
+    pg_stack.stop_proc(pg_stack.app_name(0))
+    try:
+        with http_client(pg_stack) as c:
+            for _ in range(4):
+                Cache(pg_stack).delete(poll_key(uid))
+                r = c.get(url)
+                assert (r.status_code, r.headers.get("x-poll-source")) == (200, "app"), (
+                    r.status_code,
+                    r.text[:200],
+                )
+    finally:
+        pg_stack.start_app(0)

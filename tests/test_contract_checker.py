@@ -485,6 +485,34 @@ def test_an_order_an_idle_session_still_holds_after_the_run_is_found() -> None:
     assert violations(history(unread), "9-isolation") == 1
 
 
+PLACEMENT = {
+    "0": ["memcached-2", "memcached-0"],
+    "1": ["memcached-0", "memcached-1"],
+    "3": ["memcached-1", "memcached-2"],
+}
+
+
+def test_a_user_slowed_by_a_hung_node_without_its_key_is_found() -> None:
+    """Rule 9 for the cache's nodes: memcached-0 hung slows user 1 (a copy of its key there),
+    not user 3, nor user 3's room poll (the room's key has a copy there)."""
+    hang = Fault("cache-hang", "memcached-0", 10.0, 12.0, [CACHE, CACHE_DOWN])
+    slow = Op("api", 3, 10.5, 13.0, 201, note="publish")
+    own = Op("api", 1, 10.5, 13.0, 201, note="publish")
+    room = Op("poll", 3, 10.5, 13.0, 200, "", source="app", note="room poll of user 3", ids=[3])
+    fast = Op("poll", 3, 11.0, 11.1, 200, "", source="cache")
+    h = history(slow, own, room, fast, faults=[hang])
+    h.placement = PLACEMENT
+    res = check(h).rules["9-isolation"]
+    assert [v.ops[0] for v in res.violations] == [slow] and res.checked == 2
+    # A single node (no placement): everyone's key is on it, nothing is judged.
+    h.placement = {}
+    assert violations(h, "9-isolation") == 0
+    # Another fault at the same time: not judged.
+    h.placement = PLACEMENT
+    h.faults.append(Fault("poller-restart", "poller-0", 12.5, 12.6, [POLLER + "0"]))
+    assert violations(h, "9-isolation") == 0
+
+
 def test_isolation_is_not_judged_during_another_fault() -> None:
     slow = Op("poll", 3, 11.0, 14.0, 200, "", source="app")
     pg = Fault("pg-restart", "postgres", 10.5, 12.0, [DB])

@@ -29,6 +29,7 @@ from fastpoll_testkit.contract.history import (
     DB_READ_ONLY,
     OBSERVED,
     POLLER,
+    ROOM_USER,
     USER_LOCK,
     Fault,
     History,
@@ -47,7 +48,7 @@ RULES = {
     "6-hostile": "refused or ignored requests get the documented answer",
     "7-bad-input": "bad input to the API is refused with a well-formed 4xx",
     "8-held-stall": "held polls answered within the bound while cache reads are slow or stalled",
-    "9-isolation": "a user's order held from outside slows no other user",
+    "9-isolation": "a user's held order or hung cache node slows no other user",
     "10-no-skip": "a history read lists every acknowledged unread message after its id, no other",
     "11-stream": "a stream's events never go back, and a returned write reaches an open stream "
     "within the held bound (path healthy)",
@@ -557,6 +558,57 @@ def _rule9(h: History, p: Params, r: RuleResult) -> None:
             f"was held (bound {p.isolation_bound_s:g} s)"
         )
         r.violations.append(Violation("9-isolation", what, [op], held))
+    _node_isolation(h, p, r)
+
+
+# The faults of one cache node (hung, stalled or killed): with several nodes, they slow only the
+# users with a copy of their key on it.
+NODE_FAULTS = ("cache-hang", "cache-stall", "cache-kill")
+
+
+def _op_nodes(h: History, op: Op) -> set[str]:
+    """The cache nodes an operation may wait for: its users' keys' (and the room's, for a room
+    poll or a batch with the room); None known: every node."""
+    owners = _op_users(op) | ({ROOM_USER} if "room" in op.note else set())
+    if any(str(o) not in h.placement for o in owners):
+        return _all_nodes(h)
+    return {n for o in owners for n in h.placement[str(o)]}
+
+
+def _node_isolation(h: History, p: Params, r: RuleResult) -> None:
+    """Rule 9 for the cache's nodes (with several): while one node is hung, stalled or killed,
+    a user with no copy of its key there (nor of the room's, for a room poll) is answered as
+    while a user's order is held: 2xx-4xx within isolation_bound_s. Not judged if any other
+    fault met it (widened by pad_s, db_grace_s after a database fault)."""
+    if not h.placement:
+        return
+    down = [f for f in h.faults if f.kind in NODE_FAULTS and f.target in _all_nodes(h)]
+    for op in h.ops:
+        if op.kind not in ISOLATED:
+            continue
+        met = [f for f in down if f.start <= op.start <= f.end]
+        if not met or any(f.target in _op_nodes(h, op) for f in met):
+            continue
+        others = [f for f in h.faults if f not in met]
+        near = _overlapping(others, op.start, op.end, p.pad_s, p.pad_s)
+        db = _overlapping(others, op.start, op.end, p.pad_s, p.pad_s + p.db_grace_s)
+        if near or any(_touches(f, [DB]) for f in db):
+            r.excluded += 1
+            continue
+        r.checked += 1
+        took = op.end - op.start
+        if op.status and op.status < 500 and took <= p.isolation_bound_s:
+            continue
+        what = (
+            f"user {op.user}: {op.kind} {op.note} answered {op.status or 'nothing'} in "
+            f"{took:.2f} s while {', '.join(f.target for f in met)} (none of its nodes) was "
+            f"{'/'.join(f.kind for f in met)} (bound {p.isolation_bound_s:g} s)"
+        )
+        r.violations.append(Violation("9-isolation", what, [op], met))
+
+
+def _all_nodes(h: History) -> set[str]:
+    return {n for nodes in h.placement.values() for n in nodes}
 
 
 def _states(model: _Model, op: Op) -> list[int]:
@@ -734,12 +786,16 @@ def _rule10(h: History, model: _Model, r: RuleResult) -> None:
 
 def _cached_at(h: History) -> dict[int, list[float]]:
     """Per user, the times its key was known to be in the cache: a poll through nginx answered
-    from it (X-Poll-Source: cache), or the end of a write answered X-Cache-Publish: ok."""
+    from it (X-Poll-Source: cache), or the end of a write answered X-Cache-Publish: ok. Not
+    the room's writes: a room answer over the node's item size is deleted there, and the write
+    is still ok (its polls go to the app)."""
     seen: dict[int, list[float]] = {}
     for op in h.ops:
         if op.kind in NGINX_POLLS and op.status in (200, 304) and op.source == "cache":
             seen.setdefault(op.user, []).append(op.start)
-        elif op.kind in WRITES and op.headers.get("x-cache-publish") == "ok":
+        elif (
+            op.kind in WRITES and op.user != ROOM_USER and op.headers.get("x-cache-publish") == "ok"
+        ):
             seen.setdefault(op.user, []).append(op.end)
     return seen
 
@@ -758,6 +814,9 @@ def _needed_the_app(h: History, p: Params, op: Op, seen: dict[int, list[float]])
         (f.end for f in h.faults if _touches(f, [CACHE_DOWN]) and f.start <= op.start),
         default=float("-inf"),
     )
+    if op.user == ROOM_USER:  # any room write may have made its answer too large to cache
+        room = [o.start for o in h.ops if o.kind in WRITES and o.user == ROOM_USER]
+        lost = max([lost, *(t for t in room if t <= op.start)])
     return not any(lost < t < op.start for t in seen.get(op.user, []))
 
 

@@ -58,6 +58,10 @@ class Op:
     text: str = ""  # publishes: the message's text
 
 
+# The room's owner in a history: its writes are the room's publishes (run.ROOM).
+ROOM_USER = 0
+
+
 @dataclass
 class Fault:
     kind: str
@@ -88,6 +92,9 @@ class History:
     wall_offset: float = 0.0
     nginx_errors: list[dict[str, object]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Each owner's cache nodes (str(user id), ROOM_USER's the room's): its key's primary and
+    # replica, with several memcached nodes (empty otherwise: every key on the one node).
+    placement: dict[str, list[str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, op: Op) -> None:
@@ -106,6 +113,7 @@ class History:
                 "config": self.config,
                 "wall_offset": self.wall_offset,
                 "notes": self.notes,
+                "placement": self.placement,
             }
             f.write(json.dumps(meta) + "\n")
             for fault in self.faults:
@@ -124,6 +132,7 @@ class History:
             if kind == "meta":
                 h.seed, h.config = rec["seed"], rec["config"]
                 h.wall_offset, h.notes = rec["wall_offset"], rec["notes"]
+                h.placement = rec.get("placement", {})
             elif kind == "fault":
                 h.faults.append(Fault(**rec))
             elif kind == "op":

@@ -26,11 +26,13 @@ from pathlib import Path
 import httpx
 import psycopg
 
+from fastpoll_app import channels, keys
+from fastpoll_app.cache import Placement
 from fastpoll_app.store import PG_ORDER_CLASS, order_slot
 from fastpoll_testkit import rawhttp
 from fastpoll_testkit.contract import history as hist
 from fastpoll_testkit.contract.checker import Params, Report, check
-from fastpoll_testkit.contract.history import Fault, History, Op
+from fastpoll_testkit.contract.history import ROOM_USER, Fault, History, Op
 from fastpoll_testkit.contract.proxy import ProxyControl
 from fastpoll_testkit.procs import free_port, freeze
 from fastpoll_testkit.releases import PREVIOUS, extract
@@ -140,7 +142,6 @@ BAD_INPUT_BOUND_S = 5.0  # the longest a refusal may take (it is decided before 
 # and the room on one URL. In the history and the model it is "user" ROOM_USER: its writes are
 # the room's publishes, its polls' bodies the room's part of each composed answer.
 ROOM = "room.c"
-ROOM_USER = 0
 ROOM_HISTORY = 5  # [channels] history of the run's stack: the room's answer keeps 5 messages
 # [app] answer_messages of the run's stack: a user's answer lists the newest 3 unread, so the
 # users' answers carry "before" whenever more are unread.
@@ -303,7 +304,32 @@ class Run:
                 r.raise_for_status()
                 self.room_urls[uid] = str(r.json()["url"])
         self.history.wall_offset = time.time() - time.monotonic()
+        if self.config.backend == "memcached" and len(st.memcached_ports) > 1:
+            self.history.placement = self._placement(ini["memcached"]["servers"].split())
         self._wait_subscribed(20.0)
+
+    def _placement(self, servers: list[str]) -> dict[str, list[str]]:
+        """Each owner's cache nodes by name, from the app's own placement of its key."""
+        names = dict(zip(servers, self.proxy_names, strict=False))
+        where = Placement(servers, replicas=1)
+        try:
+            owners = [*range(1, self.s.users + 1), *self.batch_users]
+            out = {
+                str(uid): [
+                    names[n]
+                    for n in where.nodes(
+                        keys.derive_key(
+                            b"/Poll", f"/getMessages?user_id={uid}".encode(), [b"user_id"]
+                        )
+                    )
+                ]
+                for uid in owners
+            }
+            room = channels.channel_key(b"/Poll", ROOM.encode())
+            out[str(ROOM_USER)] = [names[n] for n in where.nodes(room)]
+            return out
+        finally:
+            where.close()
 
     def _metric(self, url: str, name: str) -> float | None:
         try:
