@@ -543,22 +543,31 @@ def _rule9(h: History, p: Params, r: RuleResult) -> None:
         ):
             r.excluded += 1
             continue
-        near = _overlapping(others, op.start, op.end, p.pad_s, p.pad_s)
-        db = _overlapping(others, op.start, op.end, p.pad_s, p.pad_s + p.db_grace_s)
-        if near or any(_touches(f, [DB]) for f in db):
-            r.excluded += 1
-            continue
-        r.checked += 1
-        took = op.end - op.start
-        if op.status and op.status < 500 and took <= p.isolation_bound_s:
-            continue
-        what = (
-            f"user {op.user}: {op.kind} {op.note} answered {op.status or 'nothing'} in "
-            f"{took:.2f} s while user {sorted(set().union(*map(_lock_victims, held)))}'s order "
-            f"was held (bound {p.isolation_bound_s:g} s)"
-        )
-        r.violations.append(Violation("9-isolation", what, [op], held))
+        why = f"user {sorted(set().union(*map(_lock_victims, held)))}'s order was held"
+        _judge_isolated(p, r, op, held, others, why)
     _node_isolation(h, p, r)
+
+
+def _judge_isolated(
+    p: Params, r: RuleResult, op: Op, met: list[Fault], others: list[Fault], why: str
+) -> None:
+    """Rule 9's verdict on an operation of a user the faults `met` do not concern: answered
+    below 500 within isolation_bound_s, unless another fault met it (widened by pad_s, and
+    db_grace_s after a database fault)."""
+    near = _overlapping(others, op.start, op.end, p.pad_s, p.pad_s)
+    db = _overlapping(others, op.start, op.end, p.pad_s, p.pad_s + p.db_grace_s)
+    if near or any(_touches(f, [DB]) for f in db):
+        r.excluded += 1
+        return
+    r.checked += 1
+    took = op.end - op.start
+    if op.status and op.status < 500 and took <= p.isolation_bound_s:
+        return
+    what = (
+        f"user {op.user}: {op.kind} {op.note} answered {op.status or 'nothing'} in "
+        f"{took:.2f} s while {why} (bound {p.isolation_bound_s:g} s)"
+    )
+    r.violations.append(Violation("9-isolation", what, [op], met))
 
 
 # The faults of one cache node (hung, stalled or killed): with several nodes, they slow only the
@@ -590,21 +599,11 @@ def _node_isolation(h: History, p: Params, r: RuleResult) -> None:
         if not met or any(f.target in _op_nodes(h, op) for f in met):
             continue
         others = [f for f in h.faults if f not in met]
-        near = _overlapping(others, op.start, op.end, p.pad_s, p.pad_s)
-        db = _overlapping(others, op.start, op.end, p.pad_s, p.pad_s + p.db_grace_s)
-        if near or any(_touches(f, [DB]) for f in db):
-            r.excluded += 1
-            continue
-        r.checked += 1
-        took = op.end - op.start
-        if op.status and op.status < 500 and took <= p.isolation_bound_s:
-            continue
-        what = (
-            f"user {op.user}: {op.kind} {op.note} answered {op.status or 'nothing'} in "
-            f"{took:.2f} s while {', '.join(f.target for f in met)} (none of its nodes) was "
-            f"{'/'.join(f.kind for f in met)} (bound {p.isolation_bound_s:g} s)"
+        why = (
+            f"{', '.join(f.target for f in met)} (none of its nodes) was "
+            f"{'/'.join(f.kind for f in met)}"
         )
-        r.violations.append(Violation("9-isolation", what, [op], met))
+        _judge_isolated(p, r, op, met, others, why)
 
 
 def _all_nodes(h: History) -> set[str]:
