@@ -61,10 +61,11 @@ rooms-jitter<N>-<stamp>.json, which the page's main table never takes.
 `--rate R` other than 1 (a busy room, the page's own section): stored as rooms-rate<R>-<stamp>.json.
 
 `--perf DIR`: fastpoll's server processes are also sampled with `perf record -g` over the publish
-window (DIR/fastpoll-r<round>.data), and the JSON gets each round's profile: the samples' shares
+window (DIR/<system>-r<round>.data), and the JSON gets each round's profile: the samples' shares
 by process and object (the kernel's share is the system calls and the network stack) and the
 poll servers' top symbols. Sampling costs CPU: such a run's CPU per message is not comparable,
-so it is stored as rooms-perf-<stamp>.json, which the page's table never takes.
+so it is stored as rooms-perf-<stamp>.json (rooms-perf-stream-<stamp>.json when fastpoll-stream
+is the only fastpoll system), which the page's tables never take.
 
 JSON: loadtests/results/rooms-<stamp>.json.
 """
@@ -77,6 +78,7 @@ import json
 import multiprocessing as mp
 import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -366,7 +368,11 @@ async def measure(
     cpu = meter.stop()
     perf_stop(perf)
     res = await asyncio.to_thread(clients.stop)
-    profile = await asyncio.to_thread(perf_profile, perf_data) if perf and perf_data else None
+    profile = (
+        await asyncio.to_thread(perf_profile, perf_data, ("poll_server", "nginx"))
+        if perf and perf_data
+        else None
+    )
     lat = [t - sent[seq] for seq, ts in res["times"].items() if seq in sent for t in ts]
     delivered, cpu_total = len(lat), sum(cpu.values())
     # A stream's answers are its events; a long poll's, its 200s.
@@ -635,6 +641,10 @@ def main() -> int:
         help="directory for perf record data of fastpoll's servers",
     )
     args = ap.parse_args()
+    # 10,000 streams are as many open files in one upstream (a poll server, stream_back) and
+    # 2,500 in each client process: the soft limit up to the hard one (20,000 here), inherited.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     nproc = args.clients or max(1, -(-args.members // MEMBERS_PER_CLIENT))
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run_dir = Path(os.environ.get("FP_RUN_DIR", f"/tmp/fastpoll-rooms-{stamp}"))
@@ -710,6 +720,13 @@ def main() -> int:
     }
     RESULTS.mkdir(exist_ok=True)
     kind = "perf-" if args.perf else ""
+    # A profile of fastpoll's streams alone: its own kind (the page's long-poll profile is
+    # rooms-perf-<stamp>).
+    kind += (
+        "stream-"
+        if args.perf and "fastpoll" not in systems and "fastpoll-stream" in systems
+        else ""
+    )
     kind += f"jitter{args.jitter_pct}-" if args.jitter_pct is not None else ""
     kind += f"rate{args.rate:g}-" if args.rate != 1 else ""
     out = RESULTS / f"rooms-{kind}{stamp}.json"
