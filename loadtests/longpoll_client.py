@@ -36,20 +36,25 @@ class Response:
     nbytes: int  # head + body as read from the socket
 
 
-async def read_response(reader: asyncio.StreamReader) -> Response:
-    """One HTTP/1.1 response: Content-Length, chunked, or none (304, 204)."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head[:-4].split(b"\r\n")
+def parse_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
+    """A response head (up to its blank line): the status and the headers, names lowercased."""
+    lines = head.rstrip(b"\r\n").split(b"\r\n")
     parts = lines[0].split(b" ", 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
         raise ValueError(f"bad status line {lines[0][:80]!r}")
-    status = int(parts[1])
     headers: dict[bytes, bytes] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
         if not sep:
             raise ValueError(f"bad header line {line[:80]!r}")
         headers[name.strip().lower()] = value.strip()
+    return int(parts[1]), headers
+
+
+async def read_response(reader: asyncio.StreamReader) -> Response:
+    """One HTTP/1.1 response: Content-Length, chunked, or none (304, 204)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status, headers = parse_head(head)
     body = b""
     if b"content-length" in headers:
         body = await reader.readexactly(int(headers[b"content-length"]))

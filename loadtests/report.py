@@ -423,6 +423,7 @@ def cited_side_runs(results: Path) -> list[Path]:
         latest(results, "writes"),
         latest(results, "plain-ab"),
         latest(results, "rooms-perf"),
+        latest(results, "rooms-perf-stream"),
         *latest_rooms(results),
         *latest_rooms(results, JITTER_KIND),
         *latest_rooms(results, BUSY_KIND),
@@ -537,7 +538,7 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
         for k in ("", JITTER_KIND, BUSY_KIND)
     )
     side = {}
-    for prefix in ("writes", "plain-ab", "rooms-perf"):
+    for prefix in ("writes", "plain-ab", "rooms-perf", "rooms-perf-stream"):
         sp = latest(results, prefix)
         side[prefix] = (read(sp), rel(sp, out.parent)) if sp else None
     text = env.get_template("benchmarks.md.j2").render(
@@ -571,6 +572,7 @@ def write_markdown(doc: dict, json_path: Path, pngs: list[Path], out: Path = DOC
         writes=side["writes"],
         plain_ab=side["plain-ab"],
         rooms_perf=side["rooms-perf"],
+        rooms_perf_stream=side["rooms-perf-stream"],
         perf_split=perf_split,
     )
     with tempfile.TemporaryDirectory() as tmp:  # what the plots read is kept too

@@ -2,10 +2,10 @@
 
     .venv/bin/python -m loadtests.rooms [--members 1000] [--seconds 30] [--rate 1]
                                         [--rounds 2] [--clients N] [--jitter-pct N]
-                                        [--perf DIR]
+                                        [--perf DIR] [--systems fastpoll nchan ...]
 
-Both systems on this machine, in interleaved rounds (fastpoll, Nchan, fastpoll, Nchan, ...: other
-work's load on a shared machine falls on both alike), each round on a fresh stack:
+Every system on this machine, in interleaved rounds (fastpoll, Nchan, ..., fastpoll, Nchan, ...:
+other work's load on a shared machine falls on all alike), each round on a fresh stack:
 
 - fastpoll: a fresh stack from the harness (memcached, announcements on the stack's Redis,
   `[server] max_held` 20,000, `make up`'s 2 poll servers and nginx). Each member polls its own key
@@ -16,6 +16,26 @@ work's load on a shared machine falls on both alike), each round on a fresh stac
   a location whose subscribers wait on two channels at once (`nchan_channel_id $arg_room
   $arg_user`, Nchan's multiplexed channels): the room's and the member's own. A message is a POST
   /pub/<room>.
+
+Event streams, in the same rounds (`--systems` picks among the five; the default is all of them):
+
+- fastpoll-stream: the same fastpoll stack; each member holds one event stream of the same
+  signed room URL (no `wait=`; `Accept: text/event-stream`: nginx's @poll_stream, unbuffered, to
+  a poll server). Held: the poll servers' `fastpoll_streams`.
+- nchan-eventsource: the Nchan peer, its EventSource subscribers on the same multiplexed
+  channels (`/esm`: `nchan_subscriber eventsource`, the same `nchan_channel_id $arg_room
+  $arg_user`; no subscriber timeout, where the long poll's 25 s would end every stream within the
+  publish window).
+- proxied-stream, the floor: nginx with the stack's worker settings (2 on 2 cores, its
+  worker_connections, rlimit and multi_accept) proxying each stream, unbuffered, to
+  loadtests/peers/stream_back.c (built here with gcc): a trivial epoll server on a unix socket
+  that, when a message is POSTed to it (by this process, on its socket), writes `data: <the
+  body>` to every held stream; no JSON, no cache. CPU: nginx and stream_back.
+
+A stream member (loadtests/stream_client.py) reads each event's data and is delivered each
+marker at the first event holding it; a marker it never reads is a miss (`misses`, every
+system: (member, message) pairs never delivered within 10 s of the last publish). A stream that
+ends is counted and reconnected with Last-Event-ID.
 
 The members are held by `--clients` client processes (default one per 2,500 members: one Python
 process cannot read 10,000 answers a second, and would measure itself; each process also stays far
@@ -41,10 +61,11 @@ rooms-jitter<N>-<stamp>.json, which the page's main table never takes.
 `--rate R` other than 1 (a busy room, the page's own section): stored as rooms-rate<R>-<stamp>.json.
 
 `--perf DIR`: fastpoll's server processes are also sampled with `perf record -g` over the publish
-window (DIR/fastpoll-r<round>.data), and the JSON gets each round's profile: the samples' shares
+window (DIR/<system>-r<round>.data), and the JSON gets each round's profile: the samples' shares
 by process and object (the kernel's share is the system calls and the network stack) and the
 poll servers' top symbols. Sampling costs CPU: such a run's CPU per message is not comparable,
-so it is stored as rooms-perf-<stamp>.json, which the page's table never takes.
+so it is stored as rooms-perf-<stamp>.json (rooms-perf-stream-<stamp>.json when fastpoll-stream
+is the only fastpoll system), which the page's tables never take.
 
 JSON: loadtests/results/rooms-<stamp>.json.
 """
@@ -57,6 +78,7 @@ import json
 import multiprocessing as mp
 import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -70,28 +92,49 @@ from typing import Any
 
 import httpx
 
-from fastpoll_testkit.procs import free_port
+from fastpoll_testkit.procs import Server, free_port
 from fastpoll_testkit.stack import POLL_SERVER, Stack
 from loadtests import preload, sysinfo
 from loadtests.longpoll import metric_sum, nchan_subscribers, pss_kb, tree
 from loadtests.longpoll_client import Deliveries, HoldRun, quantile_ms
 from loadtests.longpoll_nchan import NchanPeer
+from loadtests.peers import Peer
 from loadtests.perf import perf_profile, perf_start, perf_stop
+from loadtests.stream_client import StreamDeliveries, StreamRun
 
-RESULTS = Path(__file__).resolve().parent / "results"
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
 ROOM = "benchroom"  # a channel name for both: [A-Za-z0-9_-]
 WAIT_S = 25
 MEMBERS_PER_CLIENT = 2500
 SEQ = re.compile(rb'"lp(\d+)"')
 
-# Nchan's subscribers of a room and their own channel: one long-poll on both.
+# Nchan's subscribers of a room and their own channel: one long-poll on both; and the same
+# multiplexed channels for EventSource subscribers, with no subscriber timeout (a long poll's
+# 25 s would end every stream within the publish window).
 NCHAN_ROOM_LOCATION = """
         location = /lpm {
             nchan_subscriber longpoll;
             nchan_channel_id $arg_room $arg_user;
             nchan_subscriber_timeout 25s;
         }
+        location = /esm {
+            nchan_subscriber eventsource;
+            nchan_channel_id $arg_room $arg_user;
+            nchan_subscriber_timeout 0;
+        }
 """
+SYSTEMS = ("fastpoll", "nchan", "fastpoll-stream", "nchan-eventsource", "proxied-stream")
+STREAM_SYSTEMS = ("fastpoll-stream", "nchan-eventsource", "proxied-stream")
+STREAM_BACK_SRC = HERE / "peers" / "stream_back.c"
+# The stack's nginx settings (nginx/nginx-local.conf.j2's defaults, as Stack renders them).
+FLOOR_TUNING: dict[str, object] = {
+    "worker_processes": "auto",
+    "worker_rlimit_nofile": 20000,
+    "worker_connections": 19500,
+    "multi_accept": True,
+    "listen_options": " backlog=4096 reuseport",
+}
 
 
 class NchanRooms(NchanPeer):
@@ -176,19 +219,29 @@ class SeqDeliveries(Deliveries):
 async def _client_main(
     port: int, targets: dict[int, str], mode: str, progress: Any, stop: Any
 ) -> dict[str, Any]:
+    """Hold the members (long polls, or streams with mode "stream") until `stop`."""
+
     async def no_publish(user: int, text: str) -> int:
         return 0
 
-    deliveries = SeqDeliveries(progress)
-    run = HoldRun(
-        port=port,
-        users=sorted(targets),
-        target=targets.__getitem__,
-        mode=mode,
-        publish=no_publish,
-        wait_s=WAIT_S,
-        deliveries=deliveries,
-    )
+    deliveries: SeqDeliveries | StreamDeliveries
+    run: HoldRun | StreamRun
+    if mode == "stream":
+        deliveries = StreamDeliveries(progress)
+        run = StreamRun(
+            port=port, users=sorted(targets), target=targets.__getitem__, deliveries=deliveries
+        )
+    else:
+        deliveries = SeqDeliveries(progress)
+        run = HoldRun(
+            port=port,
+            users=sorted(targets),
+            target=targets.__getitem__,
+            mode=mode,
+            publish=no_publish,
+            wait_s=WAIT_S,
+            deliveries=deliveries,
+        )
     tasks = await run.hold()
     while not stop.is_set():
         await asyncio.sleep(0.1)
@@ -315,10 +368,15 @@ async def measure(
     cpu = meter.stop()
     perf_stop(perf)
     res = await asyncio.to_thread(clients.stop)
-    profile = await asyncio.to_thread(perf_profile, perf_data) if perf and perf_data else None
+    profile = (
+        await asyncio.to_thread(perf_profile, perf_data, ("poll_server", "nginx"))
+        if perf and perf_data
+        else None
+    )
     lat = [t - sent[seq] for seq, ts in res["times"].items() if seq in sent for t in ts]
     delivered, cpu_total = len(lat), sum(cpu.values())
-    answers = res["statuses"].get("200", 0)
+    # A stream's answers are its events; a long poll's, its 200s.
+    answers = res["statuses"].get("event", res["statuses"].get("200", 0))
     errors.update(res["errors"])
     if delivered < expected:
         errors["undelivered_after_10s"] = expected - delivered
@@ -329,6 +387,8 @@ async def measure(
         "messages": len(pubs),
         "publish_status": {str(s): statuses.count(s) for s in set(statuses)},
         "delivered": delivered,
+        # (member, message) pairs whose marker the member never read
+        "misses": expected - delivered,
         "superseded": res["superseded"],
         "p50_ms": quantile_ms(lat, 0.5),
         "p99_ms": quantile_ms(lat, 0.99),
@@ -362,7 +422,10 @@ async def fastpoll_run(
     nproc: int,
     perf_data: Path | None = None,
     jitter_pct: int | None = None,
+    stream: bool = False,
 ) -> dict[str, Any]:
+    """fastpoll's round: long polls, or with `stream` one event stream per member (the same
+    signed URL, no wait=, Accept: text/event-stream: nginx's @poll_stream)."""
     stack = start_fastpoll(run_dir, jitter_pct)
     try:
         preload.preload([f"127.0.0.1:{p}" for p in stack.memcached_ports], members)
@@ -377,7 +440,7 @@ async def fastpoll_run(
                 async with gate:
                     r = await api.post("/api/poll-url", json={"user_id": u, "channels": [ROOM]})
                 r.raise_for_status()
-                urls[u] = f"{r.json()['url']}&wait={WAIT_S}"
+                urls[u] = r.json()["url"] + ("" if stream else f"&wait={WAIT_S}")
 
             await asyncio.gather(*(url_of(u) for u in range(1, members + 1)))
 
@@ -394,10 +457,11 @@ async def fastpoll_run(
                 "memcached": [v.pid for k, v in p.items() if k.startswith("memcached-")],
             }
             ports = stack.admin_ports
+            gauge = "fastpoll_streams" if stream else "fastpoll_held_requests"
             out = await measure(
-                Clients(stack.http_port, urls, "etag", nproc),
+                Clients(stack.http_port, urls, "stream" if stream else "etag", nproc),
                 groups,
-                lambda: int(metric_sum(ports, "fastpoll_held_requests")),
+                lambda: int(metric_sum(ports, gauge)),
                 send,
                 seconds,
                 rate,
@@ -421,8 +485,9 @@ def poller_warnings(stack: Stack) -> list[str]:
 
 
 async def nchan_run(
-    run_dir: Path, members: int, seconds: float, rate: float, nproc: int
+    run_dir: Path, members: int, seconds: float, rate: float, nproc: int, stream: bool = False
 ) -> dict[str, Any]:
+    """Nchan's round: long polls on /lpm, or with `stream` EventSource subscribers on /esm."""
     peer = NchanRooms.at(run_dir)
     peer.start()
     try:
@@ -433,9 +498,10 @@ async def nchan_run(
                 r = await pub.post(f"/pub/{ROOM}", content=body)
                 return r.status_code
 
-            targets = {u: f"/lpm?room={ROOM}&user=u{u}" for u in range(1, members + 1)}
+            loc = "/esm" if stream else "/lpm"
+            targets = {u: f"{loc}?room={ROOM}&user=u{u}" for u in range(1, members + 1)}
             return await measure(
-                Clients(peer.port, targets, "nchan", nproc),
+                Clients(peer.port, targets, "stream" if stream else "nchan", nproc),
                 {"nginx": tree(peer.pid)},
                 lambda: nchan_subscribers(peer.base_url),
                 send,
@@ -444,6 +510,73 @@ async def nchan_run(
             )
     finally:
         peer.stop()
+
+
+def build_stream_back(out_dir: Path) -> Path:
+    """loadtests/peers/stream_back.c, built here with gcc (the bench's own build)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    binary = out_dir / "stream_back"
+    subprocess.run(
+        ["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(binary), str(STREAM_BACK_SRC)],
+        check=True,
+        timeout=120,
+    )
+    return binary
+
+
+def stream_back_stats(sock: Path) -> tuple[int, int]:
+    """stream_back's held streams and the streams it dropped (GET /stats on its socket)."""
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=5) as c:
+        held, dropped = c.get("http://stream_back/stats").text.split()
+    return int(held), int(dropped)
+
+
+async def floor_run(
+    run_dir: Path, members: int, seconds: float, rate: float, nproc: int
+) -> dict[str, Any]:
+    """The floor: nginx (the stack's worker settings) proxying each member's stream, unbuffered,
+    to stream_back (loadtests/peers/stream_back.c), which writes each publish to every stream."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(run_dir, 0o755)  # nginx's workers (nobody, when we are root) reach the socket
+    binary = build_stream_back(run_dir)
+    sock = run_dir / "stream_back.sock"
+    back = Server(
+        "stream_back",
+        [str(binary), str(sock)],
+        log=run_dir / "stream_back.log",
+        ready=sock.exists,
+        timeout=10,
+        new_session=True,
+    )
+    back.start()
+    peer = Peer("stream_floor", run_dir / "nginx", FLOOR_TUNING, {"socket": str(sock)})
+    try:
+        peer.start()
+        async with httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=str(sock)),
+            base_url="http://stream_back",
+            timeout=30,
+        ) as pub:
+
+            async def send(text: str) -> int:
+                body = json.dumps({"messages": [{"id": 0, "text": text}]}).encode()
+                r = await pub.post("/pub", content=body)
+                return r.status_code
+
+            targets = {u: f"/sub?room={ROOM}&user=u{u}" for u in range(1, members + 1)}
+            out = await measure(
+                Clients(peer.port, targets, "stream", nproc),
+                {"nginx": tree(peer.pid), "upstream": [back.pid]},
+                lambda: stream_back_stats(sock)[0],
+                send,
+                seconds,
+                rate,
+            )
+            out["upstream_dropped"] = stream_back_stats(sock)[1]
+            return out
+    finally:
+        peer.stop()
+        back.stop()
 
 
 # ---- the summary --------------------------------------------------------------------------
@@ -474,6 +607,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 g: _median([r["cpu_us_per_delivered_by_group"][g] for r in rs]) for g in groups
             },
             "pss_kb_per_1000_held_total": _median([r["pss_kb_per_1000_held_total"] for r in rs]),
+            "pss_kb_per_1000_held": {
+                g: _median([r["pss_kb_per_1000_held"][g] for r in rs]) for g in groups
+            },
+            "misses": sum(r.get("misses", 0) for r in rs),
             "superseded": sum(r["superseded"] for r in rs),
             "errors": dict(errors),
         }
@@ -489,9 +626,7 @@ def main() -> int:
     ap.add_argument(
         "--clients", type=int, default=0, help="client processes (default: one per 2,500 members)"
     )
-    ap.add_argument(
-        "--systems", nargs="+", default=["fastpoll", "nchan"], choices=["fastpoll", "nchan"]
-    )
+    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     ap.add_argument(
         "--jitter-pct",
         type=int,
@@ -506,6 +641,10 @@ def main() -> int:
         help="directory for perf record data of fastpoll's servers",
     )
     args = ap.parse_args()
+    # 10,000 streams are as many open files in one upstream (a poll server, stream_back) and
+    # 2,500 in each client process: the soft limit up to the hard one (20,000 here), inherited.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     nproc = args.clients or max(1, -(-args.members // MEMBERS_PER_CLIENT))
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run_dir = Path(os.environ.get("FP_RUN_DIR", f"/tmp/fastpoll-rooms-{stamp}"))
@@ -519,14 +658,16 @@ def main() -> int:
     for rnd in range(1, args.rounds + 1):
         for system in systems:
             d = run_dir / f"{system}-r{rnd}"
-            if system.startswith("fastpoll"):
-                perf = args.perf / f"{system}-r{rnd}.data" if args.perf else None
-                jitter = args.jitter_pct if system != "fastpoll" else None
-                r = asyncio.run(
-                    fastpoll_run(d, args.members, args.seconds, args.rate, nproc, perf, jitter)
-                )
+            size = (args.members, args.seconds, args.rate, nproc)
+            if system == "proxied-stream":
+                r = asyncio.run(floor_run(d, *size))
+            elif system.startswith("nchan"):
+                r = asyncio.run(nchan_run(d, *size, stream=system == "nchan-eventsource"))
             else:
-                r = asyncio.run(nchan_run(d, args.members, args.seconds, args.rate, nproc))
+                perf = args.perf / f"{system}-r{rnd}.data" if args.perf else None
+                jitter = args.jitter_pct if system.startswith("fastpoll-jitter") else None
+                stream = system == "fastpoll-stream"
+                r = asyncio.run(fastpoll_run(d, *size, perf, jitter, stream))
             r["system"] = system
             r["round"] = rnd
             runs.append(r)
@@ -541,6 +682,7 @@ def main() -> int:
                             "p50_ms",
                             "p99_ms",
                             "cpu_us_per_delivered",
+                            "misses",
                             "errors",
                         )
                     }
@@ -554,7 +696,7 @@ def main() -> int:
             f"--members {args.members} --seconds {args.seconds:g} --rate {args.rate:g} "
             f"--rounds {args.rounds} --clients {nproc}".split()
         )
-        + (f" --systems {' '.join(args.systems)}" if args.systems != ["fastpoll", "nchan"] else "")
+        + (f" --systems {' '.join(args.systems)}" if args.systems != list(SYSTEMS) else "")
         + (f" --jitter-pct {args.jitter_pct}" if args.jitter_pct is not None else "")
         + (" --perf DIR" if args.perf else ""),
         "members": args.members,
@@ -578,17 +720,24 @@ def main() -> int:
     }
     RESULTS.mkdir(exist_ok=True)
     kind = "perf-" if args.perf else ""
+    # A profile of fastpoll's streams alone: its own kind (the page's long-poll profile is
+    # rooms-perf-<stamp>).
+    kind += (
+        "stream-"
+        if args.perf and "fastpoll" not in systems and "fastpoll-stream" in systems
+        else ""
+    )
     kind += f"jitter{args.jitter_pct}-" if args.jitter_pct is not None else ""
     kind += f"rate{args.rate:g}-" if args.rate != 1 else ""
     out = RESULTS / f"rooms-{kind}{stamp}.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(
-        f"{'system':9} {'round':>5} {'held':>6} {'msgs':>5} {'delivered':>9} {'p50 ms':>8} "
+        f"{'system':17} {'round':>5} {'held':>6} {'msgs':>5} {'delivered':>9} {'p50 ms':>8} "
         f"{'p99 ms':>8} {'CPU us/msg':>10} {'KB/1000':>8} errors"
     )
     for r in runs:
         print(
-            f"{r['system']:9} {r['round']:>5} {r['held_by_server']:>6} {r['messages']:>5} "
+            f"{r['system']:17} {r['round']:>5} {r['held_by_server']:>6} {r['messages']:>5} "
             f"{r['delivered']:>9} {r['p50_ms']!s:>8} {r['p99_ms']!s:>8} "
             f"{r['cpu_us_per_delivered']!s:>10} {r['pss_kb_per_1000_held_total']:>8} "
             f"{r['errors']}"

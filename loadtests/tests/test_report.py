@@ -258,7 +258,7 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
     (tmp_path / LONGPOLL_RUN.name).write_text(json.dumps(report.load(LONGPOLL_RUN)))
     for name, side in (
         ("rooms-20260101-000000.json", rooms_doc(1000, 150.0)),  # older: not the one cited
-        ("rooms-20260102-000000.json", rooms_doc(1000, 90.0)),
+        ("rooms-20260102-000000.json", rooms_doc(1000, 90.0, streams=True)),
         ("rooms-20260102-010000.json", rooms_doc(10000, 30.0)),
         ("writes-20260102-000000.json", writes_doc()),
         ("plain-ab-20260102-000000.json", plain_ab_doc()),
@@ -273,6 +273,13 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
     assert "150.0 µs" not in md
     assert "1,000 members: CPU 90.0 µs against 45.0 µs, **not met** (2.00× Nchan's);" in md
     assert "10,000 members: CPU 30.0 µs against 45.0 µs, **met** (0.67× Nchan's);" in md
+    # The streams' rows and targets: only the 1,000-member run has them.
+    assert "### A room's message to every member as event streams" in md
+    assert "| 1,000 | proxied stream (floor) | 60,000 / 60,000 | 0 | 10.0 / 50.0 ms |" in md
+    assert "| 10,000 | fastpoll stream |" not in md
+    assert "- 1,000 members: CPU 30.0 µs against the floor's 25.0 µs, 1.20×, **not met**;" in md
+    assert "p99 90.0 ms against Nchan long poll's 400 ms, **met**;" in md
+    assert "the poll servers' memory 2.00 KB per held stream, **met**" in md
     assert "| PostgreSQL | batch of 100 | 800 | 0.200 ms | 0.050 ms | **0.250 ms** |" in md
     assert "| SQLite | single | 200 | 1.400 ms | (in the app) | **1.400 ms** |" in md
     assert "**met** in this run" in md
@@ -323,37 +330,54 @@ def test_plots_and_page(results: list[dict], tmp_path: Path) -> None:
         assert p.read_bytes() == (tmp_path / p.name).read_bytes()
 
 
-def rooms_doc(members: int, fp_cpu: float) -> dict[str, Any]:
-    """A loadtests/rooms.py run, 2 rounds, fastpoll at fp_cpu µs per delivery, Nchan at 45."""
+def rooms_doc(members: int, fp_cpu: float, streams: bool = False) -> dict[str, Any]:
+    """A loadtests/rooms.py run, 2 rounds, fastpoll at fp_cpu µs per delivery, Nchan at 45; with
+    streams also the event-stream systems: fastpoll's at 30 µs, the floor's at 25, Nchan's at 20."""
     groups = {"nginx": 40.0, "poll_servers": 25.0, "app": 5.0, "redis": 1.0, "memcached": 19.0}
-    runs, summary = [], {}
-    for system, cpu, g, lat in (
+    systems: list[tuple[str, float, dict[str, float], tuple[float, float]]] = [
         ("fastpoll", fp_cpu, groups, (80.0, 300.0)),
         ("nchan", 45.0, {"nginx": 45.0}, (90.0, 400.0)),
-    ):
+    ]
+    if streams:
+        systems += [
+            ("fastpoll-stream", 30.0, {**groups, "nginx": 15.0, "poll_servers": 8.0}, (20.0, 90.0)),
+            ("nchan-eventsource", 20.0, {"nginx": 20.0}, (15.0, 60.0)),
+            ("proxied-stream", 25.0, {"nginx": 24.0, "upstream": 1.0}, (10.0, 50.0)),
+        ]
+    runs, summary = [], {}
+    for system, cpu, g, lat in systems:
+        pss = {k: 2000 for k in g}
         for rnd in (1, 2):
             runs.append(
                 {
                     "system": system,
                     "round": rnd,
+                    "members": members,
+                    "messages": 30,
+                    "delivered": members * 30,
+                    "misses": 0,
                     "p50_ms": lat[0],
                     "p99_ms": lat[1],
                     "cpu_us_per_delivered": cpu,
                     "poll_answers": {"200": members * 30},
                     "superseded": 0,
                     "cpu_us_per_answer": cpu,
+                    "pss_kb_per_1000_held_total": 2000 * len(g),
                     "loadavg_start": [3.0, 3.0, 3.0],
+                    "loadavg_end": [4.0, 4.0, 4.0],
                 }
             )
         summary[system] = {
             "rounds": 2,
             "delivered": members * 60,
             "expected": members * 60,
+            "misses": 0,
             "p50_ms": lat[0],
             "p99_ms": lat[1],
             "cpu_us_per_delivered": cpu,
             "cpu_us_per_delivered_by_group": g,
             "pss_kb_per_1000_held_total": 12000,
+            "pss_kb_per_1000_held": pss,
             "superseded": 0,
             "errors": {},
         }
