@@ -190,8 +190,10 @@ bench-longpoll: venv build
 	$(PY) -m loadtests.report
 
 # Rooms of 1,000 and 10,000 held members (own key + the room), one message a second for 30 s,
-# and a busy room of 1,000 with 10 messages a second, fastpoll and Nchan in 2 interleaved rounds
-# each (loadtests/rooms.py, about 15 min on 2 cores): loadtests/results/rooms-*.json, then
+# and a busy room of 1,000 with 10 messages a second: fastpoll's long polls and event streams,
+# Nchan's long polls and EventSource, and the proxied-stream floor (nginx unbuffered to a trivial
+# streaming upstream) in 2 interleaved rounds each (loadtests/rooms.py, about 22 min on 2
+# cores): loadtests/results/rooms-*.json, then
 # docs/benchmarks.md's page again (its plots as they are) from the latest full make bench run and
 # these. Debian's Nchan module is installed (its nginx only).
 .PHONY: bench-rooms
