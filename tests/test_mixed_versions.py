@@ -32,8 +32,9 @@ from fastpoll_testkit.stack import ROOT, VENV_PYTHON, Stack, memcached_ask
 RELEASES = {
     "before-channels": "cc9fbe0",  # schema 2: owners are users only
     "before-channel-outbox": "b78c6df",  # schema 3: a room's outbox row among the users'
+    "before-data": "a956ac3",  # schema 5: a message is its text alone
 }
-HAS_CHANNELS = {"before-channel-outbox"}
+HAS_CHANNELS = {"before-channel-outbox", "before-data"}
 ROOM = "lobby"
 
 
