@@ -35,6 +35,7 @@ RELEASES = {
     "before-data": "a956ac3",  # schema 5: a message is its text alone
 }
 HAS_CHANNELS = {"before-channel-outbox", "before-data"}
+HAS_SLOTS = {"before-data"}  # it holds the orders by slot alone, as this tree does (contracted)
 ROOM = "lobby"
 
 
@@ -228,6 +229,8 @@ def test_a_user_is_ordered_against_the_earlier_releases_lock_until_contracted(
 ) -> None:
     """Until `migrate --contract`, a write of this tree's app waits for the lock an earlier
     release takes on the user id; after it, the user's slot alone orders it."""
+    if stack.release in HAS_SLOTS:  # type: ignore[attr-defined]
+        pytest.skip("this release takes no lock on the user id: nothing to order against")
     took, status = publish_while_held(stack, 23, 1.0)
     assert status == 201 and took >= 1.0, (
         f"the publish did not wait for the earlier release's order ({took:.2f} s, {status})"
