@@ -148,8 +148,11 @@ class Message:
     data: str | None = None  # its data's compact JSON encoding (channels.encode_data)
 
     def as_json(self) -> dict[str, object]:
-        doc = message_doc((self.id, self.text, self.data))
-        return doc | {"user_id": self.user_id, "created": self.created, "read": self.read}
+        """The publish's answer: its fields in the order they always had, "data" after the
+        text only when the message has data."""
+        doc: dict[str, object] = {"id": self.id, "user_id": self.user_id}
+        doc |= message_doc((self.id, self.text, self.data))
+        return doc | {"created": self.created, "read": self.read}
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ def test_data_round_trips_through_publish_the_answer_and_the_history_read(
     assert both["data"] == DATA and both["text"] == "hi"
     assert only["data"] == [1, "two"] and only["text"] == ""
     assert "data" not in plain
+    assert list(both) == ["id", "user_id", "text", "data", "created", "read"]
+    assert list(plain) == ["id", "user_id", "text", "created", "read"]  # as before data
     listed = [
         {"id": both["id"], "text": "hi", "data": DATA},
         {"id": only["id"], "text": "", "data": [1, "two"]},
