@@ -191,7 +191,9 @@ def _operation(op: Operation) -> dict[str, Any]:
     for status in (400, 401, 413, 415):
         responses[str(status)] = {"$ref": f"#/components/responses/{status}"}
     if op.idempotency_key:
-        responses["409"] = _error("The Idempotency-Key was used for another message's text.")
+        responses["409"] = _error(
+            "The Idempotency-Key was used for another message's text or data."
+        )
     for status, text in op.extra.items():
         responses[str(status)] = _error(text)
     responses["503"] = {"$ref": "#/components/responses/503"}
@@ -273,9 +275,9 @@ def document(max_body_size: int, channels_max: int) -> dict[str, Any]:
                     "name": "Idempotency-Key",
                     "in": "header",
                     "required": False,
-                    "description": "One per message: a retry with the same key and text is "
-                    "answered with the stored message (Idempotent-Replayed: true) and stores "
-                    "nothing; the same key with another text is 409.",
+                    "description": "One per message: a retry with the same key, text and data "
+                    "is answered with the stored message (Idempotent-Replayed: true) and stores "
+                    "nothing; the same key with another text or data is 409.",
                     "schema": {"type": "string", "pattern": f"^{_app.IDEM_KEY_PATTERN}$"},
                 }
             },

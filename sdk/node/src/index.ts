@@ -41,7 +41,7 @@ export class BadRequest extends FastpollError {}
 /** 404: no such route (a channel name holding '/'). */
 export class NotFound extends FastpollError {}
 
-/** 409: the Idempotency-Key was used for another message's text. */
+/** 409: the Idempotency-Key was used for another message's text or data. */
 export class Conflict extends FastpollError {}
 
 /** 503, or no connection, after the retries; `retryAfter` is the app's last hint (s). */

@@ -47,7 +47,7 @@ class NotFound(FastpollError):
 
 
 class Conflict(FastpollError):
-    """409: the Idempotency-Key was used for another message's text."""
+    """409: the Idempotency-Key was used for another message's text or data."""
 
 
 class Unavailable(FastpollError):
