@@ -1,9 +1,15 @@
 // Types of @fastpoll/browser (fastpoll.js): the browser client of fastpoll's poll URLs.
 
+/** Any JSON value. */
+export type JsonValue = null | boolean | number | string | JsonValue[] | { [key: string]: JsonValue };
+
 /** A message as an answer lists it (and the history read returns it). */
 export interface Message {
   id: number;
+  /** "" for a message published with data alone. */
   text: string;
+  /** The message's data as published (any JSON value); absent when it has none. */
+  data?: JsonValue;
   [field: string]: unknown;
 }
 

@@ -33,7 +33,9 @@
 // {"user_id": N, "channels": ["room.a"]}) carries ch=room.a and is polled the same way; its answer
 // is {"user": U, "channels": {"room.a": A}}, U as a plain poll's answer, each A
 // {"messages": [{id, text}, ...]} (the room's newest, ascending) or null. parts(answer) gives
-// {user, channels} for either kind of URL; channelMessages(answer, name) a room's messages.
+// {user, channels} for either kind of URL; channelMessages(answer, name) a room's messages. A
+// message published with data has it too, {id, text, data}, in every answer and history read:
+// handed over as it came.
 //
 // Streams (transport, below streamOnce): an EventSource on the same URL, each event an answer
 // (its id the tag), handed over by message id like a poll's; a failed stream gives way to a

@@ -287,6 +287,43 @@ def test_the_demo_shows_quick_messages_in_order_across_a_reload_and_a_poller_res
     stop_page(browser)
 
 
+def test_a_messages_data_reaches_the_page(demo_stack: Stack, browser: webdriver.Chrome) -> None:
+    """docs/api.md, "Data": a message published with data (beside its text, or alone) reaches
+    onMessages with it, as published; the demo shows it as JSON under the text, and again after
+    a reload; a message without data shows none."""
+    uid = 757575
+    with demo_stack.api() as api:
+        url = api.post("/api/poll-url", json={"user_id": uid}).json()["url"]
+        page = (
+            f"{demo_stack.base_url}/fastpoll-client/demo.html"
+            f"?url={quote(url, safe='')}&interval={INTERVAL_MS}&wait=25{POLLS}"
+        )
+        browser.get(page)
+        wait_held(demo_stack)
+        sent = [
+            {"user_id": uid, "text": "shipped", "data": {"order": 991, "tags": ["☃"]}},
+            {"user_id": uid, "data": [1, 2.5, None, True]},
+            {"user_id": uid, "text": "plain"},
+        ]
+        for body in sent:
+            assert api.post("/api/messages", json=body).status_code == 201
+    want = [
+        ["shipped", '{"order":991,"tags":["☃"]}'],
+        ["", "[1,2.5,null,true]"],
+        ["plain", None],
+    ]
+    shown_data = (
+        "return [...document.querySelectorAll('#messages li')].map((li) => "
+        "[li.querySelector('.text').textContent, li.querySelector('.data')?.textContent ?? null]);"
+    )
+    WebDriverWait(browser, 5, 0.05).until(lambda d: d.execute_script(shown_data) == want)
+    browser.refresh()
+    answers = "return window.fastpollDemo.stats.answers"
+    WebDriverWait(browser, 5, 0.05).until(lambda d: d.execute_script(answers) >= 1)
+    assert browser.execute_script(shown_data) == want
+    stop_page(browser)
+
+
 def test_messages_arrive_within_a_second_and_stop_is_clean(
     demo_stack: Stack, browser: webdriver.Chrome
 ) -> None:

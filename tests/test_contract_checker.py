@@ -368,26 +368,27 @@ def test_a_user_body_counts_the_unread_and_lists_the_newest() -> None:
     from fastpoll_testkit.contract.run import _room_body, _user_body
 
     assert _user_body([]) == ""
-    assert _user_body([(5, "b"), (3, "a")]) == (
+    assert _user_body([(5, "b", None), (3, "a", None)]) == (
         '{"unread":2,"newest":{"id":5,"text":"b"},'
         '"messages":[{"id":3,"text":"a"},{"id":5,"text":"b"}]}'
     )
-    assert _user_body([(3, "a"), (5, "b"), (8, "c")], bound=2) == (
+    assert _user_body([(3, "a", None), (5, "b", [1]), (8, "c", None)], bound=2) == (
         '{"unread":3,"newest":{"id":8,"text":"c"},'
-        '"messages":[{"id":5,"text":"b"},{"id":8,"text":"c"}],"before":3}'
+        '"messages":[{"id":5,"text":"b","data":[1]},{"id":8,"text":"c"}],"before":3}'
     )
-    room = [(i, f"m{i}") for i in range(1, 8)]
+    room: list[tuple[int, str, object]] = [(i, f"m{i}", None) for i in range(1, 8)]
     assert _room_body(room).endswith('{"id":7,"text":"m7"}],"before":2}')
+    room[-1] = (7, "", {"n": 7})
+    assert _room_body(room).endswith('{"id":7,"text":"","data":{"n":7}}],"before":2}')
 
 
 def test_the_room_is_numbered_by_its_messages_ids(tmp_path: Path) -> None:
     run = Run(CONFIGS["mc1-sqlite"], Settings(seed=1, seconds=1), tmp_path)
     ops = [
-        Op("publish", 0, 1.0, 1.2, 201, index=0, ids=[12]),
-        Op("publish", 0, 1.1, 1.3, 201, index=0, ids=[11]),
+        Op("publish", 0, 1.0, 1.2, 201, index=0, ids=[12], text="b"),
+        Op("publish", 0, 1.1, 1.3, 201, index=0, ids=[11], text="a"),
         Op("publish", 0, 1.4, 1.5, 0, index=-1),
     ]
-    run.room_texts = {11: "a", 12: "b"}
     run.history.ops = ops
     run.renumber_room()
     assert [o.index for o in ops] == [2, 1, -1]
@@ -604,3 +605,65 @@ def test_a_message_being_marked_read_may_be_left_out() -> None:
     marking = Op("read", 1, 5.0, 5.2, 200, "", index=5, note="up_to 13")
     h = messages_history(marking, read_after(0, [], at=5.1))
     assert violations(h, "10-no-skip") == 0
+
+
+def payload_history(*ops: Op) -> History:
+    """User 1's publishes 21 "t" with data {"n": 21, "tags": ["x"]} and 22 "u" without data,
+    then the given ops (answers that list them)."""
+    data = {"n": 21, "tags": ["x"]}
+    writes = [
+        Op("publish", 1, 1.0, 1.1, 201, "b1", index=1, ids=[21], text="t", data=data),
+        Op("publish", 1, 2.0, 2.1, 201, "b2", index=2, ids=[22], text="u"),
+    ]
+    return History(seed=7, config="test", ops=[*writes, *ops])
+
+
+def listing(kind: str, doc: object) -> Op:
+    return Op(kind, 1, 3.0, 3.05, 200, json.dumps(doc), note=kind)
+
+
+GOOD = [{"id": 21, "text": "t", "data": {"n": 21, "tags": ["x"]}}, {"id": 22, "text": "u"}]
+
+
+def test_answers_listing_each_message_as_its_publish_sent_it_pass() -> None:
+    ops = [
+        listing("poll", {"unread": 2, "newest": GOOD[1], "messages": GOOD}),
+        listing("stream", {"user": {"unread": 2, "newest": GOOD[1]}, "channels": {"r": None}}),
+        listing("poll", {"messages": GOOD}),  # a room's part
+        listing("history", {"messages": GOOD, "more": False}),
+        listing("poll", {"messages": [{"id": 99, "text": "?"}]}),  # no publish: rule 1's
+    ]
+    rep = check(payload_history(*ops)).rules["12-payload"]
+    assert rep.checked == 8 and not rep.violations  # 3 + 1 + 2 + 2 listed messages
+
+
+def test_a_listed_message_with_other_data_or_text_is_found() -> None:
+    wrong = [
+        [{"id": 21, "text": "t", "data": {"n": 22, "tags": ["x"]}}],  # another marker
+        [{"id": 21, "text": "t", "data": {"tags": ["x"], "n": 21}}],  # reordered keys
+        [{"id": 21, "text": "t"}],  # the data dropped
+        [{"id": 22, "text": "u", "data": None}],  # data on a message that had none
+        [{"id": 22, "text": "u", "data": {}}],
+        [{"id": 21, "text": "", "data": {"n": 21, "tags": ["x"]}}],  # the text dropped
+    ]
+    for listed in wrong:
+        for kind, doc in (
+            ("history", {"messages": listed, "more": False}),
+            ("stream", {"user": {"unread": 1, "newest": listed[0]}, "channels": {}}),
+            ("poll", {"messages": listed}),
+        ):
+            h = payload_history(listing(kind, doc))
+            assert violations(h, "12-payload") == 1, (kind, listed)
+    rep = check(payload_history(listing("history", {"messages": wrong[2], "more": False})))
+    assert "lists 21 with text 't' data None" in render(rep)
+
+
+def test_a_share_of_the_workloads_publishes_carry_data() -> None:
+    from fastpoll_testkit.contract.run import payload_data
+
+    texts = [f"u1 n{i} {i * 7919:08x}" for i in range(300)]
+    with_data = [t for t in texts if payload_data(t) is not None]
+    assert 60 < len(with_data) < 140
+    data = payload_data(with_data[0])
+    assert data == payload_data(with_data[0])  # the same on every run
+    assert isinstance(data, dict) and set(data) == {"n", "tags"}

@@ -6,6 +6,7 @@ import {
   startPolling,
   type Answer,
   type ComposedAnswer,
+  type JsonValue,
   type Message,
   type Poller,
   type UserAnswer,
@@ -48,6 +49,8 @@ const poller: Poller = startPolling({
 const user: UserAnswer = { unread: 1, newest: { id: 3, text: "c" }, messages: [], before: 2 };
 const composed: ComposedAnswer = { user, channels: { "room.a": { messages: [] }, "room.b": null } };
 const texts: string[] = channelMessages(composed, "room.a").map((m) => m.text);
+const withData: Message = { id: 4, text: "", data: { order: 991, tags: ["a"], paid: true } };
+const data: JsonValue | undefined = withData.data;
 const offline: boolean = poller.offline;
 const polls: number = poller.polls;
 const etag: string | null = poller.etag;
@@ -57,7 +60,7 @@ const leader: boolean = startPolling({ url: "/Poll/x", shared: true }).leader;
 const named: Poller = startPolling({ url: "/Poll/x", shared: "inbox" });
 const using: "stream" | "poll" = startPolling({ url: "/Poll/x", transport: "auto" }).transport;
 const polled: Poller = startPolling({ url: "/Poll/x", transport: "poll", streamFailures: 2 });
-void [texts, offline, polls, etag, stopped, done, leader, named, using, polled];
+void [texts, data, offline, polls, etag, stopped, done, leader, named, using, polled];
 
 // Wrong uses the declarations must refuse (tsc fails if one is accepted).
 // @ts-expect-error url is required
@@ -72,4 +75,6 @@ const n: number = poller.stop();
 startPolling({ url: "/p", transport: "sse" });
 // @ts-expect-error shared is a flag or a name, not a number
 startPolling({ url: "/p", shared: 1 });
-void [wrong, n];
+// @ts-expect-error a message's data is JSON: no function
+const badData: Message = { id: 5, text: "", data: () => 1 };
+void [wrong, n, badData];

@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -31,6 +31,7 @@ from starlette.routing import Route
 from . import __version__, channels, conditional, config, eventstream, history, metrics, signing
 from .announce import make_announcer
 from .cache import RateLimitedLog, make_cache
+from .channels import Listed, message_doc
 from .config import Settings
 from .service import POLL_PATH, FastPoll
 from .store import (
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 
 MOUNT = b"/Poll"
 MAX_TEXT_CHARS = config.MAX_TEXT_CHARS  # a room's size is bounded by it (config.channel_value_max)
+MAX_DATA_BYTES = config.MAX_DATA_BYTES  # and by this: a message's data, its compact JSON's bytes
 MAX_USER_ID = 2**63 - 1
 MAX_BATCH = 1000
 # The app's publish must reach the cache even when the poll server's read
@@ -81,6 +83,23 @@ def _check_text(v: str) -> str:
     return v
 
 
+def _check_data(v: Any) -> Any:
+    try:
+        size = len(channels.encode_data(v).encode("utf-8"))
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except ValueError:
+        raise ValueError("must be JSON: no NaN or infinity, no lone surrogate") from None
+    if size > MAX_DATA_BYTES:
+        raise ValueError(f"is {size} bytes as compact JSON, over {MAX_DATA_BYTES}")
+    return v
+
+
+def data_of(value: Any) -> str | None:
+    """A request's data as stored (channels.encode_data); None without data (absent or null)."""
+    return None if value is None else channels.encode_data(value)
+
+
 def _check_channel(v: str) -> str:
     if not channels.valid_name(v.encode("utf-8", "replace")):
         raise ValueError(channels.NAME_RULE)
@@ -99,21 +118,42 @@ Text = Annotated[
     Field(min_length=1, max_length=MAX_TEXT_CHARS, json_schema_extra={"pattern": _TEXT_PATTERN}),
     AfterValidator(_check_text),
 ]
+# Any JSON value; null is the same as no data.
+Data = Annotated[
+    Any,
+    Field(
+        description=f"Any JSON value, at most {MAX_DATA_BYTES} bytes as compact JSON; listed as "
+        "`data` in every answer that lists the message (null: no data).",
+    ),
+    AfterValidator(_check_data),
+]
 ChannelName = Annotated[
     str, Field(json_schema_extra={"pattern": CHANNEL_NAME_PATTERN}), AfterValidator(_check_channel)
 ]
 
 
-class PublishBody(_Body):
+class _Payload(_Body):
+    """A message's payload: text, data, or both ("" is the text of a message of data only)."""
+
+    text: Text = ""  # absent: "" (a default is not validated); given, checked as ever
+    data: Data = None
+
+    @model_validator(mode="after")
+    def _text_or_data(self) -> _Payload:
+        if not self.text and self.data is None:
+            raise ValueError("a message has text, data or both")
+        return self
+
+
+class PublishBody(_Payload):
     user_id: UserId
-    text: Text
 
 
-class ChannelPublishBody(_Body):
-    text: Text
+class ChannelPublishBody(_Payload):
+    pass
 
 
-class BatchItem(_Body):
+class BatchItem(_Payload):
     # _one_target, as JSON Schema: exactly one of them is given (and not null).
     model_config = ConfigDict(
         json_schema_extra={
@@ -125,7 +165,6 @@ class BatchItem(_Body):
     )
     user_id: UserId | None = None
     channel: ChannelName | None = None
-    text: Text
 
     @model_validator(mode="after")
     def _one_target(self) -> BatchItem:
@@ -372,7 +411,7 @@ async def post_message(request: Request) -> Response:
     body = await _api_body(request, PublishBody)
     idem_key = _idem_key(request)
     fp = _ctx(request).fp
-    msg, headers = await _publish(fp.publish, body.user_id, body.text, idem_key)
+    msg, headers = await _publish(fp.publish, body.user_id, body, idem_key)
     return JSONResponse(msg.as_json(), status_code=201, headers=headers)
 
 
@@ -384,13 +423,14 @@ def _idem_key(request: Request) -> str | None:
 
 
 async def _publish(
-    op: Callable[[T, str, str | None], tuple[Message, bool | None]],
+    op: Callable[[T, str, str | None, str | None], tuple[Message, bool | None]],
     target: T,
-    text: str,
+    body: _Payload,
     idem_key: str | None,
 ) -> tuple[Message, dict[str, str]]:
+    text, data = body.text, data_of(body.data)
     try:
-        msg, written = await run_in_threadpool(op, target, text, idem_key)
+        msg, written = await run_in_threadpool(op, target, text, idem_key, data)
     except IdempotencyConflict:
         raise _error(409, "Idempotency-Key already used for another message") from None
     if written is None:
@@ -404,8 +444,9 @@ async def post_channel_message(request: Request) -> Response:
         raise _error(400, channels.NAME_RULE)
     body = await _api_body(request, ChannelPublishBody)
     fp = _ctx(request).fp
-    msg, headers = await _publish(fp.publish_channel, name, body.text, _idem_key(request))
-    doc = {"id": msg.id, "channel": name, "text": msg.text, "created": msg.created}
+    msg, headers = await _publish(fp.publish_channel, name, body, _idem_key(request))
+    doc = {"id": msg.id, "channel": name} | message_doc((msg.id, msg.text, msg.data))
+    doc["created"] = msg.created
     return JSONResponse(doc, status_code=201, headers=headers)
 
 
@@ -415,7 +456,10 @@ async def post_batch(request: Request) -> Response:
 
     def run() -> tuple[list[Message], bool]:
         owners = {n: fp.channel_owner(n) for n in {i.channel for i in body.items if i.channel}}
-        items = [(owners[i.channel] if i.channel else i.user_id or 0, i.text) for i in body.items]
+        items: list[Listed] = [
+            (owners[i.channel] if i.channel else i.user_id or 0, i.text, data_of(i.data))
+            for i in body.items
+        ]
         return fp.publish_batch(items)
 
     msgs, written = await run_in_threadpool(run)

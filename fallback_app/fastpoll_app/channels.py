@@ -80,12 +80,33 @@ def compose(user: bytes, parts: Sequence[tuple[bytes, bytes]]) -> bytes:
     return b"".join(out)
 
 
-def encode_channel(messages: Sequence[tuple[int, str]], before: int | None = None) -> bytes:
+# A listed message: (id, text) or (id, text, data), data its compact JSON encoding or None.
+Listed = tuple[int, str] | tuple[int, str, str | None]
+
+
+def encode_data(value: object) -> str:
+    """A message's data as it is stored and listed: compact JSON, UTF-8 as is (ValueError:
+    NaN or infinity, a lone surrogate; RecursionError: nested too deeply)."""
+    encoded = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    encoded.encode("utf-8")  # UnicodeEncodeError (a ValueError): a lone surrogate
+    return encoded
+
+
+def message_doc(message: Listed) -> dict[str, object]:
+    """A listed message in an answer: {"id":N,"text":"..."}, and "data" only when it has
+    data, so that an answer without data is the same bytes as before data existed."""
+    doc: dict[str, object] = {"id": message[0], "text": message[1]}
+    if len(message) > 2 and message[2] is not None:
+        doc["data"] = json.loads(message[2])
+    return doc
+
+
+def encode_channel(messages: Sequence[Listed], before: int | None = None) -> bytes:
     """A channel's cached value: its newest messages, ascending id, and `before`, the id of
     the message before the oldest listed (None: there is none); empty without messages."""
     if not messages:
         return b""
-    doc: dict[str, object] = {"messages": [{"id": i, "text": t} for i, t in messages]}
+    doc: dict[str, object] = {"messages": [message_doc(m) for m in messages]}
     if before is not None:
         doc["before"] = before
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")

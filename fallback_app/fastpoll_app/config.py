@@ -60,6 +60,9 @@ ITEM_OVERHEAD = 512
 # is \u0001, 6 bytes; any other character 4 bytes of UTF-8 at most).
 MAX_TEXT_CHARS = 2000
 MAX_CHAR_BYTES = 6
+# The most bytes a message's data (any JSON value) takes as compact JSON (app.py), which is how
+# an answer lists it: `,"data":` and these bytes.
+MAX_DATA_BYTES = 8192
 _MAX_ID_DIGITS = len(str(2**63 - 1))  # message ids are 64-bit
 MAX_WAIT = 300
 MAX_INTERVAL_MS = 3600 * 1000
@@ -668,11 +671,17 @@ def _channels(sec: dict[str, list[_Entry]], rd: _Reader) -> ChannelSettings:
     return ChannelSettings(max_, history)
 
 
+def _message_max() -> int:
+    """The longest listed message: {"id":N,"text":"...","data":...}."""
+    text = len('{"id":,"text":""}') + _MAX_ID_DIGITS + MAX_TEXT_CHARS * MAX_CHAR_BYTES
+    return text + len(',"data":') + MAX_DATA_BYTES
+
+
 def channel_value_max(history: int) -> int:
     """The longest cached value of a room under [channels] history: that many messages of the
     longest text, every character one JSON writes longest, under the longest ids, as
     channels.encode_channel writes them: {"messages":[{"id":N,"text":"..."},...],"before":N}."""
-    message = len('{"id":,"text":""}') + _MAX_ID_DIGITS + MAX_TEXT_CHARS * MAX_CHAR_BYTES
+    message = _message_max()
     before = len(',"before":') + _MAX_ID_DIGITS
     return len('{"messages":[]}') + history * message + (history - 1) + before
 
@@ -680,7 +689,7 @@ def channel_value_max(history: int) -> int:
 def user_value_max(listed: int) -> int:
     """The longest cached answer of a user under [app] answer_messages, as store.encode_answer
     writes it: {"unread":N,"newest":{...},"messages":[...],"before":N}."""
-    message = len('{"id":,"text":""}') + _MAX_ID_DIGITS + MAX_TEXT_CHARS * MAX_CHAR_BYTES
+    message = _message_max()
     head = len('{"unread":,"newest":,') + _MAX_ID_DIGITS + message
     return head + channel_value_max(listed) - 1
 

@@ -40,7 +40,8 @@ class Message(_Answer):
 
     id: int = Field(ge=1, description="The message's id: unique, increasing, never reused.")
     user_id: int = Field(ge=0, le=_app.MAX_USER_ID)
-    text: str
+    text: str = Field(description='The text; "" for a message published with data only.')
+    data: Any = Field(None, description="The data as published: only when the message has data.")
     created: float = Field(description="When it was stored: Unix time, seconds.")
     read: bool
 
@@ -51,6 +52,7 @@ class ChannelMessage(_Answer):
     id: int = Field(ge=1)
     channel: str
     text: str
+    data: Any = Field(None, description="The data as published: only when the message has data.")
     created: float
 
 
@@ -189,7 +191,9 @@ def _operation(op: Operation) -> dict[str, Any]:
     for status in (400, 401, 413, 415):
         responses[str(status)] = {"$ref": f"#/components/responses/{status}"}
     if op.idempotency_key:
-        responses["409"] = _error("The Idempotency-Key was used for another message's text.")
+        responses["409"] = _error(
+            "The Idempotency-Key was used for another message's text or data."
+        )
     for status, text in op.extra.items():
         responses[str(status)] = _error(text)
     responses["503"] = {"$ref": "#/components/responses/503"}
@@ -224,6 +228,11 @@ def _schemas(channels_max: int) -> dict[str, Any]:
     models += [(m, "serialization") for m in answers]
     _, top = models_json_schema(sorted(models, key=lambda m: m[0].__name__), ref_template=REF)
     schemas: dict[str, Any] = top["$defs"]
+    # A payload's text or data (app._Payload): an absent text is "", which its string schema
+    # (1 to MAX_TEXT_CHARS characters) does not take, so no default is documented.
+    for name in ("PublishBody", "ChannelPublishBody", "BatchItem"):
+        del schemas[name]["properties"]["text"]["default"]
+        schemas[name].setdefault("anyOf", [{"required": ["text"]}, {"required": ["data"]}])
     # The running app's bound on a poll URL's channels (app.py checks it, not the model).
     channels = schemas["PollUrlBody"]["properties"]["channels"]
     for alt in channels["anyOf"]:
@@ -266,9 +275,9 @@ def document(max_body_size: int, channels_max: int) -> dict[str, Any]:
                     "name": "Idempotency-Key",
                     "in": "header",
                     "required": False,
-                    "description": "One per message: a retry with the same key and text is "
-                    "answered with the stored message (Idempotent-Replayed: true) and stores "
-                    "nothing; the same key with another text is 409.",
+                    "description": "One per message: a retry with the same key, text and data "
+                    "is answered with the stored message (Idempotent-Replayed: true) and stores "
+                    "nothing; the same key with another text or data is 409.",
                     "schema": {"type": "string", "pattern": f"^{_app.IDEM_KEY_PATTERN}$"},
                 }
             },

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from .announce import Announcer
 from .cache import Cache, CacheError, RateLimitedLog
-from .channels import channel_key, compose
+from .channels import Listed, channel_key, compose, message_doc
 from .config import Settings
 from .keys import InvalidKey, derive_key
 from .metrics import (
@@ -57,13 +57,14 @@ T = TypeVar("T")
 def is_the_same(found: Message | None, inserted: Message) -> bool:
     """Whether `found`, read by id, is the message an earlier attempt inserted. An id can come
     back for another message (SQLite reuses a rolled-back rowid, a failover may lose the
-    sequence's last steps), so the owner, text and time must match too."""
-    return found is not None and (found.id, found.user_id, found.text, found.created) == (
-        inserted.id,
-        inserted.user_id,
-        inserted.text,
-        inserted.created,
-    )
+    sequence's last steps), so the owner, text, data and time must match too."""
+    return found is not None and (
+        found.id,
+        found.user_id,
+        found.text,
+        found.data,
+        found.created,
+    ) == (inserted.id, inserted.user_id, inserted.text, inserted.data, inserted.created)
 
 
 class FastPoll:
@@ -173,7 +174,7 @@ class FastPoll:
         messages after `after`, ascending, at most `limit`, and whether more follow. Read from
         the database alone: never cached, nothing filled."""
         msgs, more = self._retrying(lambda: self.store.history_after(owner, after, limit))
-        doc = {"messages": [{"id": i, "text": t} for i, t in msgs], "more": more}
+        doc = {"messages": [message_doc(m) for m in msgs], "more": more}
         return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
     def channel_part(self, name: str) -> bytes:
@@ -220,9 +221,10 @@ class FastPoll:
     # -- writers ------------------------------------------------------------
 
     def publish(
-        self, user_id: int, text: str, idem_key: str | None = None
+        self, user_id: int, text: str, idem_key: str | None = None, data: str | None = None
     ) -> tuple[Message, bool | None]:
-        """Store a message and rewrite the user's cached answer.
+        """Store a message (`data`: its compact JSON encoding) and rewrite the user's cached
+        answer.
 
         Returns (message, cache_written); cache_written is None for an idempotent replay (the
         message was stored before; nothing changed now). A channel's owner id (channel_owner)
@@ -238,7 +240,7 @@ class FastPoll:
                 if is_the_same(earlier, stored[0]):
                     replay[0] = False
                     return stored[0]
-            msg, replay[0] = tx.add_message(text, idem_key)
+            msg, replay[0] = tx.add_message(text, idem_key, data)
             if not replay[0]:
                 stored[:] = [msg]
             return msg
@@ -246,16 +248,18 @@ class FastPoll:
         return self._write(user_id, change, lambda: replay[0])
 
     def publish_channel(
-        self, name: str, text: str, idem_key: str | None = None
+        self, name: str, text: str, idem_key: str | None = None, data: str | None = None
     ) -> tuple[Message, bool | None]:
         """Store a message in the channel and rewrite the channel's cached answer."""
-        return self.publish(self.channel_owner(name), text, idem_key)
+        return self.publish(self.channel_owner(name), text, idem_key, data)
 
-    def publish_batch(self, items: list[tuple[int, str]]) -> tuple[list[Message], bool]:
-        """Messages for many owners [(owner, text)] in one transaction (every owner's order
-        held, ascending), then one pipelined cache write of every owner's answer and the
-        announcements in one round trip. (messages in order, every cache write made)."""
-        owners = sorted({o for o, _ in items})
+    def publish_batch(self, items: list[Listed]) -> tuple[list[Message], bool]:
+        """Messages for many owners [(owner, text)] or [(owner, text, data)] in one transaction
+        (every owner's order held, ascending), then one pipelined cache write of every owner's
+        answer and the announcements in one round trip. (messages in order, every cache write
+        made)."""
+        rows = [(i[0], i[1], i[2] if len(i) > 2 else None) for i in items]
+        owners = sorted({o for o, *_ in rows})
         keys = {o: self.key_of(o) for o in owners}
         stored: list[Message] = []  # what an attempt inserted, committed or not
 
@@ -268,7 +272,7 @@ class FastPoll:
                     if stored and is_the_same(earlier, stored[0]):
                         msgs = list(stored)
                     else:
-                        msgs = tx.add_messages(items)
+                        msgs = tx.add_messages(rows)
                         stored[:] = msgs
                     snaps = tx.bump_many(owners)
                 # In the orders, out of the transaction: the cache write, then the outbox.

@@ -41,7 +41,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .channels import encode_channel
+from .channels import Listed, encode_channel, message_doc
 from .config import AppSettings, read_database_password
 from .locks import UserGate, UserLocks
 from .metrics import DB_SECONDS, Timer
@@ -61,7 +61,7 @@ OUTBOX_GRACE = 2.0
 # The claim itself is the lease: while one worker repairs a user, the row is not due for others.
 OUTBOX_BACKOFF_BASE = 0.5
 OUTBOX_BACKOFF_MAX = 1.0
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # How long a request waits for its user's order (the in-process gate, then PostgreSQL's advisory
 # lock: lock_timeout), and how many of one user's requests may wait in one process. The order is
 # held for one write, up to the publish timeout per cache node when a node hangs; a user whose
@@ -142,18 +142,17 @@ class IdempotencyConflict(StoreError):
 class Message:
     id: int
     user_id: int
-    text: str
+    text: str  # "" for a message published with data only
     created: float
     read: bool
+    data: str | None = None  # its data's compact JSON encoding (channels.encode_data)
 
     def as_json(self) -> dict[str, object]:
-        return {
-            "id": self.id,
-            "user_id": self.user_id,
-            "text": self.text,
-            "created": self.created,
-            "read": self.read,
-        }
+        """The publish's answer: its fields in the order they always had, "data" after the
+        text only when the message has data."""
+        doc: dict[str, object] = {"id": self.id, "user_id": self.user_id}
+        doc |= message_doc((self.id, self.text, self.data))
+        return doc | {"created": self.created, "read": self.read}
 
 
 @dataclass(frozen=True)
@@ -164,40 +163,38 @@ class Snapshot:
     answer: bytes
 
 
-def encode_answer(
-    unread: int, messages: Sequence[tuple[int, str]], before: int | None = None
-) -> bytes:
+def encode_answer(unread: int, messages: Sequence[Listed], before: int | None = None) -> bytes:
     """The poll answer for a user with unread messages (format: docs/api.md): `messages` the
     newest unread ones listed, ascending id (the last is `newest`); `before` the id of the
     newest unread message older than those, None when every unread message is listed."""
-    newest_id, newest_text = messages[-1]
     doc: dict[str, object] = {
         "unread": unread,
-        "newest": {"id": newest_id, "text": newest_text},
-        "messages": [{"id": i, "text": t} for i, t in messages],
+        "newest": message_doc(messages[-1]),
+        "messages": [message_doc(m) for m in messages],
     }
     if before is not None:
         doc["before"] = before
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def _listed(rows: list[tuple[Any, ...]], bound: int) -> tuple[list[tuple[int, str]], int | None]:
-    """From up to bound + 1 newest rows (id, text), id NULL without messages: the newest
+def _listed(rows: list[tuple[Any, ...]], bound: int) -> tuple[list[Listed], int | None]:
+    """From up to bound + 1 newest rows (id, text, data), id NULL without messages: the newest
     `bound` ascending, and the id of the one before them (None if there is none)."""
-    newest = sorted(((int(r[0]), r[1]) for r in rows if r[0] is not None), reverse=True)
+    newest: list[Listed] = [(int(r[0]), r[1], r[2]) for r in rows if r[0] is not None]
+    newest.sort(key=lambda m: m[0], reverse=True)
     before = newest[bound][0] if len(newest) > bound else None
     return newest[:bound][::-1], before
 
 
 def _channel_snapshot(rows: list[tuple[Any, ...]], history: int) -> Snapshot:
-    """From _CHANNEL_SNAPSHOT's rows (version, id, text), id NULL without messages."""
+    """From _CHANNEL_SNAPSHOT's rows (version, id, text, data), id NULL without messages."""
     version = int(rows[0][0] or 0) if rows else 0
     msgs, before = _listed([r[1:] for r in rows], history)
     return Snapshot(version, encode_channel(msgs, before))
 
 
 def _snapshot(rows: list[tuple[Any, ...]], listed: int) -> Snapshot:
-    """From _SNAPSHOT's rows (version, unread, id, text), id NULL without unread messages."""
+    """From _SNAPSHOT's rows (version, unread, id, text, data), id NULL without unread."""
     if not rows:
         return Snapshot(0, b"")
     version, unread = int(rows[0][0] or 0), int(rows[0][1] or 0)
@@ -214,24 +211,24 @@ def _snapshot(rows: list[tuple[Any, ...]], listed: int) -> Snapshot:
 # a row per message of the newest [app] answer_messages + 1 unread (the one past the bound
 # gives the answer's "before"), one row with a NULL id when none is unread.
 _SNAPSHOT = """
-SELECT v.version, v.unread, m.id, m.text
+SELECT v.version, v.unread, m.id, m.text, m.data
 FROM (SELECT (SELECT version FROM users WHERE user_id = ?) AS version,
              (SELECT COUNT(*) FROM messages WHERE user_id = ? AND read = FALSE) AS unread) v
-LEFT JOIN (SELECT id, text FROM messages WHERE user_id = ? AND read = FALSE
+LEFT JOIN (SELECT id, text, data FROM messages WHERE user_id = ? AND read = FALSE
            ORDER BY id DESC LIMIT ?) m ON TRUE
 """
 # A channel's version and newest history + 1 messages in one statement (one row with a NULL
 # id: none).
 _CHANNEL_SNAPSHOT = """
-SELECT v.version, m.id, m.text
+SELECT v.version, m.id, m.text, m.data
 FROM (SELECT (SELECT version FROM users WHERE user_id = ?) AS version) v
-LEFT JOIN (SELECT id, text FROM messages WHERE user_id = ? AND read = FALSE
+LEFT JOIN (SELECT id, text, data FROM messages WHERE user_id = ? AND read = FALSE
            ORDER BY id DESC LIMIT ?) m ON TRUE
 """
 # The history read (docs/api.md, "The history read"): an owner's unread messages after an id,
 # ascending, one more than asked (it says whether there are more).
 _HISTORY = (
-    "SELECT id, text FROM messages WHERE user_id = ? AND read = FALSE AND id > ? "
+    "SELECT id, text, data FROM messages WHERE user_id = ? AND read = FALSE AND id > ? "
     "ORDER BY id LIMIT ?"
 )
 _FIND_CHANNEL = "SELECT id FROM channels WHERE name = ?"
@@ -242,19 +239,20 @@ _CHANNEL_NAME = "SELECT name FROM channels WHERE id = ?"
 _SNAPSHOTS = """
 SELECT u.user_id, u.version,
        (SELECT COUNT(*) FROM messages WHERE user_id = u.user_id AND read = FALSE),
-       m.id, m.text
+       m.id, m.text, m.data
 FROM users u
 LEFT JOIN messages m ON m.user_id = u.user_id AND m.read = FALSE
      AND m.id IN (SELECT id FROM messages WHERE user_id = u.user_id AND read = FALSE
                   ORDER BY id DESC LIMIT ?)
 WHERE u.user_id IN ({})
 """
-_GET_MESSAGE = "SELECT id, user_id, text, created, read FROM messages WHERE id = ?"
+_GET_MESSAGE = "SELECT id, user_id, text, created, read, data FROM messages WHERE id = ?"
 _FIND_IDEM = (
-    "SELECT id, user_id, text, created, read FROM messages WHERE user_id = ? AND idem_key = ?"
+    "SELECT id, user_id, text, created, read, data FROM messages WHERE user_id = ? AND idem_key = ?"
 )
 _INSERT_MESSAGE = (
-    "INSERT INTO messages (user_id, text, created, idem_key) VALUES (?, ?, ?, ?) RETURNING id"
+    "INSERT INTO messages (user_id, text, created, idem_key, data) VALUES (?, ?, ?, ?, ?) "
+    "RETURNING id"
 )
 _MARK_READ = "UPDATE messages SET read = TRUE WHERE user_id = ? AND read = FALSE AND id <= ?"
 _BUMP_VERSION = (
@@ -297,7 +295,7 @@ def _same_sql(sql: str) -> str:
 
 
 def _message(row: tuple[Any, ...]) -> Message:
-    return Message(int(row[0]), int(row[1]), row[2], float(row[3]), bool(row[4]))
+    return Message(int(row[0]), int(row[1]), row[2], float(row[3]), bool(row[4]), row[5])
 
 
 @dataclass(frozen=True)
@@ -311,11 +309,11 @@ class Bounds:
 
 def read_history(
     conn: Any, sql: Callable[[str], str], owner: int, after: int, limit: int
-) -> tuple[list[tuple[int, str]], bool]:
+) -> tuple[list[Listed], bool]:
     """The owner's unread messages with id > after, ascending, at most `limit`; and whether
     more follow them."""
     rows = conn.execute(sql(_HISTORY), (owner, after, limit + 1)).fetchall()
-    return [(int(r[0]), r[1]) for r in rows[:limit]], len(rows) > limit
+    return [(int(r[0]), r[1], r[2]) for r in rows[:limit]], len(rows) > limit
 
 
 def read_snapshot(conn: Any, sql: Callable[[str], str], owner: int, bounds: Bounds) -> Snapshot:
@@ -342,17 +340,21 @@ class Tx:
     def _run(self, statement: str, params: tuple[Any, ...]) -> Any:
         return self._conn.execute(self._sql(statement), params)
 
-    def add_message(self, text: str, idem_key: str | None) -> tuple[Message, bool]:
-        """Store a message; (message, True) if idem_key was seen before (nothing stored)."""
+    def add_message(
+        self, text: str, idem_key: str | None, data: str | None = None
+    ) -> tuple[Message, bool]:
+        """Store a message (`data`: its compact JSON encoding, or None); (message, True) if
+        idem_key was seen before (nothing stored). The key with another text or data is an
+        IdempotencyConflict."""
         if idem_key is not None:
             row = self._run(_FIND_IDEM, (self._uid, idem_key)).fetchone()
             if row is not None:
-                if row[2] != text:
+                if (row[2], row[5]) != (text, data):
                     raise IdempotencyConflict("idempotency key already used for another message")
                 return _message(row), True
         now = time.time()
-        (mid,) = self._run(_INSERT_MESSAGE, (self._uid, text, now, idem_key)).fetchone()
-        return Message(int(mid), self._uid, text, now, False), False
+        (mid,) = self._run(_INSERT_MESSAGE, (self._uid, text, now, idem_key, data)).fetchone()
+        return Message(int(mid), self._uid, text, now, False, data), False
 
     def mark_read(self, up_to_id: int) -> int:
         return int(self._run(_MARK_READ, (self._uid, up_to_id)).rowcount)
@@ -373,17 +375,18 @@ class Tx:
 
     # A batch (Store.users): a few set-wise statements for any number of messages and owners.
 
-    def add_messages(self, items: list[tuple[int, str]]) -> list[Message]:
-        """Store [(owner, text)]; the messages in the same order. One statement: the ids are
-        assigned ascending in the rows' order (sorted, they match the rows)."""
+    def add_messages(self, items: list[tuple[int, str, str | None]]) -> list[Message]:
+        """Store [(owner, text, data)]; the messages in the same order. One statement: the ids
+        are assigned ascending in the rows' order (sorted, they match the rows)."""
         now = time.time()
-        rows = ", ".join(["(?, ?, ?)"] * len(items))
-        params = tuple(v for owner, text in items for v in (owner, text, now))
+        rows = ", ".join(["(?, ?, ?, ?)"] * len(items))
+        params = tuple(v for owner, text, data in items for v in (owner, text, now, data))
         cur = self._run(
-            f"INSERT INTO messages (user_id, text, created) VALUES {rows} RETURNING id", params
+            f"INSERT INTO messages (user_id, text, created, data) VALUES {rows} RETURNING id",
+            params,
         )
         ids = sorted(int(r[0]) for r in cur.fetchall())
-        return [Message(i, o, t, now, False) for i, (o, t) in zip(ids, items, strict=True)]
+        return [Message(i, o, t, now, False, d) for i, (o, t, d) in zip(ids, items, strict=True)]
 
     def bump_many(self, owners: list[int]) -> dict[int, Snapshot]:
         """bump() of every owner: the versions and outbox rows in two statements, the users'
@@ -466,9 +469,7 @@ class Store(Protocol):
 
     def poll_answer(self, user_id: int) -> bytes: ...
 
-    def history_after(
-        self, owner: int, after: int, limit: int
-    ) -> tuple[list[tuple[int, str]], bool]: ...
+    def history_after(self, owner: int, after: int, limit: int) -> tuple[list[Listed], bool]: ...
 
     def get_message(self, message_id: int) -> Message | None: ...
 
@@ -544,6 +545,10 @@ CREATE TABLE app_state (
     value TEXT NOT NULL
 );
 INSERT INTO app_state (name, value) VALUES ('orders', 'user+slot');
+""",
+    # 6: a message's structured payload, its compact JSON encoding (NULL: none).
+    6: """
+ALTER TABLE messages ADD COLUMN data TEXT;
 """,
 }
 
@@ -708,9 +713,7 @@ class SqliteStore:
     def poll_answer(self, user_id: int) -> bytes:
         return self.snapshot(user_id).answer
 
-    def history_after(
-        self, owner: int, after: int, limit: int
-    ) -> tuple[list[tuple[int, str]], bool]:
+    def history_after(self, owner: int, after: int, limit: int) -> tuple[list[Listed], bool]:
         try:
             with Timer(DB_SECONDS, "read"):
                 return read_history(self.conn(), _same_sql, owner, after, limit)
@@ -880,6 +883,10 @@ CREATE TABLE app_state (
     value TEXT NOT NULL
 );
 INSERT INTO app_state (name, value) VALUES ('orders', 'user+slot');
+""",
+    # 6: a message's structured payload, its compact JSON encoding (NULL: none).
+    6: """
+ALTER TABLE messages ADD COLUMN data TEXT;
 """,
 }
 # Serialises concurrent `migrate` runs (two-int advisory keys never meet the users' bigint ones).
@@ -1122,9 +1129,7 @@ class PgStore:
         with self._conn() as conn, Timer(DB_SECONDS, "read"):
             return read_snapshot(conn, _pg_sql, user_id, self.bounds).answer
 
-    def history_after(
-        self, owner: int, after: int, limit: int
-    ) -> tuple[list[tuple[int, str]], bool]:
+    def history_after(self, owner: int, after: int, limit: int) -> tuple[list[Listed], bool]:
         with self._conn() as conn, Timer(DB_SECONDS, "read"):
             return read_history(conn, _pg_sql, owner, after, limit)
 

@@ -179,11 +179,11 @@ def test_a_room_larger_than_the_item_size_is_refused_at_start() -> None:
 
 def test_the_largest_room_accepted_fits_the_item_size() -> None:
     """The largest history accepted, filled with the largest messages the API takes (every
-    character one that JSON writes longest) under the largest ids, fits the item size with
-    memcached's per-item overhead; one more message is refused."""
-    from fastpoll_app import app, channels
+    character one that JSON writes longest, the largest data) under the largest ids, fits the
+    item size with memcached's per-item overhead; one more message is refused."""
+    from fastpoll_app import channels
 
-    for item in (1048576, 262144, 20000):
+    for item in (1048576, 262144, 30000):
         ok = 1
         while ok < config.MAX_HISTORY:
             try:
@@ -191,7 +191,7 @@ def test_the_largest_room_accepted_fits_the_item_size() -> None:
             except ConfigError:
                 break
             ok += 1
-        worst = [(2**63 - 1, "\x01" * app.MAX_TEXT_CHARS)] * ok
+        worst = [largest_message()] * ok
         size = len(channels.encode_channel(worst, 2**63 - 1))
         assert size + config.ITEM_OVERHEAD <= item
         assert size + len(channels.encode_channel(worst[:1])) + 1 + config.ITEM_OVERHEAD > item
@@ -210,11 +210,10 @@ def test_the_largest_user_answer_accepted_fits_the_item_size() -> None:
     """As a room's: the largest [app] answer_messages accepted, every listed message (and the
     newest again) of the largest text under the largest ids, with "before", fits the item
     size; one more is refused, naming answer_messages' line (or item_max_bytes')."""
-    from fastpoll_app import app
     from fastpoll_app.store import encode_answer
 
     big = 2**63 - 1
-    for item in (1048576, 262144, 40000):
+    for item in (1048576, 262144, 60000):
         ok = 1
         while ok < config.MAX_HISTORY:
             try:
@@ -224,7 +223,7 @@ def test_the_largest_user_answer_accepted_fits_the_item_size() -> None:
                 assert str(exc).startswith("<string>:6:") and "answer_messages" in str(exc)
                 break
             ok += 1
-        worst = [(big, "\x01" * app.MAX_TEXT_CHARS)] * ok
+        worst = [largest_message()] * ok
         size = len(encode_answer(big, worst, big))
         assert size + config.ITEM_OVERHEAD <= item
         assert size + len(channels_one()) + 1 + config.ITEM_OVERHEAD > item
@@ -232,11 +231,21 @@ def test_the_largest_user_answer_accepted_fits_the_item_size() -> None:
     assert msg.startswith("f.ini:3:") and "[app] answer_messages = 10" in msg, msg
 
 
-def channels_one() -> bytes:
-    """One listed message of the largest text under the largest id, as an answer writes it."""
+def largest_message() -> tuple[int, str, str]:
+    """The largest message the API takes: the largest id, text and data (a JSON string of
+    MAX_DATA_BYTES bytes, quotes included)."""
     from fastpoll_app import app, channels
 
-    return channels.encode_channel([(2**63 - 1, "\x01" * app.MAX_TEXT_CHARS)])
+    data = channels.encode_data("x" * (app.MAX_DATA_BYTES - 2))
+    assert len(data.encode()) == app.MAX_DATA_BYTES
+    return (2**63 - 1, "\x01" * app.MAX_TEXT_CHARS, data)
+
+
+def channels_one() -> bytes:
+    """One listed message, the largest, as an answer writes it."""
+    from fastpoll_app import channels
+
+    return channels.encode_channel([largest_message()])
 
 
 def test_no_character_is_longer_in_a_rooms_answer_than_the_bound_assumes() -> None:

@@ -146,6 +146,9 @@ def test_real_answers_match_the_document(api: TestClient, doc: dict[str, Any]) -
     assert post("/api/messages", {"user_id": 7, "text": " "}).status_code == 400
     assert post("/api/channels/room.a/messages", {"text": "all"}).status_code == 201
     assert post("/api/channels/bad!/messages", {"text": "all"}).status_code == 400
+    assert post("/api/messages", {"user_id": 7, "data": {"k": [1]}}).json()["data"] == {"k": [1]}
+    assert post("/api/channels/room.a/messages", {"data": 2}).json()["data"] == 2
+    assert post("/api/messages", {"user_id": 7}).status_code == 400  # neither text nor data
     batch = post(
         "/api/messages/batch",
         {"items": [{"user_id": 7, "text": "x"}, {"channel": "room.a", "text": "y"}]},

@@ -16,8 +16,12 @@ from fastpoll_testkit.stack import ROOT
 RELEASES = {
     "before-channels": "cc9fbe0",  # schema 2: owners are users only
     "before-channel-outbox": "b78c6df",  # schema 3: a room's outbox row among the users'
+    "before-data": "a956ac3",  # schema 5: a message is its text alone
 }
 PREVIOUS = "a956ac3"
+# What PREVIOUS's API has of what this tree's has, where a client must wait for every host to
+# run this tree (docs/deploy.md): the contract's workload uses the rest only beside it.
+PREVIOUS_HAS: frozenset[str] = frozenset()  # not "data": a message is its text alone
 
 
 def git_dir() -> Path:

@@ -41,7 +41,7 @@ export class BadRequest extends FastpollError {}
 /** 404: no such route (a channel name holding '/'). */
 export class NotFound extends FastpollError {}
 
-/** 409: the Idempotency-Key was used for another message's text. */
+/** 409: the Idempotency-Key was used for another message's text or data. */
 export class Conflict extends FastpollError {}
 
 /** 503, or no connection, after the retries; `retryAfter` is the app's last hint (s). */
@@ -71,14 +71,26 @@ const ERRORS: ReadonlyMap<number, ErrorClass> = new Map<number, ErrorClass>([
   [415, BadRequest],
 ]);
 
+/** Any JSON value: a message's data (at most 8,192 bytes as compact JSON; docs/api.md, "Data"). */
+export type JsonValue = null | boolean | number | string | JsonValue[] | { [key: string]: JsonValue };
+
+/** What a publish sends besides its target: its text, its data, or both. */
+export interface PublishOptions {
+  idempotencyKey?: string;
+  /** The message's data (null or absent: none). */
+  data?: JsonValue;
+}
+
 /**
  * A user's stored message. `cachePublish`: "ok", "pending" (the outbox rewrites the poll key)
- * or null on a replay (`replayed`: an earlier call with this key stored it).
+ * or null on a replay (`replayed`: an earlier call with this key stored it). `text` is "" for
+ * a message of data alone; `data` is there only when the message has data.
  */
 export interface Message {
   id: number;
   userId: number;
   text: string;
+  data?: JsonValue;
   created: number;
   read: boolean;
   replayed: boolean;
@@ -89,13 +101,20 @@ export interface ChannelMessage {
   id: number;
   channel: string;
   text: string;
+  data?: JsonValue;
   created: number;
   replayed: boolean;
   cachePublish: string | null;
 }
 
-/** One message of a batch: to a user (`userId`) or to a channel (`channel`), exactly one. */
-export type BatchItem = { text: string; userId: number } | { text: string; channel: string };
+/**
+ * One message of a batch: to a user (`userId`) or to a channel (`channel`), exactly one; its
+ * text, its data or both.
+ */
+export type BatchItem = ({ userId: number } | { channel: string }) & {
+  text?: string;
+  data?: JsonValue;
+};
 
 export interface MarkRead {
   userId: number;
@@ -158,32 +177,34 @@ export class Client {
 
   // ---- the API ----------------------------------------------------------------------------
 
-  /** Store a message for the user (201: durable); retried safely with its key. */
-  async publish(
-    userId: number,
-    text: string,
-    options: { idempotencyKey?: string } = {},
-  ): Promise<Message> {
-    const [d, headers] = await this.#publish("/api/messages", { user_id: userId, text }, options);
-    return { id: d.id, userId: d.user_id, text: d.text, created: d.created, read: d.read, ...headers };
+  /**
+   * Store a message for the user (201: durable): `text`, `options.data` or both (text null:
+   * data alone); retried safely with its key.
+   */
+  async publish(userId: number, text: string | null, options: PublishOptions = {}): Promise<Message> {
+    const body = { user_id: userId, ...payloadJson(text, options.data) };
+    const [d, headers] = await this.#publish("/api/messages", body, options);
+    const { id, user_id, created, read } = d;
+    return { id, userId: user_id, ...storedPayload(d), created, read, ...headers };
   }
 
-  /** Store a message in a channel (room); retried safely with its key. */
+  /** Store a message in a channel (room), as publish(); retried safely with its key. */
   async publishChannel(
     name: string,
-    text: string,
-    options: { idempotencyKey?: string } = {},
+    text: string | null,
+    options: PublishOptions = {},
   ): Promise<ChannelMessage> {
     if (name.includes("/")) throw new BadRequest("a channel name is 1-64 bytes of A-Z a-z 0-9 _ . -");
-    const [d, headers] = await this.#publish(`/api/channels/${name}/messages`, { text }, options);
-    return { id: d.id, channel: d.channel, text: d.text, created: d.created, ...headers };
+    const body = payloadJson(text, options.data);
+    const [d, headers] = await this.#publish(`/api/channels/${name}/messages`, body, options);
+    return { id: d.id, channel: d.channel, ...storedPayload(d), created: d.created, ...headers };
   }
 
   /** One keyed publish: the stored message's JSON and what its headers say. */
   async #publish(
     path: string,
     body: Record<string, unknown>,
-    options: { idempotencyKey?: string },
+    options: PublishOptions,
   ): Promise<[StoredJson, PublishHeaders]> {
     const r = await this.#call(path, body, options.idempotencyKey || crypto.randomUUID());
     const headers = {
@@ -291,13 +312,26 @@ export class Client {
 }
 
 function batchItemJson(item: BatchItem): Record<string, unknown> {
-  const i = item as { text: string; userId?: number; channel?: string };
+  const i = item as { text?: string; data?: JsonValue; userId?: number; channel?: string };
   if ((i.userId === undefined) === (i.channel === undefined)) {
     throw new TypeError("a batch item names exactly one of userId and channel");
   }
-  return i.channel === undefined
-    ? { user_id: i.userId, text: i.text }
-    : { channel: i.channel, text: i.text };
+  const target = i.channel === undefined ? { user_id: i.userId } : { channel: i.channel };
+  return { ...target, ...payloadJson(i.text, i.data) };
+}
+
+/** A message's fields in a request: its text, its data (null or absent: none), at least one. */
+function payloadJson(text: string | null | undefined, data: JsonValue | undefined) {
+  const doc: { text?: string; data?: JsonValue } = {};
+  if (text !== null && text !== undefined) doc.text = text;
+  if (data !== null && data !== undefined) doc.data = data;
+  if (Object.keys(doc).length === 0) throw new TypeError("a message has text, data or both");
+  return doc;
+}
+
+/** A stored message's text, and its data only when it has data. */
+function storedPayload(d: StoredJson): { text: string; data?: JsonValue } {
+  return d.data === undefined ? { text: d.text } : { text: d.text, data: d.data };
 }
 
 /** A stored message as the app answers it (a channel's has channel, a user's user_id and read). */
@@ -306,6 +340,7 @@ interface StoredJson {
   user_id: number;
   channel: string;
   text: string;
+  data?: JsonValue;
   created: number;
   read: boolean;
 }

@@ -108,6 +108,47 @@ test("publishChannel", async () => {
   });
 });
 
+test("data travels with every publish (docs/api.md, Data)", async () => {
+  const uid = newUid();
+  const room = newRoom("d");
+  const data = { order: 991, tags: ["parcel", "☃"], paid: true };
+  const both = await fp.publish(uid, "shipped", { data });
+  const key = `d-${uid}`;
+  const only = await fp.publish(uid, null, { data: [1, 2], idempotencyKey: key });
+  assert.deepEqual([both.text, both.data, only.text, only.data], ["shipped", data, "", [1, 2]]);
+  assert.equal((await fp.publish(uid, null, { data: [1, 2], idempotencyKey: key })).replayed, true);
+  await assert.rejects(fp.publish(uid, null, { data: [1, 3], idempotencyKey: key }), Conflict);
+  const plain = await fp.publish(uid, "plain");
+  assert.ok(!("data" in plain), JSON.stringify(plain));
+  const ids = await fp.publishBatch([
+    { userId: uid, data: { b: 1 } },
+    { channel: room, text: "t" },
+  ]);
+  const listed = [
+    { id: both.id, text: "shipped", data },
+    { id: only.id, text: "", data: [1, 2] },
+    { id: plain.id, text: "plain" },
+    { id: ids[0], text: "", data: { b: 1 } },
+  ];
+  const url = await fp.pollUrl(uid, { channels: [room] });
+  const answer = await poll(url);
+  assert.deepEqual(answer.user, { unread: 4, newest: listed[3], messages: listed });
+  const msg = await fp.publishChannel(room, null, { data: { k: [null] } });
+  assert.deepEqual([msg.channel, msg.text, msg.data], [room, "", { k: [null] }]);
+  assert.deepEqual((await poll(url)).channels[room], {
+    messages: [
+      { id: ids[1], text: "t" },
+      { id: msg.id, text: "", data: { k: [null] } },
+    ],
+  });
+  await assert.rejects(fp.publish(uid, null), TypeError);
+  await assert.rejects(fp.publishBatch([{ userId: uid }]), TypeError);
+  await assert.rejects(fp.publish(uid, null, { data: "x".repeat(9000) }), (e) => {
+    assert.ok(e instanceof BadRequest && e.status === 400 && /^data: /.test(e.reason), String(e));
+    return true;
+  });
+});
+
 test("a replayed Idempotency-Key stores one message", async () => {
   const uid = newUid();
   const key = `k-${uid}`;

@@ -113,6 +113,49 @@ def test_channel(fp: Client) -> None:
         fp.publish_channel("bad name!", "x")
 
 
+def test_data_travels_with_every_publish(fp: Client) -> None:
+    """docs/api.md, "Data": a JSON value beside or instead of the text, in the typed results
+    and in the poll answers through nginx."""
+    uid, room = new_uid(), f"room.d{uuid.uuid4().hex[:8]}"
+    data = {"order": 991, "tags": ["parcel", "☃"], "paid": True}
+    both = fp.publish(uid, "shipped", data=data)
+    only = fp.publish(uid, data=[1, 2], idempotency_key=f"d-{uid}")
+    assert (both.text, both.data, only.text, only.data) == ("shipped", data, "", [1, 2])
+    assert fp.publish(uid, data=[1, 2], idempotency_key=f"d-{uid}").replayed
+    with pytest.raises(Conflict):
+        fp.publish(uid, data=[1, 3], idempotency_key=f"d-{uid}")
+    plain = fp.publish(uid, "plain")
+    assert plain.data is None
+    ids = fp.publish_batch([BatchItem(user_id=uid, data={"b": 1}), BatchItem("t", channel=room)])
+    listed = [
+        {"id": both.id, "text": "shipped", "data": data},
+        {"id": only.id, "text": "", "data": [1, 2]},
+        {"id": plain.id, "text": "plain"},
+        {"id": ids[0], "text": "", "data": {"b": 1}},
+    ]
+    answer = poll(fp.poll_url(uid, channels=[room]))
+    assert answer is not None and answer["user"] == {
+        "unread": 4,
+        "newest": listed[-1],
+        "messages": listed,
+    }
+    msg = fp.publish_channel(room, data={"k": [None]})
+    assert (msg.text, msg.data) == ("", {"k": [None]})
+    answer = poll(fp.poll_url(uid, channels=[room]))
+    assert answer is not None and answer["channels"] == {
+        room: {
+            "messages": [
+                {"id": ids[1], "text": "t"},
+                {"id": msg.id, "text": "", "data": {"k": [None]}},
+            ]
+        }
+    }
+    with pytest.raises(ValueError, match="text, data or both"):
+        fp.publish(uid)
+    with pytest.raises(BadRequest, match="data: "):
+        fp.publish(uid, data="x" * 9000)
+
+
 def test_idempotent_retry_stores_one_message(fp: Client) -> None:
     uid = new_uid()
     first = fp.publish(uid, "once", idempotency_key="k-1")

@@ -52,6 +52,7 @@ RULES = {
     "10-no-skip": "a history read lists every acknowledged unread message after its id, no other",
     "11-stream": "a stream's events never go back, and a returned write reaches an open stream "
     "within the held bound (path healthy)",
+    "12-payload": "a message an answer lists has the text and data its publish sent",
 }
 
 
@@ -195,9 +196,10 @@ def _canonical_history(h: History) -> History:
 
 def check(h: History, p: Params | None = None) -> Report:
     p = p or Params()
+    rules = {name: RuleResult() for name in RULES}
+    _rule12(h, rules["12-payload"])  # on the answers as they came: canonical() drops the lists
     h = _canonical_history(h)
     t0 = min((o.start for o in h.ops), default=0.0)
-    rules = {name: RuleResult() for name in RULES}
     model = _Model(h)
     _rule1(h, model, p, rules["1-no-stale"])
     _rule2(h, model, rules["2-nothing-lost"])
@@ -781,6 +783,57 @@ def _rule10(h: History, model: _Model, r: RuleResult) -> None:
         if problems:
             what = f"user {op.user}: history read {op.note}: " + "; ".join(problems[:3])
             r.violations.append(Violation("10-no-skip", what, [*skipped[:3], op]))
+
+
+def _listed_messages(doc: object) -> list[dict[str, object]]:
+    """Every message an answer lists: a user's newest and listed ones, a room's, a composed
+    answer's parts', a history read's."""
+    if not isinstance(doc, dict):
+        return []
+    found = [m for m in doc.get("messages") or [] if isinstance(m, dict)]
+    if isinstance(doc.get("newest"), dict):
+        found.append(doc["newest"])
+    parts = [doc.get("user"), *(doc.get("channels") or {}).values()] if "channels" in doc else []
+    return found + [m for part in parts for m in _listed_messages(part)]
+
+
+def _same_payload(listed: dict[str, object], made: Op) -> bool:
+    """The listed message's text and data are the publish's: the same JSON (true is not 1),
+    and "data" only when it sent data."""
+    return (
+        listed.get("text") == made.text
+        and ("data" in listed) == (made.data is not None)
+        and json.dumps(listed.get("data")) == json.dumps(made.data)
+    )
+
+
+def _rule12(h: History, r: RuleResult) -> None:
+    """Whenever an answer (a poll's, a stream event's, a history read's) lists a message id
+    that an acknowledged publish made, the listed text and data are exactly that publish's (no
+    "data" when it sent none). Ids no acknowledged publish made are rules 1 and 10's."""
+    sent = {o.ids[0]: o for o in h.ops if o.kind == "publish" and o.ids}
+    for op in h.ops:
+        if op.kind not in (*POLLS, "history") or op.status not in (200, 304) or not op.body:
+            continue
+        try:
+            listed = _listed_messages(json.loads(op.body))
+        except ValueError:
+            continue  # not an answer: rules 1 and 10 judge it
+        problems = []
+        for m in listed:
+            mid = m.get("id")
+            made = sent.get(mid) if isinstance(mid, int) else None
+            if made is None:
+                continue
+            r.checked += 1
+            if not _same_payload(m, made):
+                problems.append(
+                    f"lists {made.ids[0]} with text {m.get('text')!r} data {m.get('data')!r}, "
+                    f"its publish sent {made.text!r} data {made.data!r}"
+                )
+        if problems:
+            what = f"user {op.user}: {op.kind} {op.note}: " + "; ".join(problems[:3])
+            r.violations.append(Violation("12-payload", what, [op]))
 
 
 def _cached_at(h: History) -> dict[int, list[float]]:

@@ -56,6 +56,7 @@ class Op:
     # read: [after]; a room poll: [the user whose URL it is]
     ids: list[int] = field(default_factory=list)
     text: str = ""  # publishes: the message's text
+    data: object = None  # publishes: the message's data, as sent (None: none)
 
 
 # The room's owner in a history: its writes are the room's publishes (run.ROOM).

@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 import urllib.request
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from fastpoll_testkit.contract.checker import Params, Report, check
 from fastpoll_testkit.contract.history import ROOM_USER, Fault, History, Op
 from fastpoll_testkit.contract.proxy import ProxyControl
 from fastpoll_testkit.procs import free_port, freeze
-from fastpoll_testkit.releases import PREVIOUS, extract
+from fastpoll_testkit.releases import PREVIOUS, PREVIOUS_HAS, extract
 from fastpoll_testkit.sse import Event, EventStreamClient
 from fastpoll_testkit.stack import PG_DB, PG_USER, Stack
 
@@ -191,27 +192,51 @@ class Settings:
     )
 
 
-def _listed(msgs: list[tuple[int, str]], bound: int) -> dict[str, object]:
+# A message of the model: its id, text and data (None: none).
+Msg = tuple[int, str, object]
+# Of the publishes (users', pairs', the room's, batch items), the share that carries data
+# (docs/api.md, "Data"), chosen by the text's CRC so that no random draw of the run changes.
+DATA_EVERY = 3
+
+
+def payload_data(text: str) -> object:
+    """The data a publish of `text` sends beside it (None: none): a marker and tags."""
+    crc = zlib.crc32(text.encode())
+    if crc % DATA_EVERY:
+        return None
+    return {"n": crc, "tags": [text.split()[0], "☃" * (crc % 3)]}
+
+
+def _payload(text: str, data: object) -> dict[str, object]:
+    """A request's (or a listed message's) text and, when it has one, data."""
+    return {"text": text} if data is None else {"text": text, "data": data}
+
+
+def _msg_doc(m: Msg) -> dict[str, object]:
+    return {"id": m[0], **_payload(m[1], m[2])}
+
+
+def _listed(msgs: list[Msg], bound: int) -> dict[str, object]:
     """The newest `bound` of msgs as an answer lists them (ascending), and "before": the id of
     the newest one older than those, when there is one."""
-    ordered = sorted(msgs)
-    doc: dict[str, object] = {"messages": [{"id": i, "text": t} for i, t in ordered[-bound:]]}
+    ordered = sorted(msgs, key=lambda m: m[0])
+    doc: dict[str, object] = {"messages": [_msg_doc(m) for m in ordered[-bound:]]}
     if len(ordered) > bound:
         doc["before"] = ordered[-bound - 1][0]
     return doc
 
 
-def _user_body(unread: list[tuple[int, str]], bound: int = USER_LISTED) -> str:
+def _user_body(unread: list[Msg], bound: int = USER_LISTED) -> str:
     """The poll answer of a user with these unread messages (docs/api.md, "The poll answer"): their
     count, the newest, the newest `bound` listed and "before"; empty when nothing is unread."""
     if not unread:
         return ""
-    msg_id, text = max(unread)
-    doc = {"unread": len(unread), "newest": {"id": msg_id, "text": text}, **_listed(unread, bound)}
+    newest = _msg_doc(max(unread, key=lambda m: m[0]))
+    doc = {"unread": len(unread), "newest": newest, **_listed(unread, bound)}
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
 
 
-def _room_body(msgs: list[tuple[int, str]]) -> str:
+def _room_body(msgs: list[Msg]) -> str:
     """The room's cached value after its writes: its newest ROOM_HISTORY messages and "before"."""
     if not msgs:
         return ""
@@ -240,7 +265,6 @@ class Run:
         # Users written by batches only (POST /api/messages/batch), after the single writers'.
         self.batch_users = list(range(settings.users + 1, settings.users + 1 + BATCH_USERS))
         self.batch_index = dict.fromkeys(self.batch_users, 0)  # their writes so far
-        self.room_texts: dict[int, str] = {}  # the room's messages by id (renumber_room)
         # The writers (the users', the batches', the room's) and finish().
         self.ready = threading.Barrier(settings.users + 1 + ROOM_WRITERS + 1, timeout=60)
         self.room_urls: dict[int, str] = {}
@@ -373,6 +397,15 @@ class Run:
 
     # ---- clients --------------------------------------------------------------------------
 
+    def _data(self, text: str) -> object:
+        """The data a publish of `text` sends (None: none). None at all in a run whose nemesis
+        runs a release without data beside this tree's: a site sends data only once every app
+        host is upgraded (docs/deploy.md), as such a release refuses it and answers its misses
+        without it."""
+        if "app-previous-release" in self.kinds() and "data" not in PREVIOUS_HAS:
+            return None
+        return payload_data(text)
+
     def _rng(self, *salt: object) -> random.Random:
         return random.Random(f"{self.s.seed}/{self.config.name}/" + "/".join(map(str, salt)))
 
@@ -384,7 +417,7 @@ class Run:
         the cache writes are held (finish())."""
         rng = self._rng("writer", uid)
         clients = [self.stack.api(i, timeout=10) for i in range(self.config.apps)]
-        unread: list[tuple[int, str]] = []
+        unread: list[Msg] = []
         index = 0
         try:
             last_pair = 0  # writes left once the run is finishing (see finish())
@@ -405,17 +438,18 @@ class Run:
                     app = (index + 1) % self.config.apps
                     text = f"u{uid} n{index + 1} {rng.getrandbits(32):08x}" + rng.choice(["", " ☃"])
                     op = Op("publish", uid, time.monotonic(), target=str(app), note=text, text=text)
+                    op.data = self._data(text)
                     ok, got = self._write(
                         clients,
                         app,
                         op,
                         "/api/messages",
-                        {"user_id": uid, "text": text},
+                        {"user_id": uid, **_payload(text, op.data)},
                         {"Idempotency-Key": f"k{uid}-{index + 1}"},
                     )
                     if ok:
                         op.ids = [int(got["id"])]
-                        unread.append((op.ids[0], text))
+                        unread.append((op.ids[0], text, op.data))
                     ops = [(op, ok)]
                 else:
                     app = (index + 1) % self.config.apps
@@ -458,7 +492,7 @@ class Run:
                 c.close()
 
     @staticmethod
-    def _unread_at(unread: list[tuple[int, str]], op: Op) -> list[tuple[int, str]]:
+    def _unread_at(unread: list[Msg], op: Op) -> list[Msg]:
         """The unread messages right after op (unread: after the last of the writes just
         made; a publish of a pair made before the other one sees only the lower ids)."""
         if op.kind != "publish" or not op.ids:
@@ -471,13 +505,15 @@ class Run:
         clients: list[httpx.Client],
         rng: random.Random,
         index: int,
-        unread: list[tuple[int, str]],
+        unread: list[Msg],
     ) -> list[tuple[Op, bool]]:
         """Two publishes of the user at once, one on each app process: two app hosts writing one
         user. Both commit in the user's order, so their states follow their ids; the ops are
         returned in that order (a failed one last)."""
         texts = [f"u{uid} n{index + 1 + i} {rng.getrandbits(32):08x} pair" for i in range(2)]
         ops = [Op("publish", uid, 0.0, target=str(i), note=t, text=t) for i, t in enumerate(texts)]
+        for op in ops:
+            op.data = self._data(op.text)
         res: list[tuple[bool, dict[str, object]]] = [(False, {}), (False, {})]
 
         def one(i: int, client_list: list[httpx.Client]) -> None:
@@ -487,7 +523,7 @@ class Run:
                 i,
                 ops[i],
                 "/api/messages",
-                {"user_id": uid, "text": texts[i]},
+                {"user_id": uid, **_payload(texts[i], ops[i].data)},
                 {"Idempotency-Key": f"k{uid}-{index + 1 + i}"},
             )
             ops[i].end = time.monotonic()
@@ -499,8 +535,8 @@ class Run:
         for i in range(2):
             if res[i][0]:
                 ops[i].ids = [int(str(res[i][1]["id"]))]
-                unread.append((ops[i].ids[0], texts[i]))
-        unread.sort()
+                unread.append((ops[i].ids[0], texts[i], ops[i].data))
+        unread.sort(key=lambda m: m[0])
         pairs = [(ops[i], res[i][0]) for i in range(2)]
         pairs.sort(key=lambda p: (not p[1], p[0].ids[0] if p[0].ids else 0))
         return pairs
@@ -526,18 +562,17 @@ class Run:
                 if rng.random() < 0.35:
                     text = (text + " " + LONG_TEXT)[:2000]  # the room may grow past -I
                 op = Op("publish", ROOM_USER, time.monotonic(), target=str(app), text=text)
-                op.note = text
+                op.note, op.data = text, self._data(text)
                 ok, got = self._write(
                     clients,
                     app,
                     op,
                     f"/api/channels/{ROOM}/messages",
-                    {"text": text},
+                    _payload(text, op.data),
                     {"Idempotency-Key": f"room-{n}-{index}"},
                 )
                 if ok:
                     op.ids = [int(got["id"])]
-                    self.room_texts[op.ids[0]] = text
                 op.end = time.monotonic()
                 op.index = 0 if ok else -1
                 self.history.add(op)
@@ -556,9 +591,9 @@ class Run:
             (o for o in self.history.ops if o.user == ROOM_USER and o.kind == "publish"),
             key=lambda o: o.ids[0] if o.ids else 0,
         )
-        msgs: list[tuple[int, str]] = []
+        msgs: list[Msg] = []
         for i, op in enumerate(o for o in ops if o.index >= 0):
-            msgs.append((op.ids[0], self.room_texts[op.ids[0]]))
+            msgs.append((op.ids[0], op.text, op.data))
             op.index = i + 1
             op.body = _room_body(msgs)
 
@@ -571,7 +606,7 @@ class Run:
         held, then a mark-read of each (finish())."""
         rng = self._rng("batch-writer")
         clients = [self.stack.api(i, timeout=10) for i in range(self.config.apps)]
-        unread: dict[int, list[tuple[int, str]]] = {u: [] for u in self.batch_users}
+        unread: dict[int, list[Msg]] = {u: [] for u in self.batch_users}
         n = 0
         try:
             last = False
@@ -617,7 +652,7 @@ class Run:
         self,
         clients: list[httpx.Client],
         uid: int,
-        unread: dict[int, list[tuple[int, str]]],
+        unread: dict[int, list[Msg]],
         partial: bool,
     ) -> bool:
         up_to = unread[uid][-2][0] if partial else unread[uid][-1][0]
@@ -641,7 +676,7 @@ class Run:
         n: int,
         owners: list[int],
         rng: random.Random,
-        unread: dict[int, list[tuple[int, str]]],
+        unread: dict[int, list[Msg]],
     ) -> bool:
         """One batch; its items' writes recorded. A batch has no Idempotency-Key, so it is not
         retried blindly: without a definite answer each owner's answer is read from the app
@@ -652,11 +687,10 @@ class Run:
             for o in owners
         }
         items: list[dict[str, object]] = [
-            {"channel": ROOM, "text": texts[o]}
-            if o == ROOM_USER
-            else {"user_id": o, "text": texts[o]}
-            for o in owners
+            {"channel": ROOM} if o == ROOM_USER else {"user_id": o} for o in owners
         ]
+        for item, o in zip(items, owners, strict=True):
+            item |= _payload(texts[o], self._data(texts[o]))
         app = n % self.config.apps
         start = time.monotonic()
         ops = {
@@ -664,7 +698,7 @@ class Run:
             for o in owners
         }
         for o in owners:
-            ops[o].text = texts[o]
+            ops[o].text, ops[o].data = texts[o], self._data(texts[o])
         att = Op("api", owners[0], start, target=str(app), note=f"batch {n} {owners}")
         att.ids = list(owners)
         got: dict[str, object] = {}
@@ -716,9 +750,8 @@ class Run:
             op.end, op.status, op.headers, op.ids = end, 201, att.headers, [ids[o]]
             if o == ROOM_USER:
                 op.index = 0  # numbered with the room's other writes (renumber_room)
-                self.room_texts[ids[o]] = texts[o]
             else:
-                unread[o].append((ids[o], texts[o]))
+                unread[o].append((ids[o], texts[o], op.data))
                 self.batch_index[o] += 1
                 op.index = self.batch_index[o]
                 op.body = _user_body(unread[o])

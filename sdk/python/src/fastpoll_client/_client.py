@@ -47,7 +47,7 @@ class NotFound(FastpollError):
 
 
 class Conflict(FastpollError):
-    """409: the Idempotency-Key was used for another message's text."""
+    """409: the Idempotency-Key was used for another message's text or data."""
 
 
 class Unavailable(FastpollError):
@@ -77,11 +77,12 @@ class Message:
 
     id: int
     user_id: int
-    text: str
+    text: str  # "" for a message of data alone
     created: float
     read: bool
     replayed: bool = False
     cache_publish: str | None = None
+    data: Any = None  # the message's data as published (None: none)
 
 
 @dataclass(frozen=True)
@@ -92,15 +93,18 @@ class ChannelMessage:
     created: float
     replayed: bool = False
     cache_publish: str | None = None
+    data: Any = None
 
 
 @dataclass(frozen=True)
 class BatchItem:
-    """One message of a batch: to a user (`user_id`) or to a channel (`channel`)."""
+    """One message of a batch: to a user (`user_id`) or to a channel (`channel`); its text,
+    its data (any JSON value) or both."""
 
-    text: str
+    text: str | None = None
     user_id: int | None = None
     channel: str | None = None
+    data: Any = None
 
     def as_json(self) -> dict[str, object]:
         if (self.user_id is None) == (self.channel is None):
@@ -108,7 +112,7 @@ class BatchItem:
         target: dict[str, object] = (
             {"user_id": self.user_id} if self.channel is None else {"channel": self.channel}
         )
-        return target | {"text": self.text}
+        return target | _payload(self.text, self.data)
 
 
 @dataclass(frozen=True)
@@ -175,29 +179,57 @@ class Client:
 
     # ---- the API ---------------------------------------------------------------------------
 
-    def publish(self, user_id: int, text: str, idempotency_key: str | None = None) -> Message:
-        """Store a message for the user (201: durable); retried safely with its key."""
+    def publish(
+        self,
+        user_id: int,
+        text: str | None = None,
+        idempotency_key: str | None = None,
+        *,
+        data: Any = None,
+    ) -> Message:
+        """Store a message for the user (201: durable): its text, its data (any JSON value, at
+        most 8,192 bytes as compact JSON) or both; retried safely with its key."""
         r = self._call(
             "/api/messages",
-            {"user_id": user_id, "text": text},
+            {"user_id": user_id, **_payload(text, data)},
             idempotency_key or str(uuid.uuid4()),
         )
         d = r.json()
         return Message(
-            d["id"], d["user_id"], d["text"], d["created"], d["read"], *_publish_headers(r)
+            d["id"],
+            d["user_id"],
+            d["text"],
+            d["created"],
+            d["read"],
+            *_publish_headers(r),
+            data=d.get("data"),
         )
 
     def publish_channel(
-        self, name: str, text: str, idempotency_key: str | None = None
+        self,
+        name: str,
+        text: str | None = None,
+        idempotency_key: str | None = None,
+        *,
+        data: Any = None,
     ) -> ChannelMessage:
-        """Store a message in a channel (room); retried safely with its key."""
+        """Store a message in a channel (room), as publish(); retried safely with its key."""
         if "/" in name:
             raise BadRequest("a channel name is 1-64 bytes of A-Z a-z 0-9 _ . -")
         r = self._call(
-            f"/api/channels/{name}/messages", {"text": text}, idempotency_key or str(uuid.uuid4())
+            f"/api/channels/{name}/messages",
+            _payload(text, data),
+            idempotency_key or str(uuid.uuid4()),
         )
         d = r.json()
-        return ChannelMessage(d["id"], d["channel"], d["text"], d["created"], *_publish_headers(r))
+        return ChannelMessage(
+            d["id"],
+            d["channel"],
+            d["text"],
+            d["created"],
+            *_publish_headers(r),
+            data=d.get("data"),
+        )
 
     def publish_batch(self, items: Iterable[BatchItem | Mapping[str, Any]]) -> list[int]:
         """Store many messages in one transaction; their ids, in the items' order. Retried only
@@ -266,6 +298,14 @@ class Client:
     def _backoff(self, attempt: int) -> float:
         """Full jitter: 0 to backoff × 2^attempt seconds, at most 5 s."""
         return random.uniform(0, min(5.0, self.backoff * 2**attempt))
+
+
+def _payload(text: str | None, data: Any) -> dict[str, object]:
+    """A message's fields: its text, its data (None: none), at least one of them."""
+    if text is None and data is None:
+        raise ValueError("a message has text, data or both")
+    doc: dict[str, object] = {} if text is None else {"text": text}
+    return doc if data is None else doc | {"data": data}
 
 
 def _publish_headers(r: httpx.Response) -> tuple[bool, str | None]:
