@@ -667,3 +667,20 @@ def test_a_share_of_the_workloads_publishes_carry_data() -> None:
     data = payload_data(with_data[0])
     assert data == payload_data(with_data[0])  # the same on every run
     assert isinstance(data, dict) and set(data) == {"n", "tags"}
+
+
+def test_a_503_while_nginx_still_skips_every_app_is_excused() -> None:
+    """Two apps: app 0 back 0.2 s before app 1 restarts. nginx skips app 0 for its
+    fail_timeout (2 s) after it refused, so a miss then is 503: excused; not 3 s later."""
+    back = Fault("app-restart", "app", 10.0, 12.0, [APP + "0"])
+    other = Fault("app-restart", "app-1", 12.2, 15.0, [APP + "1"])
+    early = Op("history", 3, 13.0, 13.01, 503, note="&after=0")
+    h = history(early, faults=[back, other])
+    h.apps = 2
+    assert violations(h, "4-5xx") == 0
+    late = Op("history", 3, 15.6, 15.61, 503, note="&after=0")
+    h = history(late, faults=[back, other])
+    h.apps = 2
+    assert violations(h, "4-5xx") == 1
+    h.apps = 0  # not recorded: nothing is excused
+    assert violations(history(early, faults=[back, other]), "4-5xx") == 1

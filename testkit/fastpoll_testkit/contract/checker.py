@@ -88,6 +88,9 @@ class Params:
     order_wait_s: float = 3.0
     # nginx's shed 503 is documented during a cache fault and this long after (misses refill).
     shed_grace_s: float = 3.0
+    # nginx skips an app that failed for fastpoll_app_fail_timeout (the template's 2 s): one
+    # restarted is back for nginx this long after it answers again.
+    app_fail_s: float = 2.0
     # nginx logs in whole seconds, and a read timeout (5 s) is logged after the request.
     log_pad_s: float = 7.0
 
@@ -872,6 +875,20 @@ def _needed_the_app(h: History, p: Params, op: Op, seen: dict[int, list[float]])
     return not any(lost < t < op.start for t in seen.get(op.user, []))
 
 
+def _no_app_live(h: History, p: Params, op: Op) -> bool:
+    """With several app processes, each was restarting during the operation or less than
+    app_fail_s before it (then nginx still skipped it): no app was live for nginx."""
+    return h.apps > 1 and all(
+        any(
+            _touches(f, [APP + str(i)])
+            and f.start - p.pad_s <= op.end
+            and f.end + p.app_fail_s + p.pad_s >= op.start
+            for f in h.faults
+        )
+        for i in range(h.apps)
+    )
+
+
 def _rule4(h: History, p: Params, r: RuleResult) -> None:
     """Each fault window is widened by pad_s on both sides, and by a grace after where the doc
     gives one."""
@@ -883,8 +900,10 @@ def _rule4(h: History, p: Params, r: RuleResult) -> None:
                 continue
             around = _overlapping(h.faults, op.start, op.end, p.pad_s, p.pad_s)
             db = _overlapping(h.faults, op.start, op.end, p.pad_s, p.pad_s + p.db_grace_s)
-            app_cannot = any(_touches(f, [APPS_DOWN]) for f in around) or any(
-                _touches(f, [DB]) for f in db
+            app_cannot = (
+                any(_touches(f, [APPS_DOWN]) for f in around)
+                or any(_touches(f, [DB]) for f in db)
+                or _no_app_live(h, p, op)
             )
             # A history read always needs the app (nginx sends it there).
             if app_cannot and (op.kind == "history" or _needed_the_app(h, p, op, seen)):

@@ -96,6 +96,7 @@ class History:
     # Each owner's cache nodes (str(user id), ROOM_USER's the room's): its key's primary and
     # replica, with several memcached nodes (empty otherwise: every key on the one node).
     placement: dict[str, list[str]] = field(default_factory=dict)
+    apps: int = 0  # app processes behind nginx (0: not recorded)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, op: Op) -> None:
@@ -115,6 +116,7 @@ class History:
                 "wall_offset": self.wall_offset,
                 "notes": self.notes,
                 "placement": self.placement,
+                "apps": self.apps,
             }
             f.write(json.dumps(meta) + "\n")
             for fault in self.faults:
@@ -134,6 +136,7 @@ class History:
                 h.seed, h.config = rec["seed"], rec["config"]
                 h.wall_offset, h.notes = rec["wall_offset"], rec["notes"]
                 h.placement = rec.get("placement", {})
+                h.apps = int(rec.get("apps", 0))
             elif kind == "fault":
                 h.faults.append(Fault(**rec))
             elif kind == "op":

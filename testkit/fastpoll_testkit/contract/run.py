@@ -257,7 +257,7 @@ class Run:
         self.config = config
         self.s = settings
         self.run_dir = run_dir
-        self.history = History(seed=settings.seed, config=config.name)
+        self.history = History(seed=settings.seed, config=config.name, apps=config.apps)
         self.stop = threading.Event()  # the clients' end
         self.nemesis_stop = threading.Event()
         self.nemesis_thread: threading.Thread | None = None
