@@ -143,10 +143,11 @@ def newest_li(driver: webdriver.Chrome, css: str) -> WebElement:
     return driver.find_elements(By.CSS_SELECTOR, css)[-1]
 
 
-def stop_page(driver: webdriver.Chrome) -> None:
+def stop_page(driver: webdriver.Chrome, poller: str = "window.fastpollDemo?.poller") -> None:
+    """Stop the page's poller (the demo's, or another one the page holds) and wait for it."""
     driver.execute_async_script(
         "const done = arguments[arguments.length - 1];"
-        "window.fastpollDemo?.poller.stop().then(() => done(true)) ?? done(false);"
+        f"{poller}.stop().then(() => done(true)) ?? done(false);"
     )
 
 
@@ -784,13 +785,6 @@ import("/fastpoll-client/fastpoll.js").then(({ startPolling }) => {
 """
 
 
-def stop_own_poller(driver: webdriver.Chrome) -> None:
-    driver.execute_async_script(
-        "const done = arguments[arguments.length - 1];"
-        "window.t ? window.t.poller.stop().then(() => done(true)) : done(false);"
-    )
-
-
 def test_a_stream_refused_403_refreshes_its_url_and_streams_again(
     demo_stack: Stack, browser: webdriver.Chrome
 ) -> None:
@@ -817,7 +811,7 @@ def test_a_stream_refused_403_refreshes_its_url_and_streams_again(
         )
         assert browser.execute_script("return window.t.refreshed") == 1
     finally:
-        stop_own_poller(browser)
+        stop_page(browser, "window.t?.poller")
 
 
 def test_a_stream_refused_503_waits_retry_after_and_streams_again(
@@ -850,7 +844,7 @@ def test_a_stream_refused_503_waits_retry_after_and_streams_again(
             lambda d: "after the outage" in d.execute_script("return window.t.texts")
         )
     finally:
-        stop_own_poller(browser)
+        stop_page(browser, "window.t?.poller")
 
 
 def test_tabs_share_one_stream_and_a_tab_takes_it_over(
