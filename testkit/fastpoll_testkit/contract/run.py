@@ -153,6 +153,8 @@ _ROOM_MARK = f',"channels":{{"{ROOM}":'
 # After a user-lock, the wait before the idle-orders probe, and the time between its two looks
 # (an order one idle session holds in both is a leaked one: a request holds one for milliseconds).
 ORDER_PROBE_S = 1.0
+# The longest a slow or stalled read fault waits for a held poll to exist before it begins.
+HELD_AWAIT_S = 3.0
 IDLE_HOLD_S = 1.0
 OVERHEAD_S = {
     "app-restart": 2.0,
@@ -265,6 +267,9 @@ class Run:
         # Users written by batches only (POST /api/messages/batch), after the single writers'.
         self.batch_users = list(range(settings.users + 1, settings.users + 1 + BATCH_USERS))
         self.batch_index = dict.fromkeys(self.batch_users, 0)  # their writes so far
+        # Set by a user-lock once it holds its orders: the batch writer's next batch names every
+        # batch user, the held one among them (its slots below the held one are taken first).
+        self.lock_batch = threading.Event()
         # The writers (the users', the batches', the room's) and finish().
         self.ready = threading.Barrier(settings.users + 1 + ROOM_WRITERS + 1, timeout=60)
         self.room_urls: dict[int, str] = {}
@@ -623,6 +628,10 @@ class Run:
                 n += 1
                 if last:
                     owners: list[int] = list(self.batch_users) + [ROOM_USER]
+                elif self.lock_batch.is_set():
+                    self.lock_batch.clear()
+                    owners = list(self.batch_users)
+                    rng.shuffle(owners)
                 else:
                     owners = rng.sample(self.batch_users, rng.choice([2, len(self.batch_users)]))
                     if rng.random() < 0.5:
@@ -639,11 +648,13 @@ class Run:
                     return
                 if not self.finishing.is_set():
                     for u in self.batch_users:
+                        if self.lock_batch.is_set():
+                            break  # the held order's batch first: this user's read may wait
                         if unread[u] and rng.random() < 0.4:
                             partial = len(unread[u]) > 1 and rng.random() < 0.5
                             if not self._read_batch_user(clients, u, unread, partial):
                                 return
-                    self.stop.wait(rng.uniform(0.3, 1.2))
+                    self.lock_batch.wait(rng.uniform(0.3, 1.2))
         finally:
             for c in clients:
                 c.close()
@@ -1228,6 +1239,11 @@ class Run:
                 # The proxy holds the answers of every connection that has not written yet: an
                 # app's new connection too (its gets before a cas), so its writes may fail.
                 f.paths.append(hist.APP_PATH)
+                # Its shape is a poll held before the reads failed and a change announced
+                # while they fail: not begun while no poll is held (the poll servers are still
+                # recovering from the fault before, every poll at the app).
+                p["waited"] = round(self._await_held(HELD_AWAIT_S), 2)
+                f.start = time.monotonic()
             self._ctl(node, "read_delay", f.delay_s)
             time.sleep(length)
             self._ctl(node, "read_delay", 0.0)
@@ -1359,6 +1375,21 @@ class Run:
                 conn.execute(f"ALTER DATABASE {PG_DB} SET default_transaction_read_only = off")
                 self._terminate_sessions(conn)
 
+    def _await_held(self, limit: float) -> float:
+        """Waits, at most limit s, until a poll server holds a poll; the time waited."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < limit and not self.nemesis_stop.is_set():
+            for port in self.stack.admin_ports:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
+                    if any(
+                        line.startswith("fastpoll_held_requests ") and float(line.split()[-1]) > 0
+                        for line in text.splitlines()
+                    ):
+                        return time.monotonic() - t0
+            time.sleep(0.05)
+        return time.monotonic() - t0
+
     def _hold_user_lock(self, uids: list[int], length: float) -> None:
         """The users' orders taken from outside for `length` s: the advisory locks the app takes
         for them (store.py's keys), held by a session of the nemesis (a host that hangs holding
@@ -1367,6 +1398,7 @@ class Run:
             for uid in uids:
                 conn.execute("SELECT pg_advisory_lock(%s, %s)", (PG_ORDER_CLASS, order_slot(uid)))
             try:
+                self.lock_batch.set()
                 time.sleep(length)
             finally:
                 conn.execute("SELECT pg_advisory_unlock_all()")
