@@ -26,7 +26,15 @@ from fastpoll_testkit.contract.history import (
     History,
     Op,
 )
-from fastpoll_testkit.contract.run import CONFIGS, HOSTILE, Run, Settings
+from fastpoll_testkit.contract.run import (
+    CONFIGS,
+    HOSTILE,
+    OVERHEAD_S,
+    SETTLE_S,
+    SLOW_READS,
+    Run,
+    Settings,
+)
 
 ONE = '{"unread":1,"newest":{"id":1,"text":"one"}}'
 TWO = '{"unread":1,"newest":{"id":2,"text":"two"}}'
@@ -307,6 +315,16 @@ def test_the_schedule_is_a_function_of_the_seed(tmp_path: Path) -> None:
     # The first deck has every kind once: a short run meets each (the new ones included).
     assert set(kinds) == set(Run(CONFIGS["mc3-pg"], Settings(5, 1.0), tmp_path).kinds())
     assert {"cache-read-stall", "cache-slow-reads", "db-read-only", "user-lock"} <= set(kinds)
+    # A slow or stalled read fault starts once every fault before it has settled: rule 8
+    # judges its held polls (it excuses none for an earlier cache or announcement fault).
+    for seed in (5, 874623):
+        settled = 0.0
+        for t, kind, params in plan(seed):
+            if kind in SLOW_READS:
+                assert t >= settled, (seed, t, kind, settled)
+            end = t + float(str(params["length"])) + OVERHEAD_S.get(kind, 0.0)
+            settled = max(settled, end + SETTLE_S.get(kind, 0.0))
+    assert SETTLE_S["cache-hang"] == Params().cache_settle_s
     assert len(HOSTILE) > 5 and Params().held_bound_s == 0.25
 
 

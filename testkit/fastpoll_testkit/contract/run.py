@@ -153,6 +153,20 @@ _ROOM_MARK = f',"channels":{{"{ROOM}":'
 # After a user-lock, the wait before the idle-orders probe, and the time between its two looks
 # (an order one idle session holds in both is a leaked one: a request holds one for milliseconds).
 ORDER_PROBE_S = 1.0
+# The faults whose reads are slow or stalled (rule 8's), and how long each other kind keeps the
+# checker from judging a held poll after it ends (checker.Params: the cache's and the
+# announcement path's settle times, a poll server's restart padding).
+SLOW_READS = ("cache-slow-reads", "cache-read-stall")
+_P = Params()
+SETTLE_S = {
+    "cache-hold-writes": _P.cache_settle_s,
+    "cache-hang": _P.cache_settle_s,
+    "cache-stall": _P.cache_settle_s,
+    "cache-kill": _P.cache_settle_s,
+    "redis-stop": max(_P.cache_settle_s, _P.announce_settle_s),
+    "announce-cut": _P.announce_settle_s,
+    "poller-restart": _P.pad_s,
+}
 # The longest a slow or stalled read fault waits for a held poll to exist before it begins.
 HELD_AWAIT_S = 3.0
 IDLE_HOLD_S = 1.0
@@ -1152,14 +1166,21 @@ class Run:
         t = rng.uniform(2.0, 3.0)
         deck = self.kinds()
         rng.shuffle(deck)
+        settled = 0.0  # when the cache and announcement paths have settled from the faults so far
         while t < self.s.seconds - 6:
             if not deck:
                 deck = self.kinds() + [k for k in self.s.priority if k in self.kinds()]
                 rng.shuffle(deck)
             kind = deck.pop()
             params = self._params(kind, rng)
+            if kind in SLOW_READS:
+                # Rule 8 judges a held poll only on a settled path: no other cache,
+                # announcement or poll server fault within its settle time.
+                t = max(t, settled)
             plan.append((t, kind, params))
-            t += float(str(params["length"])) + OVERHEAD_S.get(kind, 0.0) + rng.uniform(0.7, 2.0)
+            end = t + float(str(params["length"])) + OVERHEAD_S.get(kind, 0.0)
+            settled = max(settled, end + SETTLE_S.get(kind, 0.0))
+            t = end + rng.uniform(0.7, 2.0)
         return plan
 
     def _params(self, kind: str, rng: random.Random) -> dict[str, object]:
