@@ -6,7 +6,7 @@ booting a host:
 - the pollers play's rollout time: Ansible's own batches (the play's `serial` expression from
   site.yml, run by ansible-playbook with a probe task) and its forks (ansible.cfg), times each
   host's work: its instances restarted poll_server_restart_parallel at a time, the gate, the
-  rest of the play. It fails when it exceeds 15 minutes.
+  rest of the play, plus each batch's fleet gate (its bake). It fails when it exceeds 15 minutes.
 
 The per-step costs are estimates (below), not measurements of a 150-host run: the fleet run
 checks them (docs/deploy.md).
@@ -185,7 +185,14 @@ def rollout(tmp: Path, batches: str, parallel: int | None = None) -> tuple[float
     # The window after the restart, and the wait for its log lines (the log flush, 5 s, + 1).
     gate_s = float(gate["rollout_gate_seconds"]) + 5 + 1
     per_host = math.ceil(instances / par) * RESTART_STEP_S + gate_s + OTHER_TASKS_S
-    total = sum(math.ceil(b / forks) * per_host for b in sizes)
+    # Then the fleet gate, once per batch: its bake and the wait for the bake's last polls to
+    # reach Prometheus (role slo_gate; the inventory has monitoring hosts).
+    slo = yaml.safe_load((roles / "slo_gate" / "defaults" / "main.yml").read_text())
+    slo_s = float(hostvars.get("slo_gate_bake_seconds", slo["slo_gate_bake_seconds"])) + float(
+        hostvars.get("slo_gate_scrape_wait_seconds", slo["slo_gate_scrape_wait_seconds"])
+    )
+    assert yaml.safe_load(INVENTORY.read_text())["all"]["children"]["monitoring"]["hosts"]
+    total = sum(math.ceil(b / forks) * per_host + slo_s for b in sizes)
     return total, sizes, forks
 
 

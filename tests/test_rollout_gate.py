@@ -5,42 +5,41 @@ gated-release scenario runs it on real hosts."""
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
-import importlib.util
 import json
 import subprocess
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from fastpoll_testkit.helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "ansible/roles/rollout_gate/files/fastpoll-gate"
 
 
-def _load() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader("fastpoll_gate", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("fastpoll_gate", loader)
-    assert spec is not None
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
-
-gate = _load()
+gate = load_script(SCRIPT, "fastpoll_gate")
 
 
 def _line(t: float, target: str, status: int = 200, rt: float = 0.002, src: str = "cache") -> str:
     ts = datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
-    return (f'{ts} 10.0.0.1 "GET {target} HTTP/1.1" {status} 45 rt={rt:.3f} src={src} '
-            f"us={status} ut={rt:.3f} ua=unix:/run/fastpoll/poller-8101.sock\n")
+    return (
+        f'{ts} 10.0.0.1 "GET {target} HTTP/1.1" {status} 45 rt={rt:.3f} src={src} '
+        f"us={status} ut={rt:.3f} ua=unix:/run/fastpoll/poller-8101.sock\n"
+    )
 
 
 def _args(**kw: float) -> argparse.Namespace:
-    d = dict(seconds=15.0, min_polls=20, max_error_increase=0.01, max_app_share_increase=0.1,
-             max_p99_ratio=2.0, p99_slack_s=0.05, max_cache_failure_ratio=0.05)
+    d = dict(
+        seconds=15.0,
+        min_polls=20,
+        max_error_increase=0.01,
+        max_app_share_increase=0.1,
+        max_p99_ratio=2.0,
+        p99_slack_s=0.05,
+        max_cache_failure_ratio=0.05,
+    )
     d.update(kw)
     return argparse.Namespace(**d)
 
@@ -83,8 +82,9 @@ def test_judge_passes_a_release_like_the_last() -> None:
         ({}, {"hit": 10.0, "error": 90.0}, "cache reads failed"),
     ],
 )
-def test_judge_stops_a_release_that_is_worse(after: dict[str, float], reads: dict[str, float],
-                                             words: str) -> None:
+def test_judge_stops_a_release_that_is_worse(
+    after: dict[str, float], reads: dict[str, float], words: str
+) -> None:
     failed = gate.judge(BEFORE, dict(AFTER, **after), reads, _args())
     assert len(failed) == 1 and words in failed[0], failed
 

@@ -3,9 +3,12 @@ HTTP clients, fresh user ids, poller metrics, primed users and load checks."""
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import itertools
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any, cast
 
 import httpx
@@ -16,6 +19,16 @@ from fastpoll_testkit.loadgen import Load, LoadResult
 from fastpoll_testkit.stack import Stack, memcached_stats
 
 _uids = itertools.count(1000)
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script without a .py suffix (one the roles install on hosts) imported as a module."""
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
+    spec = importlib.util.spec_from_loader(name, loader)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
 
 
 class Cache:

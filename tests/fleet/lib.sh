@@ -311,6 +311,9 @@ all:
     alertmanager_group_interval: 10s
     monitoring_slo_time_divisor: 30
     fallback_app_workers: 2
+    # The fleet gate (role slo_gate) bakes each batch and asks Prometheus: off for the
+    # scenarios' rollouts (each batch would pay its bake), on in the slo-gate scenario.
+    slo_gate_enabled: false
     # The rollout gate watches 3 s after a batch, not 15 (the checks' load is hundreds of polls a
     # second, and every batch pays the window and the log's flush after it).
     rollout_gate_seconds: 3

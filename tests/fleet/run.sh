@@ -49,11 +49,11 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 # ---- scenarios: which ones run, and the table of times -----------------------------------------
 # In the order a full run plays them, all on one boot and one first deploy. Any one runs alone
 # (`tests/fleet/run.sh NAME[,NAME...]`, `make test-deploy SCENARIO=NAME`), after what it needs.
-SCENARIOS=(lint converge budgets data-host request-path metrics scaling upgrade gated-release edge app-hosts
+SCENARIOS=(lint converge budgets data-host request-path metrics scaling upgrade gated-release slo-gate edge app-hosts
            membership interrupted signing-rotation rollback postgres-ha monitoring redis-backend redis-rotation
            redis-sentinel)
 # What a scenario needs to have run before it on the same fleet.
-declare -A NEEDS=([rollback]=upgrade [gated-release]=upgrade [redis-rotation]=redis-backend)
+declare -A NEEDS=([rollback]=upgrade [gated-release]=upgrade [slo-gate]=upgrade [redis-rotation]=redis-backend)
 # One file per scenario, scenarios/NAME.sh, each defining sc_NAME (dashes as underscores).
 for s in "${SCENARIOS[@]}"; do
     # shellcheck source=/dev/null

@@ -22,20 +22,50 @@ gate_traffic() {
     done
 }
 
+# release_tree DIR SUFFIX: this tree's poll server sources in DIR, FP_VERSION with +SUFFIX (the
+# caller then breaks them on purpose). release_build DIR NAME: builds it and the release's
+# artifacts (ansible/build.sh) with it; prints the binary's sha256.
+release_tree() {
+    mkdir -p "$1"
+    cp -r "$REPO/poll_server/Makefile" "$REPO/poll_server/src" "$1/"
+    sed -i "s/#define FP_VERSION \"\(.*\)\"/#define FP_VERSION \"\1+$2\"/" "$1/src/version.h"
+}
+release_build() {
+    make -s -C "$1" build/poll_server > "$LOGS/build-$2.log" 2>&1 || { cat "$LOGS/build-$2.log"; die "release $2 build failed"; }
+    FASTPOLL_POLL_SERVER_BIN=$1/build/poll_server "$REPO/ansible/build.sh" > "$LOGS/build-$2.log" 2>&1 \
+        || { cat "$LOGS/build-$2.log"; die "build.sh (release $2) failed"; }
+    sha256sum < "$1/build/poll_server" | cut -d' ' -f1
+}
+
+# stopped_at_first_batch NEW_SUM B_SUM PID_8101 PID_8102 WHAT: after a rollout stopped by a
+# gate, fp-poll1 runs the new release (NEW_SUM), fp-poll2 still release B with the same
+# instance pids.
+stopped_at_first_batch() {
+    local port pid
+    expect "$(on fp-poll1 sha256sum /usr/local/bin/poll_server | cut -d' ' -f1)" "$1" "fp-poll1: $5 installed (the first batch)"
+    expect "$(on fp-poll2 sha256sum /usr/local/bin/poll_server | cut -d' ' -f1)" "$2" "fp-poll2: still release B (a later batch)"
+    for port in 8101 8102; do
+        [ "$port" = 8101 ] && pid=$3 || pid=$4
+        expect "$(on fp-poll2 systemctl show -p MainPID --value "fastpoll-poller@$port.service")" "$pid" "fp-poll2:$port not restarted"
+    done
+}
+
+# rollback_fp_poll1 LOG STOPFILE: fp-poll1 back to release B through rollback.sh (its batch gated).
+rollback_fp_poll1() {
+    (cd "$REPO/ansible" && PATH="$ANSIBLE_BIN:$PATH" FASTPOLL_ROLLBACK_TO=$RELEASE_B ./rollback.sh \
+        -i "$RUN/inventory.yml" -e "@$RUN/secrets.yml" --limit fp-poll1 --tags config,pollers \
+        -e rollout_gate_baseline_seconds=20) > "$1" 2>&1 \
+        || { touch "$2"; tail -60 "$1"; die "rolling fp-poll1 back to release B failed"; }
+}
+
 sc_gated_release() {
 # ---- release C: healthy, but its poll server dials the memcached port + 1 -------------------------
-local c_dir=$RUN/v3 c_bin c_sum b_sum n port rc stop traffic_pid
+local c_dir=$RUN/v3 c_sum b_sum n port rc stop traffic_pid
 declare -A PID_B=()
-mkdir -p "$c_dir"
-cp -r "$REPO/poll_server/Makefile" "$REPO/poll_server/src" "$c_dir/"
-sed -i 's/#define FP_VERSION "\(.*\)"/#define FP_VERSION "\1+fleet-cannot-reach-cache"/' "$c_dir/src/version.h"
+release_tree "$c_dir" fleet-cannot-reach-cache
 sed -i 's/fp_resolve(a->host, a->port, /fp_resolve(a->host, a->port + 1, /' "$c_dir/src/cache_memcached.c"
 grep -q 'a->port + 1' "$c_dir/src/cache_memcached.c" || die "could not make release C miss the cache"
-make -s -C "$c_dir" build/poll_server > "$LOGS/build-v3.log" 2>&1 || { cat "$LOGS/build-v3.log"; die "release C build failed"; }
-c_bin=$c_dir/build/poll_server
-c_sum=$(sha256sum < "$c_bin" | cut -d' ' -f1)
-FASTPOLL_POLL_SERVER_BIN=$c_bin "$REPO/ansible/build.sh" > "$LOGS/build-v3.log" 2>&1 \
-    || { cat "$LOGS/build-v3.log"; die "build.sh (release C) failed"; }
+c_sum=$(release_build "$c_dir" C) || exit 1
 b_sum=$(on fp-poll2 sha256sum /usr/local/bin/poll_server | cut -d' ' -f1)
 for n in "${POLLERS[@]}"; do
     for port in 8101 8102; do
@@ -56,19 +86,11 @@ grep -q 'Rollout gate failed on fp-poll1' "$LOGS/ansible-gated-release.log" \
     || { touch "$stop"; tail -60 "$LOGS/ansible-gated-release.log"; die "the play failed, but not at fp-poll1's gate"; }
 grep -q 'share of polls answered by the app' "$LOGS/ansible-gated-release.log" \
     || { touch "$stop"; tail -60 "$LOGS/ansible-gated-release.log"; die "the gate failed for another reason than the app's share"; }
-expect "$(on fp-poll1 sha256sum /usr/local/bin/poll_server | cut -d' ' -f1)" "$c_sum" "fp-poll1: release C installed (the first batch)"
-expect "$(on fp-poll2 sha256sum /usr/local/bin/poll_server | cut -d' ' -f1)" "$b_sum" "fp-poll2: still release B (a later batch)"
-for port in 8101 8102; do
-    expect "$(on fp-poll2 systemctl show -p MainPID --value "fastpoll-poller@$port.service")" "${PID_B[fp-poll2:$port]}" \
-        "fp-poll2:$port not restarted"
-done
+stopped_at_first_batch "$c_sum" "$b_sum" "${PID_B[fp-poll2:8101]}" "${PID_B[fp-poll2:8102]}" "release C"
 say "$(grep -o 'Rollout gate failed on fp-poll1[^"]*' "$LOGS/ansible-gated-release.log" | head -1)"
 
 # ---- roll the batch back to release B, as the gate's message says: it passes the gate ------------
-(cd "$REPO/ansible" && PATH="$ANSIBLE_BIN:$PATH" FASTPOLL_ROLLBACK_TO=$RELEASE_B ./rollback.sh \
-    -i "$RUN/inventory.yml" -e "@$RUN/secrets.yml" --limit fp-poll1 --tags config,pollers \
-    -e rollout_gate_baseline_seconds=20) > "$LOGS/ansible-gated-rollback.log" 2>&1 \
-    || { touch "$stop"; tail -60 "$LOGS/ansible-gated-rollback.log"; die "rolling fp-poll1 back to release B failed"; }
+rollback_fp_poll1 "$LOGS/ansible-gated-rollback.log" "$stop"
 grep -q 'Watch the polls and cache reads after the batch' "$LOGS/ansible-gated-rollback.log" \
     || { touch "$stop"; die "the rollback's batch was not gated"; }
 touch "$stop"
