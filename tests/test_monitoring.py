@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from fastpoll_testkit.monitoring import (
+    KNOWN_ELSEWHERE,
     Running,
     binary,
     exposition_names,
@@ -446,10 +447,6 @@ def recorded() -> set[str]:
 
 
 ALWAYS = {"up", "ALERTS"}  # made by Prometheus itself
-# Read by the rules, exported by what this fixture cannot run: node_exporter's systemd collector
-# (on in Debian's package; it needs systemd as PID 1), and the backup job's textfile (its
-# last success, written by the job that makes the backups).
-KNOWN_ELSEWHERE = {"node_systemd_unit_state", "fastpoll_backup_last_success_timestamp_seconds"}
 # Prometheus's and Alertmanager's own metrics: tests/test_alerting.py checks them against the
 # real ones.
 OWN = re.compile(r"^(prometheus|alertmanager)_")

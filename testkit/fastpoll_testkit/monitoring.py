@@ -18,6 +18,29 @@ import pytest
 from fastpoll_testkit.procs import terminate, wait_for
 from fastpoll_testkit.stack import ROOT
 
+# Read by the rules, exported by what tests/test_monitoring.py cannot run: node_exporter's systemd collector
+# (on in Debian's package; it needs systemd as PID 1), the backup job's and the restore drill's
+# textfiles (written by the jobs on the backup host), Patroni's and etcd's own /metrics, and
+# PostgreSQL's archiver statistics (the exporter here has no database). The fleet test's
+# monitoring scenario asks its Prometheus for each of them, exported there by the real engines.
+KNOWN_ELSEWHERE: frozenset[str] = frozenset(
+    {
+        "node_systemd_unit_state",
+        "fastpoll_backup_last_success_timestamp_seconds",
+        "fastpoll_restore_drill_success",
+        "fastpoll_restore_drill_last_success_timestamp_seconds",
+        "patroni_primary",
+        "patroni_failsafe_mode_is_active",
+        "patroni_pending_restart",
+        "etcd_server_has_leader",
+        "etcd_server_leader_changes_seen_total",
+        "etcd_mvcc_db_total_size_in_bytes",
+        "etcd_server_quota_backend_bytes",
+        "pg_stat_archiver_failed_count",
+    }
+)
+
+
 BINARIES = {
     "promtool": "promtool",
     "prometheus": "prometheus",

@@ -301,8 +301,8 @@ fleet_monitoring_checks() {
 
     # ---- 1. every target up ------------------------------------------------------------------
     # 6 node (every fleet host), 4 poll server instances, 2 nginx, 2 mtail, 2 apps, redis,
-    # 2 postgres (the Patroni pair), Prometheus itself and its Alertmanager.
-    want=21
+    # 2 postgres and 2 patroni (the Patroni pair), 3 etcd, Prometheus itself and its Alertmanager.
+    want=26
     for i in $(seq 1 60); do
         prom_targets > "$RUN/targets.txt" || true
         got=$(grep -c ' up ' "$RUN/targets.txt" || true)
@@ -325,6 +325,10 @@ fleet_monitoring_checks() {
     grep -q '^redis fp-data1 - up ' "$RUN/targets.txt" || die "no redis exporter target up"
     for n in fp-db1 fp-app2; do
         grep -q "^postgres $n - up " "$RUN/targets.txt" || die "postgres exporter on $n is not an up target"
+        grep -q "^patroni $n - up " "$RUN/targets.txt" || die "Patroni on $n is not an up target"
+    done
+    for n in fp-db1 fp-app2 fp-mon1; do
+        grep -q "^etcd $n - up " "$RUN/targets.txt" || die "etcd on $n is not an up target"
     done
     grep -q '^alertmanager .* up ' "$RUN/targets.txt" || die "no Alertmanager target (role alertmanager)"
     say "Prometheus on $MON_HOST: all $want targets up"
@@ -346,6 +350,14 @@ fleet_monitoring_checks() {
     done
     no_answer control "${IP[fp-data1]}" 9121
     no_answer fp-poll1 "${IP[fp-db1]}" 9187
+    # etcd's metrics listener answers the monitoring host, its client API only members and Patroni.
+    expect "$(on "$MON_HOST" "curl -s -m 5 -o /dev/null -w '%{http_code}' http://${IP[fp-db1]}:2381/health")" 200 "etcd's metrics listener from $MON_HOST"
+    no_answer fp-poll1 "${IP[fp-db1]}" 2381
+    no_answer fp-poll1 "${IP[fp-db1]}" 2379
+    no_answer control "${IP[fp-db1]}" 8008
+    # Patroni's REST API: a read from the monitoring host, never a change (allowlist: the members).
+    expect "$(on "$MON_HOST" "curl -s -m 5 -o /dev/null -w '%{http_code}' -X POST -d '{}' http://${IP[fp-db1]}:8008/restart")" 403 \
+        "a restart sent to Patroni from $MON_HOST"
     say "relays and exporters: reachable from $MON_HOST only; admin listeners on loopback"
 
     # ---- 3. the data is there -----------------------------------------------------------------
@@ -368,6 +380,23 @@ fleet_monitoring_checks() {
     # Both members of the Patroni pair: the exporter reaches its PostgreSQL on each.
     expect "$(prom_query 'min(pg_up) * count(pg_up)' | awk '{print $NF}')" 2 "pg_up on both PostgreSQL hosts (min x count)"
     expect "$(prom_query 'count(fastpoll_app_repair_pending)' | awk '{print $NF}')" "${#APPS[@]}" "apps reporting the outbox backlog"
+    # The engines' own metrics: one Patroni primary, every etcd member with a leader.
+    expect "$(prom_query 'sum(patroni_primary)' | awk '{print $NF}')" 1 "Patroni primaries (patroni_primary)"
+    expect "$(prom_query 'min(etcd_server_has_leader) * count(etcd_server_has_leader)' | awk '{print $NF}')" 3 \
+        "etcd members with a leader (min x count)"
+    # The restore drill on the backup host, then every metric the rules read that the stack of
+    # tests/test_monitoring.py cannot export (fastpoll_testkit.monitoring.KNOWN_ELSEWHERE).
+    on "$MON_HOST" systemctl start fastpoll-pg-restore-drill.service \
+        || { on "$MON_HOST" journalctl -u fastpoll-pg-restore-drill --no-pager | tail -20; die "the restore drill failed on $MON_HOST"; }
+    for i in $(seq 1 20); do
+        [ "$(prom_query 'fastpoll_restore_drill_success' | awk '{print $NF}')" = 1 ] && break
+        sleep 1
+    done
+    expect "$(prom_query 'fastpoll_restore_drill_success' | awk '{print $NF}')" 1 "fastpoll_restore_drill_success after the drill"
+    for name in $("$REPO/.venv/bin/python" -c 'from fastpoll_testkit.monitoring import KNOWN_ELSEWHERE; print(*sorted(KNOWN_ELSEWHERE))'); do
+        [ -n "$(prom_query "count($name)")" ] || die "Prometheus on $MON_HOST has no series of $name (read by the rules)"
+    done
+    say "Patroni, etcd, the archiver, the backup and restore drill jobs: every metric the rules read is in Prometheus"
 
     # ---- 5. paging drills, a and b (4 runs while b's page resolves) ----------------------------
     t_drills=$(now)

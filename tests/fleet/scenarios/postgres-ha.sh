@@ -17,6 +17,11 @@
 #      printed); polls answered 2xx throughout (at most 1 % not). Then the old primary's Patroni
 #      starts again and it follows as the synchronous standby; WAL reaches the repository from the
 #      new primary (pgbackrest check).
+#   3. The backup host unreachable (its pgBackRest server stopped) while the primary writes and
+#      switches WAL segments: the archive command fails (pg_stat_archiver counts it; alert
+#      WalArchivingFailing) and the segments wait on the primary, none dropped; publishes are
+#      acknowledged throughout. The server started again, the queue drains by itself: the last
+#      segment switched is archived, no failure after it, and pgbackrest check passes.
 
 # patroni_role HOST: "primary", "replica" or "-" from HOST's Patroni REST API (asked on the host).
 patroni_role() {
@@ -121,4 +126,47 @@ sc_postgres_ha() {
     on fp-mon1 "runuser -u pgbackrest -- pgbackrest --stanza=fastpoll check" > "$LOGS/pgha-check.log" 2>&1 \
         || { cat "$LOGS/pgha-check.log"; die "WAL from the new primary does not reach the repository"; }
     phase "PostgreSQL primary $primary killed under load: $new_primary primary after ${gap} s; $(head -1 "$RUN/pgha-verdict.txt"); $primary back as the synchronous standby, WAL archived from $new_primary"
+
+    archive_outage "$new_primary"
+}
+
+# archive_outage PRIMARY: step 3, the repository's server stopped while PRIMARY writes.
+archive_outage() {
+    local primary=$1 failed0 failed last i u t_stop t_back ready
+    # archive-async: archive_command hands the segment to pgBackRest's queue process.
+    on "$primary" "grep -qx 'archive-async=y' /etc/pgbackrest.conf" || die "$primary's pgBackRest does not archive asynchronously"
+    failed0=$(pg_sql "$primary" "SELECT failed_count FROM pg_stat_archiver")
+    on fp-mon1 systemctl stop pgbackrest.service
+    t_stop=$(date +%s)
+    u=$((RANDOM % 9000 + 60000))
+    for i in 1 2 3; do
+        expect "$(publish fp-data1 "$u" "written while the repository is down $i")" 201 "publish $i with the repository down"
+        last=$(pg_sql "$primary" "SELECT pg_walfile_name(pg_switch_wal())")
+    done
+    # pgBackRest's archive-push waits up to archive-timeout (60 s) for its queue process to push.
+    failed=$failed0
+    for i in $(seq 1 90); do
+        failed=$(pg_sql "$primary" "SELECT failed_count FROM pg_stat_archiver")
+        [ "$failed" -gt "$failed0" ] && break
+        sleep 1
+    done
+    [ "$failed" -gt "$failed0" ] || { on fp-mon1 systemctl start pgbackrest.service; die "no failed archive command within 90 s of stopping the repository's server"; }
+    ready=$(on "$primary" "ls /var/lib/postgresql/15/fastpoll/pg_wal/archive_status/ | grep -c '\.ready\$'" || true)
+    [ "${ready:-0}" -ge 1 ] || { on fp-mon1 systemctl start pgbackrest.service; die "no WAL segment waits for archiving on $primary (ready: ${ready:-0})"; }
+    expect "$(publish fp-data1 "$u" "written while archiving fails")" 201 "a publish while archiving fails"
+    on fp-mon1 systemctl start pgbackrest.service
+    t_back=$(date +%s)
+    # The archiver retries once a minute at most: the queue drains within two.
+    for i in $(seq 1 150); do
+        [ "$(pg_sql "$primary" "SELECT last_archived_wal >= '$last' FROM pg_stat_archiver")" = t ] && break
+        [ "$i" -lt 150 ] || die "$last is not archived 150 s after the repository's server came back"
+        sleep 1
+    done
+    on fp-mon1 "runuser -u pgbackrest -- pgbackrest --stanza=fastpoll check" > "$LOGS/archive-outage-check.log" 2>&1 \
+        || { cat "$LOGS/archive-outage-check.log"; die "pgbackrest check after the archiving outage"; }
+    # PostgreSQL logs to Patroni's journal; pgBackRest's warning of a dropped queue goes there.
+    if on "$primary" "journalctl -u patroni --since=@$t_stop | grep -q 'dropped WAL file'"; then
+        die "$primary dropped WAL during a short outage"
+    fi
+    phase "backup host's pgBackRest stopped $((t_back - t_stop)) s under writes: $((failed - failed0)) failed archive commands, ${ready} segments waiting on $primary, publishes 201; archived up to $last $(( $(date +%s) - t_back )) s after it came back"
 }
