@@ -18,11 +18,11 @@ import pytest
 from fastpoll_testkit.procs import terminate, wait_for
 from fastpoll_testkit.stack import ROOT
 
-# Read by the rules, exported by what tests/test_monitoring.py cannot run: node_exporter's systemd collector
-# (on in Debian's package; it needs systemd as PID 1), the backup job's and the restore drill's
-# textfiles (written by the jobs on the backup host), Patroni's and etcd's own /metrics, and
-# PostgreSQL's archiver statistics (the exporter here has no database). The fleet test's
-# monitoring scenario asks its Prometheus for each of them, exported there by the real engines.
+# Read by the rules, exported by what tests/test_monitoring.py cannot run: node_exporter's
+# systemd collector (on in Debian's package; it needs systemd as PID 1), the backup job's and
+# the restore drill's textfiles (written by the jobs on the backup host), Patroni's and etcd's
+# own /metrics, and PostgreSQL's archiver statistics (the exporter there has no database). The
+# fleet test's monitoring scenario asks its Prometheus for each, exported by the real engines.
 KNOWN_ELSEWHERE: frozenset[str] = frozenset(
     {
         "node_systemd_unit_state",
