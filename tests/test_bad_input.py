@@ -601,9 +601,9 @@ def test_protocol_injection_leaves_every_cached_value_in_place(
             verb.lower() == "get"
         ):  # the poll server's (and the tests') reads: one safe key each
             assert SAFE_KEY.fullmatch(rest) or rest in canaries, f"unsafe read {c!r}"
-        elif verb == "mg":  # the poll server's meta reads: "mg <safe key> v k"
+        elif verb == "mg":  # the poll server's meta reads: "mg <safe key> v k f"
             key, _, flags = rest.partition(" ")
-            assert flags == "v k", f"unexpected meta read {c!r}"
+            assert flags == "v k f", f"unexpected meta read {c!r}"
             # fastpoll:probe: with replicas, an idle node is read once a second (a fixed key)
             assert (
                 SAFE_KEY.fullmatch(key) or key in canaries or key == "fastpoll:probe"

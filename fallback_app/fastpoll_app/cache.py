@@ -17,9 +17,13 @@ enters the value. Every failure is raised as CacheError; callers decide what it 
 
 A value a memcached node refuses for size (SERVER_ERROR object too large for cache: a room's
 answer over its item size, -I) cannot be cached there, and a `cas` that fails so leaves the older
-answer in place: put deletes the key on that node instead, so polls miss and the app answers them
-from the database (docs/channels.md, "A room's size"); a put that deleted it has succeeded (no
-stale answer is cached), so the outbox does not retry it. Counted in
+answer in place: put writes the marker UNCACHEABLE there instead (no bytes, client flags
+UNCACHEABLE_FLAGS, by the same gets/cas), which the poll servers read as a miss, so the app
+answers the key's polls from the database (docs/channels.md, "A room's size"). Not a delete: a
+delete leaves the key absent, and a late `add` of an older answer (a fill a hung connection
+delivers after the write) would land there and stay; on the marker it fails as on any value.
+A put that wrote the marker has succeeded (no stale answer is cached), so the outbox does not
+retry it; a fill refused for size adds the marker too. Counted in
 fastpoll_app_cache_too_large_total.
 """
 
@@ -31,7 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Protocol, TypeVar
 
 import pylibmc
@@ -71,6 +75,36 @@ VERSION_SUFFIX = b"#v"  # never in a poll key: '#' is escaped by the key scheme 
 SUSPECT_IN_FLIGHT = 4
 
 T = TypeVar("T")
+
+# Client flags of the marker of a key a node cannot cache (every answer is written with flags 0;
+# the poll servers read a value with other flags as a miss: poll_server/src/mcproto.h).
+UNCACHEABLE_FLAGS = 1 << 8
+
+
+class _Uncacheable:
+    """The marker's value in this module: no bytes on the wire, UNCACHEABLE_FLAGS."""
+
+    def __repr__(self) -> str:
+        return "UNCACHEABLE"
+
+
+UNCACHEABLE = _Uncacheable()
+
+
+class _Client(pylibmc.Client):  # type: ignore[misc]
+    """pylibmc's client, the marker written and read as what it is (pylibmc calls these for
+    every value); anything else as pylibmc does it (bytes: flags 0)."""
+
+    def serialize(self, value: object) -> tuple[bytes, int]:
+        if value is UNCACHEABLE:
+            return b"", UNCACHEABLE_FLAGS
+        return super().serialize(value)  # type: ignore[no-any-return]
+
+    def deserialize(self, data: bytes | None, flags: int) -> object:
+        if flags == UNCACHEABLE_FLAGS:
+            return UNCACHEABLE
+        # An overriding deserialize gets an empty value as None (pylibmc 1.6): it is b"".
+        return super().deserialize(b"" if data is None else data, flags)
 
 
 class Cache(Protocol):
@@ -255,7 +289,7 @@ class MemcachedCache:
         self._guards: dict[str, _NodeGuard] = {}
         for addr in (*servers, *previous_servers):
             if addr not in self._masters:
-                mc = pylibmc.Client([addr], binary=False, behaviors=behaviors)
+                mc = _Client([addr], binary=False, behaviors=behaviors)
                 self._masters[addr] = mc
                 self._pools[addr] = pylibmc.ThreadMappedPool(mc)
                 self._guards[addr] = _NodeGuard(addr)
@@ -298,6 +332,9 @@ class MemcachedCache:
                 done = self._on(addr, lambda mc: bool(mc.add(key, value, time=self._ttl)))
             except pylibmc.TooBig:
                 CACHE_TOO_LARGE.labels("fill").inc()
+                # Where no answer is cached yet: nothing older may land there later either.
+                with suppress(pylibmc.Error, CacheError):
+                    self._on(addr, lambda mc: mc.add(key, UNCACHEABLE, time=self._ttl))
                 failed.append(f"{addr}: {len(value)} bytes, over the node's item size")
                 continue
             except (pylibmc.Error, CacheError) as exc:
@@ -313,18 +350,20 @@ class MemcachedCache:
         try:
             self._on(addr, lambda mc: self._put_tries(mc, addr, key, value))
         except pylibmc.TooBig:
-            # The node keeps the older answer of a refused `cas`: the key goes, so polls
-            # miss and the app answers them. A failed delete raises: the outbox retries.
-            self._on(addr, lambda mc: mc.delete(key))
+            # The node keeps the older answer of a refused `cas`: the marker replaces it, so
+            # polls miss and the app answers them. A failed write raises: the outbox retries.
+            self._on(addr, lambda mc: self._put_tries(mc, addr, key, UNCACHEABLE))
             CACHE_TOO_LARGE.labels("put").inc()
             self._warn.warning(
                 "too-large",
                 f"memcached {addr} refused {key[:80]!r} ({len(value)} bytes) as too large "
-                "for its item size: deleted it there, the app answers its polls; keep "
+                "for its item size: marked it uncacheable there, the app answers its polls; keep "
                 "[cache] item_max_bytes at or below memcached's -I",
             )
 
-    def _put_tries(self, mc: pylibmc.Client, addr: str, key: bytes, value: bytes) -> None:
+    def _put_tries(
+        self, mc: pylibmc.Client, addr: str, key: bytes, value: bytes | _Uncacheable
+    ) -> None:
         """put's read-and-retry loop on one node; pylibmc.TooBig if the node refuses the value."""
         for _ in range(PUT_TRIES):
             current, unique = mc.gets(key)
@@ -391,7 +430,7 @@ class MemcachedCache:
             except (pylibmc.Error, CacheError) as exc:
                 errors.append(f"{addr}: {exc}")
                 continue
-            return value if value is None else bytes(value)
+            return None if value is None or value is UNCACHEABLE else bytes(value)
         raise CacheError(f"memcached get: {'; '.join(errors)}")
 
     def delete(self, key: bytes) -> None:

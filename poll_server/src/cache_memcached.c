@@ -5,8 +5,8 @@
  * The I/O is ours and never blocks: one TCP connection per server, gets
  * pipelined, answers matched to a FIFO of outstanding requests by a
  * streaming parser. Each connection first sends "mn": memcached >= 1.6
- * answers "MN", and gets then go out as meta commands ("mg <key> v k",
- * answered "VA <len> k<key>" + data, or "EN"), whose pipelined answers
+ * answers "MN", and gets then go out as meta commands ("mg <key> v k f",
+ * answered "VA <len> k<key> f<flags>" + data, or "EN"), whose pipelined answers
  * memcached sends in one write; an older server answers "ERROR", and gets
  * go out as classic "get <key>" ("VALUE ..." + data + "END", or "END").
  *
@@ -97,7 +97,7 @@
 #define MC_MAX_VALUE      (1024UL * 1024UL) /* larger: skipped, ERROR */
 #define MC_SKIP_LOG_MS    10000         /* one warning per server per 10 s */
 #define MC_MAX_PENDING    10000         /* per server, beyond: fail fast */
-#define MC_CMD_MAX        (3 + FP_MAX_KEY_LEN + 6) /* "mg <key> v k\r\n" */
+#define MC_CMD_MAX        (3 + FP_MAX_KEY_LEN + 8) /* "mg <key> v k f\r\n" */
 #define MC_IN_MIN         ((size_t)64 * 1024) /* read buffer kept per connection */
 #define MC_IN_MAX         (MC_MAX_VALUE + 7 + MC_IN_MIN) /* a whole answer */
 #define MC_READ_MIN       4096          /* room asked for before each recv */
@@ -923,7 +923,7 @@ static int req_queue(struct mc_req *r, struct mc_server *s)
     /* Room first, then the deadline, then the command in one piece, so a
      * failure leaves nothing half-written on the stream. */
     r->meta = s->proto == MC_PROTO_META;
-    cmdlen = r->probe && r->meta ? 4 : r->meta ? 3 + keylen + 6 : 4 + keylen + 2;
+    cmdlen = r->probe && r->meta ? 4 : r->meta ? 3 + keylen + 8 : 4 + keylen + 2;
     if (buf_reserve(&s->out, cmdlen, MC_OUT_MIN, MC_OUT_MAX) != 0 ||
         evtimer_add(r->timer, mc->timeout) != 0)
         return -1;
@@ -934,7 +934,7 @@ static int req_queue(struct mc_req *r, struct mc_server *s)
     } else if (r->meta) {
         memcpy(cmd, "mg ", 3); /* NOLINT(bugprone-not-null-terminated-result) */
         memcpy(cmd + 3, r->key, keylen);
-        memcpy(cmd + 3 + keylen, " v k\r\n", 6); /* NOLINT(bugprone-not-null-terminated-result) */
+        memcpy(cmd + 3 + keylen, " v k f\r\n", 8); /* NOLINT(bugprone-not-null-terminated-result) */
     } else {
         memcpy(cmd, "get ", 4); /* NOLINT(bugprone-not-null-terminated-result) */
         memcpy(cmd + 4, r->key, keylen);

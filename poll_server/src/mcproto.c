@@ -75,22 +75,22 @@ static int split_line(const char *line, size_t n, const char **tok,
     return (int)ntok;
 }
 
-/* "VALUE <key> <flags> <bytes>[ <cas>]" for the head's key: 0 and the
- * value length, or -1 on any mismatch. */
+/* "VALUE <key> <flags> <bytes>[ <cas>]" for the head's key: 0, the value
+ * length and its flags, or -1 on any mismatch. */
 static int parse_value_line(const char *line, size_t n,
                             const struct fp_mcp_head *h,
-                            unsigned long long *len)
+                            unsigned long long *len, unsigned long long *flags)
 {
     const char *tok[5];
     size_t toklen[5];
-    unsigned long long flags, cas;
+    unsigned long long cas;
     int ntok = split_line(line, n, tok, toklen, 5);
 
     if (ntok != 4 && ntok != 5)
         return -1;
     if (toklen[1] != h->keylen || memcmp(tok[1], h->key, h->keylen) != 0)
         return -1;
-    if (parse_num(tok[2], toklen[2], UINT32_MAX, &flags) != 0 ||
+    if (parse_num(tok[2], toklen[2], UINT32_MAX, flags) != 0 ||
         parse_num(tok[3], toklen[3], FP_MCP_SKIP_MAX, len) != 0 ||
         (ntok == 5 && parse_num(tok[4], toklen[4], ULLONG_MAX, &cas) != 0))
         return -1;
@@ -99,10 +99,11 @@ static int parse_value_line(const char *line, size_t n,
 
 /* "VA <bytes> <flags>*" (a hit) or "EN <flags>*" (a miss) for the head:
  * the k flag must give its key back (1.6.18 returns it on a miss too;
- * older 1.6 do not). 0 and the value length (0 for a miss), or -1. */
+ * older 1.6 do not), f its client flags (0 if absent). 0 and the value
+ * length (0 for a miss), or -1. */
 static int parse_meta_line(const char *line, size_t n,
                            const struct fp_mcp_head *h, int hit,
-                           unsigned long long *len)
+                           unsigned long long *len, unsigned long long *flags)
 {
     const char *tok[8];
     size_t toklen[8];
@@ -110,13 +111,18 @@ static int parse_meta_line(const char *line, size_t n,
     int first_flag = hit ? 2 : 1, key_ok = !hit;
 
     *len = 0;
+    *flags = 0;
     if (ntok < 0 || (hit && (ntok < 3 ||
                              parse_num(tok[1], toklen[1], FP_MCP_SKIP_MAX, len) != 0)))
         return -1;
-    for (int i = first_flag; i < ntok; i++)
+    for (int i = first_flag; i < ntok; i++) {
         if (tok[i][0] == 'k')
             key_ok = toklen[i] - 1 == h->keylen &&
                      memcmp(tok[i] + 1, h->key, h->keylen) == 0;
+        else if (tok[i][0] == 'f' &&
+                 parse_num(tok[i] + 1, toklen[i] - 1, UINT32_MAX, flags) != 0)
+            return -1;
+    }
     return key_ok ? 0 : -1;
 }
 
@@ -125,24 +131,25 @@ static enum fp_mcp_type parse_line(struct fp_mcp *p, const char *line,
                                    size_t n, const struct fp_mcp_head *h,
                                    struct fp_mcp_event *ev)
 {
-    unsigned long long vlen;
+    unsigned long long vlen, flags;
     int bad;
 
     if (h->mn) /* a probe's "mn": "MN" proves the node answers */
         return n == 2 && memcmp(line, "MN", 2) == 0 ? FP_MCP_MISS : FP_MCP_BAD;
     if (h->meta ? starts_with(line, n, "EN") &&
-                      parse_meta_line(line, n, h, 0, &vlen) == 0
+                      parse_meta_line(line, n, h, 0, &vlen, &flags) == 0
                 : n == 3 && memcmp(line, "END", 3) == 0)
         return FP_MCP_MISS;
     if (h->meta ? starts_with(line, n, "VA") : starts_with(line, n, "VALUE")) {
-        bad = h->meta ? parse_meta_line(line, n, h, 1, &vlen)
-                      : parse_value_line(line, n, h, &vlen);
+        bad = h->meta ? parse_meta_line(line, n, h, 1, &vlen, &flags)
+                      : parse_value_line(line, n, h, &vlen, &flags);
         if (bad != 0) {
             ev->why = h->meta ? "protocol error: bad VA line"
                               : "protocol error: bad VALUE line";
             return FP_MCP_BAD;
         }
         p->meta = h->meta;
+        p->marker = flags != 0;
         if (vlen > p->max_value) {
             p->skip = vlen;
             p->state = FP_MCP_SKIP;
@@ -197,9 +204,10 @@ static enum fp_mcp_type step(struct fp_mcp *p, const char *buf, size_t len,
         }
         ev->val = buf;
         ev->len = p->want;
-        t = p->skipped ? FP_MCP_SKIPPED : FP_MCP_HIT;
+        t = p->skipped ? FP_MCP_SKIPPED : p->marker ? FP_MCP_MISS : FP_MCP_HIT;
         p->state = FP_MCP_LINE;
         p->skipped = 0;
+        p->marker = 0;
         p->want = 0;
         *used = need;
         return t;

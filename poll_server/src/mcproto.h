@@ -1,8 +1,12 @@
 /* mcproto.h -- the memcached text protocol's answers, parsed from bytes:
  * "MN"/"ERROR" to the "mn" that opens a connection or probes it, "VALUE
  * <key> <flags> <bytes>[ <cas>]" + data + "END" or "END" to a classic
- * "get", "VA <bytes> <flags>*" + data or "EN <flags>*" to "mg <key> v k",
- * and SERVER_ERROR / CLIENT_ERROR to either. Pure: a buffer in, one event
+ * "get", "VA <bytes> <flags>*" + data or "EN <flags>*" to "mg <key> v k f",
+ * and SERVER_ERROR / CLIENT_ERROR to either. A value whose client flags
+ * are not 0 is a miss: the app's marker of a key it cannot cache there
+ * (fallback_app's cache.py writes answers with flags 0, and the marker in
+ * place of an answer too large for the node, so that no late `add` of an
+ * older answer can land where a delete would have left room). Pure: a buffer in, one event
  * and the bytes it used out; no I/O, no allocation (cache_memcached.c owns
  * the socket, the buffer and the request FIFO). */
 #ifndef FP_MCPROTO_H
@@ -21,6 +25,7 @@ struct fp_mcp {
     int probing;                /* the next line answers the opening "mn" */
     int meta;                   /* FP_MCP_DATA: the value came as "VA" */
     int skipped;                /* FP_MCP_DATA: its bytes were read past */
+    int marker;                 /* FP_MCP_DATA: flags not 0, a miss */
     size_t want;                /* FP_MCP_DATA: value length */
     unsigned long long skip;    /* FP_MCP_SKIP: value bytes left */
     unsigned long long max_value; /* larger values are read past */
@@ -40,7 +45,7 @@ enum fp_mcp_type {
     FP_MCP_PROTO_CLASSIC, /* it got "ERROR": classic gets */
     FP_MCP_TOO_BIG,     /* a value over max_value begins (len): read past */
     FP_MCP_HIT,         /* the head's value (val, len), trailer checked */
-    FP_MCP_MISS,        /* the head's miss, or a probe's "MN" */
+    FP_MCP_MISS,        /* the head's miss (or marker), or a probe's "MN" */
     FP_MCP_SKIPPED,     /* the head's value was too big; all of it read */
     FP_MCP_REFUSED,     /* SERVER_ERROR / CLIENT_ERROR (the line: val, len) */
     FP_MCP_BAD          /* the stream cannot be trusted (why) */

@@ -459,7 +459,10 @@ def scenario_redis(drv: list[str], tmp: str) -> None:
 FAKE_ANSWERS: dict[bytes, list[bytes]] = {
     # key -> chunks the fake memcached writes back (with tiny pauses between)
     b"split": [bytes([c]) for c in b"VALUE split 0 5\r\nhello\r\nEND\r\n"],
-    b"cas": [b"VALUE cas 7 2 12345\r\nok\r\nEND\r\n"],
+    b"cas": [b"VALUE cas 0 2 12345\r\nok\r\nEND\r\n"],
+    # client flags not 0: the app's marker of a key it cannot cache there (cache.py), a miss
+    b"marker": [b"VALUE marker 1 0\r\n\r\nEND\r\n"],
+    b"marker2": [b"VALUE marker2 256 2 77\r\nok\r\nEND\r\n"],
     b"miss": [b"END\r\n"],
     b"srverr": [b"SERVER_ERROR out of memory\r\n"],
     b"clierr": [b"CLIENT_ERROR bad command line format\r\n"],
@@ -486,10 +489,13 @@ def classic_answer(line: bytes) -> Chunks:
 
 
 FAKE_META_ANSWERS: dict[bytes, list[bytes]] = {
-    # key -> chunks a fake memcached >= 1.6 writes back to "mg <key> v k"
+    # key -> chunks a fake memcached >= 1.6 writes back to "mg <key> v k f"
     b"m-split": [bytes([c]) for c in b"VA 5 km-split\r\nhello\r\n"],
     b"m-empty": [b"VA 0 km-empty\r\n\r\n"],
     b"m-flags": [b"VA 2 t-1 km-flags f0\r\nok\r\n"],
+    b"m-marker": [b"VA 0 km-marker f1\r\n\r\n"],
+    b"m-marker2": [b"VA 2 f4096 km-marker2\r\nok\r\n"],
+    b"m-badflags": [b"VA 2 km-badflags fx\r\nok\r\n"],
     b"m-miss": [b"EN\r\n"],
     b"m-misskey": [b"EN km-misskey\r\n"],
     b"m-srverr": [b"SERVER_ERROR out of memory\r\n"],
@@ -504,11 +510,11 @@ FAKE_META_ANSWERS: dict[bytes, list[bytes]] = {
 
 def meta_answer(line: bytes) -> Chunks:
     """A memcached >= 1.6: "MN" to "mn" (so the client uses meta commands), FAKE_META_ANSWERS
-    for "mg <key> v k", ERROR for a classic get."""
+    for "mg <key> v k f", ERROR for a classic get."""
     words = line.split(b" ")
     if words == [b"mn"]:
         return Chunks([b"MN\r\n"])
-    if len(words) == 4 and words[0] == b"mg" and words[2:] == [b"v", b"k"]:
+    if len(words) == 5 and words[0] == b"mg" and words[2:] == [b"v", b"k", b"f"]:
         return Chunks(FAKE_META_ANSWERS.get(words[1], [b"EN\r\n"]))
     return Chunks([b"ERROR\r\n"])
 
@@ -522,6 +528,8 @@ def scenario_protocol_meta(drv: list[str], tmp: str) -> None:
             "m-split": ("HIT", "hello"),
             "m-empty": ("HIT", ""),
             "m-flags": ("HIT", "ok"),
+            "m-marker": ("MISS", ""),
+            "m-marker2": ("MISS", ""),
             "m-miss": ("MISS", ""),
             "m-misskey": ("MISS", ""),
             "m-srverr": ("ERROR", ""),
@@ -531,7 +539,7 @@ def scenario_protocol_meta(drv: list[str], tmp: str) -> None:
             r = d.gets([k])
             check(r[k][0::2] == v, f"protocol meta: {k} -> {v[0]} ({r[k]})")
         for k in (
-            "m-wrongkey", "m-nokey", "m-enwrongkey", "m-badterm", "m-classic"
+            "m-wrongkey", "m-nokey", "m-enwrongkey", "m-badterm", "m-classic", "m-badflags"
         ):
             time.sleep(0.15)  # past the reconnect backoff (and the new probe)
             r = d.gets([k])
@@ -540,9 +548,10 @@ def scenario_protocol_meta(drv: list[str], tmp: str) -> None:
                 f"protocol meta: {k} -> ERROR ({r[k]})",
             )
         time.sleep(2.2)
-        r = d.gets(["m-flags", "m-split", "m-miss", "m-srverr", "m-empty"])
+        r = d.gets(["m-flags", "m-marker2", "m-split", "m-miss", "m-srverr", "m-empty"])
         check(
             r["m-flags"][0::2] == ("HIT", "ok")
+            and r["m-marker2"][0] == "MISS"
             and r["m-split"][0::2] == ("HIT", "hello")
             and r["m-miss"][0] == "MISS"
             and r["m-srverr"][0] == "ERROR"
@@ -558,6 +567,8 @@ def scenario_protocol(drv: list[str], tmp: str) -> None:
         want = {
             "split": ("HIT", "hello"),
             "cas": ("HIT", "ok"),
+            "marker": ("MISS", ""),
+            "marker2": ("MISS", ""),
             "miss": ("MISS", ""),
             "srverr": ("ERROR", ""),
             "clierr": ("ERROR", ""),  # that get alone: the stream is in sync
@@ -575,9 +586,10 @@ def scenario_protocol(drv: list[str], tmp: str) -> None:
             check(r[k][0] == "ERROR" and r[k][1] < 400, f"protocol: {k} -> ERROR ({r[k]})")
         # pipelined: several answers may arrive in one segment, in order
         time.sleep(2.2)
-        r = d.gets(["cas", "split", "miss", "srverr"])
+        r = d.gets(["cas", "marker2", "split", "miss", "srverr"])
         check(
             r["cas"][0::2] == ("HIT", "ok")
+            and r["marker2"][0] == "MISS"
             and r["miss"][0] == "MISS"
             and r["split"][0::2] == ("HIT", "hello")
             and r["srverr"][0] == "ERROR",

@@ -80,7 +80,12 @@ static void test_classic(void **state)
     (void)state;
     expect("VALUE k1 0 5\r\nhello\r\nEND\r\nEND\r\n", &classic, 0, 1024,
            "HIT(hello) MISS");
-    expect("VALUE k1 4294967295 0 123\r\n\r\nEND\r\n", &classic, 0, 1024, "HIT()");
+    expect("VALUE k1 0 0 123\r\n\r\nEND\r\n", &classic, 0, 1024, "HIT()");
+    /* Client flags not 0: the app's marker of a key it cannot cache, a miss
+     * (its data read, the stream in step for the next answer). */
+    expect("VALUE k1 4294967295 0 123\r\n\r\nEND\r\n", &classic, 0, 1024, "MISS");
+    expect("VALUE k1 1 2\r\nok\r\nEND\r\nVALUE k1 0 2\r\nok\r\nEND\r\n", &classic, 0,
+           1024, "MISS HIT(ok)");
     /* Binary-safe: the value may hold the terminator. */
     expect("VALUE k1 0 7\r\n\r\nEND\r\n\r\nEND\r\n", &classic, 0, 1024,
            "HIT(\r\nEND\r\n)");
@@ -117,6 +122,11 @@ static void test_meta(void **state)
     expect("VA 5 kk1\r\nhello\r\nEN\r\nEN kk1\r\n", &meta, 0, 1024,
            "HIT(hello) MISS MISS");
     expect("VA 5 f0 kk1\r\nhello\r\n", &meta, 0, 1024, "HIT(hello)");
+    expect("VA 0 kk1 f1\r\n\r\nVA 2 f0 kk1\r\nok\r\n", &meta, 0, 1024, "MISS HIT(ok)");
+    expect("VA 2 f4294967295 kk1\r\nok\r\n", &meta, 0, 1024, "MISS");
+    expect("VA 2 kk1 fx\r\nok\r\n", &meta, 0, 1024, "BAD(protocol error: bad VA line)");
+    expect("VA 2 kk1 f4294967296\r\nok\r\n", &meta, 0, 1024,
+           "BAD(protocol error: bad VA line)");
     expect("VA 5\r\nhello\r\n", &meta, 0, 1024, "BAD(protocol error: bad VA line)");
     expect("VA 5 kk2\r\nhello\r\n", &meta, 0, 1024, "BAD(protocol error: bad VA line)");
     expect("EN kk2\r\n", &meta, 0, 1024, "BAD(protocol error: unexpected answer)");
