@@ -245,6 +245,32 @@ def test_a_poll_5xx_while_no_app_answers_only_if_it_needed_the_app() -> None:
     assert violations(written, "4-5xx") == 1
 
 
+def test_a_cache_get_counted_as_timed_out_may_be_the_polls() -> None:
+    # No fault on the cache, but a poll server counted a get that timed out (a loaded machine):
+    # that poll went to the app, and with none answering its 503 is documented. Only while the
+    # poll ran (a sample counts the period before it), and only for rule 4.
+    poll_503 = Op("poll", 1, 5.0, 5.1, 503, source="")
+    app_down = Fault("app-restart", "app", 4.0, 6.0, [APP + "0", APPS_DOWN])
+    hit = Op("cond", 1, 3.5, 3.51, 304, ONE, inm_body=ONE, source="cache")
+    h = history(poll_503, hit, faults=[app_down])
+    assert violations(h, "4-5xx") == 1
+    for t, found in ((5.05, 0), (5.7, 0), (5.9, 1), (4.3, 1)):
+        h.cache_timeouts = [{"t": t, "poller": 0, "n": 1}]
+        assert violations(h, "4-5xx") == found, t
+    # A late held poll is not excused by it (rule 3 excuses faults, and this is none).
+    late = Op("held", 1, 2.5, 4.0, 200, TWO, inm_body="", wait=5, source="cache")
+    h = history(late, faults=[])
+    h.cache_timeouts = [{"t": 3.5, "poller": 0, "n": 1}]
+    assert violations(h, "3-held-bound") == 1
+
+
+def test_cache_timeout_samples_round_trip(tmp_path: Path) -> None:
+    h = history()
+    h.cache_timeouts = [{"t": 1.5, "poller": 1, "n": 3}]
+    h.write(tmp_path / "h.jsonl")
+    assert History.read(tmp_path / "h.jsonl").cache_timeouts == h.cache_timeouts
+
+
 def test_5xx_windows_are_the_documented_ones() -> None:
     poll_503 = Op("poll", 1, 5.0, 5.1, 503, source="")
     # No app process could answer until 4.0: 0.5 s of slack, not the database's 3 s of grace.

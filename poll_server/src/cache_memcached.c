@@ -97,7 +97,14 @@
 #define MC_MAX_VALUE      (1024UL * 1024UL) /* larger: skipped, ERROR */
 #define MC_SKIP_LOG_MS    10000         /* one warning per server per 10 s */
 #define MC_MAX_PENDING    10000         /* per server, beyond: fail fast */
-#define MC_CMD_MAX        (3 + FP_MAX_KEY_LEN + 8) /* "mg <key> v k f\r\n" */
+/* A get's bytes around its key: meta ("mg <key> v k f") or classic. */
+#define MC_MG_HEAD        "mg "
+#define MC_MG_TAIL        " v k f\r\n"
+#define MC_GET_HEAD       "get "
+#define MC_GET_TAIL       "\r\n"
+#define MC_MN             "mn\r\n"
+#define MC_LEN(lit)       (sizeof(lit) - 1)
+#define MC_CMD_MAX        (MC_LEN(MC_MG_HEAD) + FP_MAX_KEY_LEN + MC_LEN(MC_MG_TAIL))
 #define MC_IN_MIN         ((size_t)64 * 1024) /* read buffer kept per connection */
 #define MC_IN_MAX         (MC_MAX_VALUE + 7 + MC_IN_MIN) /* a whole answer */
 #define MC_READ_MIN       4096          /* room asked for before each recv */
@@ -723,12 +730,12 @@ static void server_connect(struct mc_server *s)
      * queued before the answer go out as classic ones. The buffer is empty
      * (the server was down) and MC_OUT_MIN holds it. */
     s->proto = MC_PROTO_PROBING;
-    if (buf_reserve(&s->out, 4, MC_OUT_MIN, MC_OUT_MAX) != 0) {
+    if (buf_reserve(&s->out, MC_LEN(MC_MN), MC_OUT_MIN, MC_OUT_MAX) != 0) {
         fp_link_down(&s->link, "out of memory");
         goto fail_fd;
     }
-    memcpy(s->out.data + s->out.len, "mn\r\n", 4); /* NOLINT(bugprone-not-null-terminated-result) */
-    s->out.len += 4;
+    memcpy(s->out.data + s->out.len, MC_MN, MC_LEN(MC_MN)); /* NOLINT(bugprone-not-null-terminated-result) */
+    s->out.len += MC_LEN(MC_MN);
     if (connect(fd, (struct sockaddr *)&s->addr, s->addrlen) == 0) {
         server_connected(s);
         return;
@@ -917,28 +924,29 @@ static struct mc_req *req_alloc(struct fp_mc *mc)
 static int req_queue(struct mc_req *r, struct mc_server *s)
 {
     struct fp_mc *mc = r->mc;
-    size_t keylen = r->keylen, cmdlen;
+    size_t keylen = r->keylen, cmdlen, hlen, tlen;
+    const char *head, *tail;
     char *cmd;
 
     /* Room first, then the deadline, then the command in one piece, so a
      * failure leaves nothing half-written on the stream. */
     r->meta = s->proto == MC_PROTO_META;
-    cmdlen = r->probe && r->meta ? 4 : r->meta ? 3 + keylen + 8 : 4 + keylen + 2;
+    head = r->meta ? MC_MG_HEAD : MC_GET_HEAD;
+    tail = r->meta ? MC_MG_TAIL : MC_GET_TAIL;
+    hlen = r->meta ? MC_LEN(MC_MG_HEAD) : MC_LEN(MC_GET_HEAD);
+    tlen = r->meta ? MC_LEN(MC_MG_TAIL) : MC_LEN(MC_GET_TAIL);
+    cmdlen = r->probe && r->meta ? MC_LEN(MC_MN) : hlen + keylen + tlen;
     if (buf_reserve(&s->out, cmdlen, MC_OUT_MIN, MC_OUT_MAX) != 0 ||
         evtimer_add(r->timer, mc->timeout) != 0)
         return -1;
     cmd = s->out.data + s->out.len;
     /* Bytes for the wire, not C strings: */
     if (r->probe && r->meta) {
-        memcpy(cmd, "mn\r\n", 4); /* NOLINT(bugprone-not-null-terminated-result) */
-    } else if (r->meta) {
-        memcpy(cmd, "mg ", 3); /* NOLINT(bugprone-not-null-terminated-result) */
-        memcpy(cmd + 3, r->key, keylen);
-        memcpy(cmd + 3 + keylen, " v k f\r\n", 8); /* NOLINT(bugprone-not-null-terminated-result) */
+        memcpy(cmd, MC_MN, MC_LEN(MC_MN)); /* NOLINT(bugprone-not-null-terminated-result) */
     } else {
-        memcpy(cmd, "get ", 4); /* NOLINT(bugprone-not-null-terminated-result) */
-        memcpy(cmd + 4, r->key, keylen);
-        memcpy(cmd + 4 + keylen, "\r\n", 2); /* NOLINT(bugprone-not-null-terminated-result) */
+        memcpy(cmd, head, hlen);
+        memcpy(cmd + hlen, r->key, keylen);
+        memcpy(cmd + hlen + keylen, tail, tlen);
     }
     s->out.len += cmdlen;
     r->srv = s;

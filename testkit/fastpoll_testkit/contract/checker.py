@@ -79,6 +79,9 @@ class Params:
     isolation_bound_s: float = 2.0
     # Around every fault window: scheduling slack of the clients and the nemesis.
     pad_s: float = 0.5
+    # The period of the poll servers' timed-out get counts (History.cache_timeouts): a sample
+    # at t counts gets that timed out in the period before it.
+    timeout_sample_s: float = 0.25
     # After PostgreSQL is back: the app's pool replaces its dead connections.
     db_grace_s: float = 3.0
     # The outbox's rewrite of a key after the app's path to the cache heals (design.md: "within
@@ -842,8 +845,8 @@ def _rule12(h: History, r: RuleResult) -> None:
 def _cached_at(h: History) -> dict[int, list[float]]:
     """Per user, the times its key was known to be in the cache: a poll through nginx answered
     from it (X-Poll-Source: cache), or the end of a write answered X-Cache-Publish: ok. Not
-    the room's writes: a room answer over the node's item size is deleted there, and the write
-    is still ok (its polls go to the app)."""
+    the room's writes: a room answer over the node's item size is replaced there by a marker that
+    poll servers read as a miss, and the write is still ok (its polls go to the app)."""
     seen: dict[int, list[float]] = {}
     for op in h.ops:
         if op.kind in NGINX_POLLS and op.status in (200, 304) and op.source == "cache":
@@ -860,10 +863,17 @@ def _needed_the_app(h: History, p: Params, op: Op, seen: dict[int, list[float]])
     "The app is down": hits are still served). So it may have needed the app if a cache fault
     (any, a read delay included) met it or ended less than cache_settle_s before it was sent, or
     if its key was not seen in the cache since the last cache node hang or kill (the run's start
-    if none) before it was sent."""
+    if none) before it was sent, or if a poll server counted a cache get as timed out while it
+    ran (History.cache_timeouts: the machine's load, no fault)."""
     paths = [CACHE, CACHE_DOWN, CACHE_DELAY, CACHE_SLOW, OBSERVED]
     near = _overlapping(h.faults, op.start, op.end, p.pad_s, p.pad_s + p.cache_settle_s)
     if any(_touches(f, paths) for f in near):
+        return True
+    # A poll server counted a cache get as timed out meanwhile: it may have been this poll's.
+    if any(
+        op.start - p.pad_s <= s["t"] and s["t"] - p.timeout_sample_s <= op.end + p.pad_s
+        for s in h.cache_timeouts
+    ):
         return True
     lost = max(
         (f.end for f in h.faults if _touches(f, [CACHE_DOWN]) and f.start <= op.start),

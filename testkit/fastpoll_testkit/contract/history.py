@@ -97,6 +97,11 @@ class History:
     # replica, with several memcached nodes (empty otherwise: every key on the one node).
     placement: dict[str, list[str]] = field(default_factory=dict)
     apps: int = 0  # app processes behind nginx (0: not recorded)
+    # Cache gets a poll server counted as timed out (fastpoll_backend_gets_total{result="timeout"},
+    # sampled): {"t", "poller", "n"}, n new since the sample before at t. Not faults: a lone late
+    # answer is the machine's load, not the nemesis, and only sends that poll to the app (rule 4
+    # accepts its 503 when no app could answer); rules that excuse any fault must not see them.
+    cache_timeouts: list[dict[str, float]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, op: Op) -> None:
@@ -125,6 +130,8 @@ class History:
                 f.write(json.dumps({"type": "op", **asdict(op)}) + "\n")
             for line in self.nginx_errors:
                 f.write(json.dumps({"type": "nginx-error", **line}) + "\n")
+            for sample in self.cache_timeouts:
+                f.write(json.dumps({"type": "cache-timeout", **sample}) + "\n")
 
     @classmethod
     def read(cls, path: Path) -> History:
@@ -141,6 +148,8 @@ class History:
                 h.faults.append(Fault(**rec))
             elif kind == "op":
                 h.ops.append(Op(**rec))
+            elif kind == "cache-timeout":
+                h.cache_timeouts.append({k: float(v) for k, v in rec.items()})
             else:
                 h.nginx_errors.append(rec)
         return h

@@ -167,6 +167,9 @@ SETTLE_S = {
     "announce-cut": _P.announce_settle_s,
     "poller-restart": _P.pad_s,
 }
+# How often the poll servers' timed-out cache gets are sampled (Run.timeout_sampler); the
+# checker widens each sample's time by this (checker.Params.timeout_sample_s).
+TIMEOUT_SAMPLE_S = _P.timeout_sample_s
 # The longest a slow or stalled read fault waits for a held poll to exist before it begins.
 HELD_AWAIT_S = 3.0
 IDLE_HOLD_S = 1.0
@@ -278,6 +281,7 @@ class Run:
         self.stop = threading.Event()  # the clients' end
         self.nemesis_stop = threading.Event()
         self.nemesis_thread: threading.Thread | None = None
+        self.sampling_stop = threading.Event()  # after the final reads
         self.finishing = threading.Event()  # writers: one last publish and mark-read, then end
         # Users written by batches only (POST /api/messages/batch), after the single writers'.
         self.batch_users = list(range(settings.users + 1, settings.users + 1 + BATCH_USERS))
@@ -1597,20 +1601,46 @@ class Run:
                 fault.params = {"log": line[:300]}
                 self.history.add_fault(fault)
 
-    def cache_timeouts(self) -> None:
-        """Each poll server's cache gets that timed out, as a note: a lone late answer is not
-        logged (no observed fault), only counted."""
-        for i, port in enumerate(self.stack.admin_ports):
+    def timeout_counts(self) -> list[float | None]:
+        """Each poll server's cache gets that timed out so far (None: it did not answer)."""
+        counts: list[float | None] = []
+        for port in self.stack.admin_ports:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
                     text = r.read().decode()
             except OSError:
-                continue  # restarted and not back: its count is gone anyway
-            n = sum(
-                float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines()
-                if line.startswith("fastpoll_backend_gets_total{") and 'result="timeout"' in line
+                counts.append(None)  # restarting: its count starts again at 0
+                continue
+            counts.append(
+                sum(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith("fastpoll_backend_gets_total{")
+                    and 'result="timeout"' in line
+                )
             )
+        return counts
+
+    def timeout_sampler(self) -> None:
+        """Every TIMEOUT_SAMPLE_S, the poll servers' new timed-out cache gets (History.
+        cache_timeouts): a lone late answer is not logged, so no observed fault says why such a
+        poll went to the app. A count that went down is a restarted poll server's, all new."""
+        last: list[float | None] = [None] * len(self.stack.admin_ports)
+        total = [0.0] * len(last)
+        while True:
+            t = time.monotonic()
+            for i, n in enumerate(self.timeout_counts()):
+                if n is None:
+                    continue
+                before = last[i]
+                new = n if before is None or n < before else n - before
+                if before is not None and new > 0:
+                    self.history.cache_timeouts.append({"t": t, "poller": i, "n": new})
+                    total[i] += new
+                last[i] = n
+            if self.sampling_stop.wait(TIMEOUT_SAMPLE_S):
+                break
+        for i, n in enumerate(total):
             self.history.notes.append(f"poller-{i}: {n:.0f} cache gets timed out")
 
     def run(self) -> Report:
@@ -1643,6 +1673,8 @@ class Run:
                 )
         threads.append(threading.Thread(target=self.hostile, name="hostile"))
         threads.append(threading.Thread(target=self.bad_input, name="bad-input"))
+        sampler = threading.Thread(target=self.timeout_sampler, name="timeouts")
+        sampler.start()
         t0 = time.monotonic()
         nemesis = threading.Thread(target=self.nemesis, args=(t0,), name="nemesis")
         self.nemesis_thread = nemesis
@@ -1660,8 +1692,9 @@ class Run:
         self.drain()
         self.idle_orders()
         self.final_reads()
+        self.sampling_stop.set()
+        sampler.join()
         self.nginx_errors()
         self.poller_events()
-        self.cache_timeouts()
         self.history.write(self.run_dir / "history.jsonl")
         return check(self.history, self.s.params)
