@@ -28,7 +28,12 @@ phase() {
     say "-- $* (+$((now - phase_t))s, total $((now - T0))s)"
     phase_t=$now
 }
-die() { echo "fleet: FAIL: $*" >&2; exit 1; }
+# The reason is also kept in $LOGS/failure.txt (teardown repeats it last, after the table).
+die() {
+    echo "fleet: FAIL: $*" >&2
+    [ -d "$LOGS" ] && echo "fleet: FAIL: $*" >> "$LOGS/failure.txt"
+    exit 1
+}
 
 # ---- the table of phases -------------------------------------------------------------------
 TABLE=()
@@ -131,6 +136,7 @@ teardown() {
     fi
     # A drill's load generator still running after a failed check (drill_load).
     if [ -n "${DRILL_PID:-}" ]; then kill -TERM "$DRILL_PID" 2>/dev/null; fi
+    [ "$rc" = 0 ] || [ "${FLEET_TEARDOWN_ONLY:-0}" = 1 ] || save_evidence
     release_hosts
     if [ "${FLEET_TEARDOWN_ONLY:-0}" = 1 ]; then
         say "torn down"
@@ -138,8 +144,25 @@ teardown() {
         say "PASS in $(( $(date +%s) - T0 ))s"
     else
         say "FAILED (rc $rc) after $(( $(date +%s) - T0 ))s; logs in $LOGS"
+        # Last, where a reader of only the end of the output (CI) sees it.
+        [ -s "$LOGS/failure.txt" ] && tail -3 "$LOGS/failure.txt"
     fi
     exit "$rc"
+}
+
+# What a failed run leaves for its reader before the hosts go: the last request files and each
+# host's journal since its boot (bounded: 2,000 lines, 10 s a host).
+save_evidence() {
+    local n f
+    for f in ab.txt body headers; do [ -f "$RUN/$f" ] && cp "$RUN/$f" "$LOGS/last-$f"; done
+    for n in "${NAMES[@]}"; do
+        [ -n "${PID[$n]:-}" ] && kill -0 "${PID[$n]}" 2>/dev/null || continue
+        # assert_route's check, without its exit: the teardown goes on whatever happens here.
+        case "$(ip route get "${IP[$n]}" 2>&1)" in *" dev $BRIDGE "*) ;; *) continue ;; esac
+        timeout 10 "${SSH[@]}" "root@${IP[$n]}" journalctl -b --no-pager -o short-precise -n 2000 \
+            > "$LOGS/journal-$n.log" 2>&1 < /dev/null
+    done
+    return 0
 }
 
 # Refuse to start if the names or the subnet are taken: they might be someone else's.
