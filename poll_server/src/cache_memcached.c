@@ -97,14 +97,9 @@
 #define MC_MAX_VALUE      (1024UL * 1024UL) /* larger: skipped, ERROR */
 #define MC_SKIP_LOG_MS    10000         /* one warning per server per 10 s */
 #define MC_MAX_PENDING    10000         /* per server, beyond: fail fast */
-/* A get's bytes around its key: meta ("mg <key> v k f") or classic. */
-#define MC_MG_HEAD        "mg "
-#define MC_MG_TAIL        " v k f\r\n"
-#define MC_GET_HEAD       "get "
-#define MC_GET_TAIL       "\r\n"
-#define MC_MN             "mn\r\n"
 #define MC_LEN(lit)       (sizeof(lit) - 1)
-#define MC_CMD_MAX        (MC_LEN(MC_MG_HEAD) + FP_MAX_KEY_LEN + MC_LEN(MC_MG_TAIL))
+#define MC_MN             "mn\r\n"
+#define MC_CMD_MAX        (MC_LEN("mg ") + FP_MAX_KEY_LEN + MC_LEN(" v k f\r\n")) /* mc_get_cmd[1] */
 #define MC_IN_MIN         ((size_t)64 * 1024) /* read buffer kept per connection */
 #define MC_IN_MAX         (MC_MAX_VALUE + 7 + MC_IN_MIN) /* a whole answer */
 #define MC_READ_MIN       4096          /* room asked for before each recv */
@@ -920,22 +915,30 @@ static struct mc_req *req_alloc(struct fp_mc *mc)
     return r;
 }
 
+/* A get's bytes around its key, by r->meta: classic "get <key>", meta
+ * "mg <key> v k f" (value, key, client flags). */
+struct mc_get_cmd {
+    const char *head, *tail;
+    size_t hlen, tlen;
+};
+static const struct mc_get_cmd mc_get_cmd[2] = {
+    {"get ", "\r\n", MC_LEN("get "), MC_LEN("\r\n")},
+    {"mg ", " v k f\r\n", MC_LEN("mg "), MC_LEN(" v k f\r\n")},
+};
+
 /* Queues r's get (r->key) on s. Returns 0, or -1 with nothing written. */
 static int req_queue(struct mc_req *r, struct mc_server *s)
 {
     struct fp_mc *mc = r->mc;
-    size_t keylen = r->keylen, cmdlen, hlen, tlen;
-    const char *head, *tail;
+    size_t keylen = r->keylen, cmdlen;
+    const struct mc_get_cmd *g;
     char *cmd;
 
     /* Room first, then the deadline, then the command in one piece, so a
      * failure leaves nothing half-written on the stream. */
     r->meta = s->proto == MC_PROTO_META;
-    head = r->meta ? MC_MG_HEAD : MC_GET_HEAD;
-    tail = r->meta ? MC_MG_TAIL : MC_GET_TAIL;
-    hlen = r->meta ? MC_LEN(MC_MG_HEAD) : MC_LEN(MC_GET_HEAD);
-    tlen = r->meta ? MC_LEN(MC_MG_TAIL) : MC_LEN(MC_GET_TAIL);
-    cmdlen = r->probe && r->meta ? MC_LEN(MC_MN) : hlen + keylen + tlen;
+    g = &mc_get_cmd[r->meta];
+    cmdlen = r->probe && r->meta ? MC_LEN(MC_MN) : g->hlen + keylen + g->tlen;
     if (buf_reserve(&s->out, cmdlen, MC_OUT_MIN, MC_OUT_MAX) != 0 ||
         evtimer_add(r->timer, mc->timeout) != 0)
         return -1;
@@ -944,9 +947,9 @@ static int req_queue(struct mc_req *r, struct mc_server *s)
     if (r->probe && r->meta) {
         memcpy(cmd, MC_MN, MC_LEN(MC_MN)); /* NOLINT(bugprone-not-null-terminated-result) */
     } else {
-        memcpy(cmd, head, hlen);
-        memcpy(cmd + hlen, r->key, keylen);
-        memcpy(cmd + hlen + keylen, tail, tlen);
+        memcpy(cmd, g->head, g->hlen);
+        memcpy(cmd + g->hlen, r->key, keylen);
+        memcpy(cmd + g->hlen + keylen, g->tail, g->tlen);
     }
     s->out.len += cmdlen;
     r->srv = s;

@@ -167,9 +167,6 @@ SETTLE_S = {
     "announce-cut": _P.announce_settle_s,
     "poller-restart": _P.pad_s,
 }
-# How often the poll servers' timed-out cache gets are sampled (Run.timeout_sampler); the
-# checker widens each sample's time by this (checker.Params.timeout_sample_s).
-TIMEOUT_SAMPLE_S = _P.timeout_sample_s
 # The longest a slow or stalled read fault waits for a held poll to exist before it begins.
 HELD_AWAIT_S = 3.0
 IDLE_HOLD_S = 1.0
@@ -1622,7 +1619,8 @@ class Run:
         return counts
 
     def timeout_sampler(self) -> None:
-        """Every TIMEOUT_SAMPLE_S, the poll servers' new timed-out cache gets (History.
+        """Every params.timeout_sample_s (the period the checker reads them with), the poll
+        servers' new timed-out cache gets (History.
         cache_timeouts): a lone late answer is not logged, so no observed fault says why such a
         poll went to the app. A count that went down is a restarted poll server's, all new."""
         last: list[float | None] = [None] * len(self.stack.admin_ports)
@@ -1638,7 +1636,7 @@ class Run:
                     self.history.cache_timeouts.append({"t": t, "poller": i, "n": new})
                     total[i] += new
                 last[i] = n
-            if self.sampling_stop.wait(TIMEOUT_SAMPLE_S):
+            if self.sampling_stop.wait(self.s.params.timeout_sample_s):
                 break
         for i, n in enumerate(total):
             self.history.notes.append(f"poller-{i}: {n:.0f} cache gets timed out")
