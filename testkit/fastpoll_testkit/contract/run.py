@@ -170,6 +170,8 @@ SETTLE_S = {
 # The longest a slow or stalled read fault waits for a held poll to exist before it begins.
 HELD_AWAIT_S = 3.0
 IDLE_HOLD_S = 1.0
+# The longest a user-lock waits for the batch writer to send the batch naming the held users.
+LOCK_BATCH_AWAIT_S = 5.0
 OVERHEAD_S = {
     "app-restart": 2.0,
     "app-previous-release": 4.0,
@@ -286,6 +288,7 @@ class Run:
         # Set by a user-lock once it holds its orders: the batch writer's next batch names every
         # batch user, the held one among them (its slots below the held one are taken first).
         self.lock_batch = threading.Event()
+        self.lock_batch_sent = threading.Event()  # set by the batch writer as it sends that batch
         # The writers (the users', the batches', the room's) and finish().
         self.ready = threading.Barrier(settings.users + 1 + ROOM_WRITERS + 1, timeout=60)
         self.room_urls: dict[int, str] = {}
@@ -648,6 +651,7 @@ class Run:
                     self.lock_batch.clear()
                     owners = list(self.batch_users)
                     rng.shuffle(owners)
+                    self.lock_batch_sent.set()
                 else:
                     owners = rng.sample(self.batch_users, rng.choice([2, len(self.batch_users)]))
                     if rng.random() < 0.5:
@@ -1429,7 +1433,12 @@ class Run:
             for uid in uids:
                 conn.execute("SELECT pg_advisory_lock(%s, %s)", (PG_ORDER_CLASS, order_slot(uid)))
             try:
+                self.lock_batch_sent.clear()
                 self.lock_batch.set()
+                # The length counts from the batch naming them (the writer may be in a mark-read
+                # of a held user, up to the app's 3 s wait): it then meets the held order for
+                # longer than the app waits, and fails there holding the slots below it.
+                self.lock_batch_sent.wait(LOCK_BATCH_AWAIT_S)
                 time.sleep(length)
             finally:
                 conn.execute("SELECT pg_advisory_unlock_all()")
