@@ -234,7 +234,7 @@ clean:
 #     configuration (every one unless CONFIG); replay a failure with the SEED and CONFIG it printed.
 #   check-contract-short [SEED=N]: mc1-sqlite and mc3-pg, about 3.5 minutes in all; seed from the clock.
 #   check-contract-defects [SEED=N]: each tests/contract/defects/*.patch on a copy of HEAD; the
-#     short run must find every one (about 4 minutes each).
+#     short run (or the longer run its `Run:` line names) must find every one (about 4 minutes each).
 .PHONY: check-contract check-contract-short check-contract-defects
 check-contract: venv build
 	$(PY) -m fastpoll_testkit.contract $(if $(SEED),--seed $(SEED)) --minutes $(or $(MINUTES),5) \

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from fastpoll_testkit.contract.defects import DEFECTS, NoExpectation, expected_rules, verdict
+from fastpoll_testkit.contract.defects import (
+    DEFECTS,
+    NoExpectation,
+    expected_rules,
+    run_args,
+    verdict,
+)
 
 DIFF = "diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n"
 
@@ -44,6 +50,30 @@ def test_every_shipped_patch_states_its_rules() -> None:
     assert patches
     for p in patches:
         assert expected_rules(p.read_text(), p.name)
+        assert run_args(p.read_text(), p.name)
+
+
+def test_a_patch_runs_short_unless_its_header_names_a_longer_run() -> None:
+    assert run_args("Expect: 1-no-stale\n\n" + DIFF) == ["--short"]
+    text = "Expect: 1-no-stale\nRun: --minutes 10 --config mc1-sqlite\n\n" + DIFF
+    assert run_args(text) == ["--minutes", "10", "--config", "mc1-sqlite"]
+    # A Run: line inside the diff is the diff's.
+    assert run_args("Expect: 1-no-stale\n\n" + DIFF + "+Run: --minutes 3\n") == ["--short"]
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("Run: --config mc1-sqlite", "names no --minutes"),
+        ("Run: --minutes 90", "at most"),
+        ("Run: --minutes soon", "a number of minutes"),
+        ("Run: --minutes 5 --config mc9", "not a configuration"),
+        ("Run: --minutes 5 --seed 3", "not --seed"),
+    ],
+)
+def test_a_run_line_other_than_minutes_and_configs_is_refused(line: str, words: str) -> None:
+    with pytest.raises(NoExpectation, match=words):
+        run_args(f"Expect: 1-no-stale\n{line}\n\n" + DIFF, "x.patch")
 
 
 def test_a_run_that_found_nothing_is_not_found() -> None:

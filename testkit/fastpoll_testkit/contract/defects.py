@@ -4,8 +4,9 @@ its poll server is built, and the checker's short run goes on the copy: the kit,
 nginx templates and the poll server all come from the copy (PYTHONPATH ahead of the editable
 installs; the copy's .venv is a link to this one). The run must find a violation of the rules
 that defect breaks, which the patch names in its header (a line `Expect: 2-nothing-lost`); a patch
-without one is refused before anything runs (exit 2). The command fails if any defect goes
-unnoticed.
+without one is refused before anything runs (exit 2). A defect whose race the short run meets too
+rarely names a longer run in its header (`Run: --minutes 10 --config mc1-sqlite`). The command
+fails if any defect goes unnoticed.
 
 Interrupted (SIGINT, SIGTERM), it stops every process it started, by pid: the build or the run
 first (SIGTERM: the run stops its stack), then anything still running under it (it is their
@@ -32,6 +33,7 @@ from typing import Any
 from fastpoll_testkit import procs
 from fastpoll_testkit.contract import interrupt
 from fastpoll_testkit.contract.checker import RULES
+from fastpoll_testkit.contract.run import CONFIGS
 from fastpoll_testkit.stack import ROOT
 
 DEFECTS = ROOT / "tests" / "contract" / "defects"
@@ -40,6 +42,10 @@ STOP_GRACE_S = 60.0
 # A patch names the rules it breaks (docs/api.md, "The contract, as checked") in its header,
 # before the diff: a line `Expect: 2-nothing-lost, 3-held-bound`.
 EXPECT_RE = re.compile(r"^Expect:\s*(.*?)\s*$", re.MULTILINE)
+# A defect whose race the short run meets too rarely names a longer run instead (docs/
+# operations.md, "Testing the tester"): a line `Run: --minutes 10 --config mc1-sqlite`.
+RUN_RE = re.compile(r"^Run:\s*(.*?)\s*$", re.MULTILINE)
+RUN_MAX_MINUTES = 15.0
 
 
 class NoExpectation(ValueError):
@@ -47,13 +53,54 @@ class NoExpectation(ValueError):
     otherwise pass for a found defect)."""
 
 
+def _header(patch_text: str) -> str:
+    """What a patch says before its first diff."""
+    if patch_text.startswith("diff --git "):
+        return ""
+    return patch_text.split("\ndiff --git ", 1)[0]
+
+
+def run_args(patch_text: str, name: str = "patch") -> list[str]:
+    """The checker's arguments for the patch's run: `--short`, or its `Run:` line's (only
+    `--minutes M`, at most RUN_MAX_MINUTES, and `--config NAME`, each a configuration of the
+    checker). NoExpectation if the line says anything else."""
+    m = RUN_RE.search(_header(patch_text))
+    if m is None:
+        return ["--short"]
+    words = m.group(1).split()
+    out: list[str] = []
+    minutes = False
+    while words:
+        flag, value = words.pop(0), words.pop(0) if words else ""
+        if flag == "--minutes":
+            try:
+                ok = 0 < float(value) <= RUN_MAX_MINUTES
+            except ValueError:
+                ok = False
+            if not ok:
+                raise NoExpectation(
+                    f"{name}: `Run: --minutes {value}`: a number of minutes, at most "
+                    f"{RUN_MAX_MINUTES:g}"
+                )
+            minutes = True
+        elif flag == "--config":
+            if value not in CONFIGS:
+                raise NoExpectation(
+                    f"{name}: `Run: --config {value}`: not a configuration "
+                    f"(known: {', '.join(sorted(CONFIGS))})"
+                )
+        else:
+            raise NoExpectation(f"{name}: `Run:` takes --minutes M and --config NAME, not {flag}")
+        out += [flag, value]
+    if not minutes:
+        raise NoExpectation(f"{name}: its `Run:` line names no --minutes")
+    return out
+
+
 def expected_rules(patch_text: str, name: str = "patch") -> list[str]:
     """The rules of the patch's `Expect:` line (in the header, before its first diff), each a
     rule of checker.RULES. NoExpectation if there is none, it is empty, or it names another."""
-    header = patch_text.split("\ndiff --git ", 1)[0]
-    if patch_text.startswith("diff --git "):
-        header = ""
-    m = EXPECT_RE.search(header)
+    m = EXPECT_RE.search(_header(patch_text))
     if m is None:
         raise NoExpectation(f"{name}: no `Expect: <rule>, ...` line in its header")
     rules = [r.strip() for r in m.group(1).split(",") if r.strip()]
@@ -128,8 +175,9 @@ def copy_tree(top: Path, patch: Path | None) -> None:
         raise subprocess.CalledProcessError(1, argv)
 
 
-def run_on(top: Path, seed: int, summary: Path) -> dict[str, int] | None:
-    """The short run on the copy; the violations per rule it found (None: it did not finish)."""
+def run_on(top: Path, seed: int, summary: Path, how: list[str]) -> dict[str, int] | None:
+    """The run (how: run_args) on the copy; the violations per rule it found (None: it did not
+    finish)."""
     env = {
         **os.environ,
         "PYTHONPATH": f"{top / 'testkit'}:{top / 'fallback_app'}",
@@ -140,7 +188,7 @@ def run_on(top: Path, seed: int, summary: Path) -> dict[str, int] | None:
         sys.executable,
         "-m",
         "fastpoll_testkit.contract",
-        "--short",
+        *how,
         "--seed",
         str(seed),
         "--run-dir",
@@ -172,17 +220,20 @@ def main() -> int:
         print(f"no patches in {DEFECTS}", file=sys.stderr)
         return 2
     expects: dict[Path, list[str]] = {}
+    runs: dict[Path | None, list[str]] = {None: ["--short"]}
     try:
         for patch in patches:
             if patch is not None:
-                expects[patch] = expected_rules(patch.read_text(), patch.name)
+                text = patch.read_text()
+                expects[patch] = expected_rules(text, patch.name)
+                runs[patch] = run_args(text, patch.name)
     except (NoExpectation, OSError) as e:
         print(f"contract defects: refused: {e}", file=sys.stderr)
         return 2
     interrupt.adopt_orphans()
     interrupt.install()
     try:
-        results = run_all(patches, expects, seed)
+        results = run_all(patches, expects, runs, seed)
     except interrupt.Interrupted as e:
         print(
             f"\ncontract defects: interrupted ({e}); every process started is stopped", flush=True
@@ -195,7 +246,10 @@ def main() -> int:
 
 
 def run_all(
-    patches: list[Path | None], expects: dict[Path, list[str]], seed: int
+    patches: list[Path | None],
+    expects: dict[Path, list[str]],
+    runs: dict[Path | None, list[str]],
+    seed: int,
 ) -> list[tuple[str, bool, str]]:
     results: list[tuple[str, bool, str]] = []
     for patch in patches:
@@ -203,14 +257,14 @@ def run_all(
         expect = expects[patch] if patch else []
         print(
             f"\n=== {name}: expecting a violation of {', '.join(expect) or 'nothing'} "
-            f"(seed {seed})",
+            f"(seed {seed}, {' '.join(runs[patch])})",
             flush=True,
         )
         top = Path(tempfile.mkdtemp(prefix="fastpoll-defect-"))
         summary = top.with_name(top.name + ".summary.json")
         try:
             copy_tree(top, patch)
-            found = run_on(top, seed, summary)
+            found = run_on(top, seed, summary, runs[patch])
         finally:
             shutil.rmtree(top, ignore_errors=True)
             summary.unlink(missing_ok=True)
