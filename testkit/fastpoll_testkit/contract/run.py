@@ -278,6 +278,10 @@ class Run:
         self.run_dir = run_dir
         self.history = History(seed=settings.seed, config=config.name, apps=config.apps)
         self.stop = threading.Event()  # the clients' end
+        # Set as a cache-hold-writes fault releases its writes: the first room writer publishes
+        # at once, a long text, while the held writes still go out (a connection every 10 ms):
+        # a write the node refuses for size, then an older fill's held `add` landing after it.
+        self.released = threading.Event()
         self.nemesis_stop = threading.Event()
         self.nemesis_thread: threading.Thread | None = None
         self.sampling_stop = threading.Event()  # after the final reads
@@ -568,11 +572,13 @@ class Run:
     def room_writer(self, n: int) -> None:
         """Publishes to the room, one message at a time, with pauses, starting on app process n
         (two such writers, and the batches' room items: several writers on the room); at the end
-        one last publish while the cache writes are held (finish()). The room's states follow
-        its messages' ids: numbered once the run is over (renumber_room)."""
+        one last publish while the cache writes are held (finish()). The first writer also
+        publishes a long text as soon as a held-writes fault releases (self.released). The
+        room's states follow its messages' ids: numbered once the run is over (renumber_room)."""
         rng = self._rng("room-writer", n)
         clients = [self.stack.api(i, timeout=10) for i in range(self.config.apps)]
         index = 0
+        after_release = False
         try:
             while not self.stop.is_set():
                 last = self.finishing.is_set()
@@ -583,7 +589,7 @@ class Run:
                 index += 1
                 app = (index + n) % self.config.apps
                 text = f"room w{n} n{index} {rng.getrandbits(32):08x}" + rng.choice(["", " ☃"])
-                if rng.random() < 0.35:
+                if rng.random() < 0.35 or after_release:
                     text = (text + " " + LONG_TEXT)[:2000]  # the room may grow past -I
                 op = Op("publish", ROOM_USER, time.monotonic(), target=str(app), text=text)
                 op.note, op.data = text, self._data(text)
@@ -602,8 +608,14 @@ class Run:
                 self.history.add(op)
                 if not ok or last:
                     return
+                after_release = False
                 if not self.finishing.is_set():
-                    self.stop.wait(rng.uniform(0.4, 2.0))
+                    pause = rng.uniform(0.4, 2.0)
+                    if n == 0:
+                        after_release = self.released.wait(pause) and not self.stop.is_set()
+                        self.released.clear()
+                    else:
+                        self.stop.wait(pause)
         finally:
             for c in clients:
                 c.close()
@@ -1298,6 +1310,7 @@ class Run:
             self._ctl(node, "hold", True)
             time.sleep(length)
             p["released"] = self._ctl(node, "release", bool(p["reverse"]))
+            self.released.set()
         elif f.kind in ("cache-hang", "cache-stall", "redis-stop"):
             name = "redis" if f.kind == "redis-stop" else self._node_proc(node)
             f.target = name
