@@ -18,6 +18,7 @@ from fastpoll_testkit.contract.history import (
     CACHE_DELAY,
     CACHE_DOWN,
     CACHE_SLOW,
+    CH_OVER_MAX,
     DB,
     DB_READ_ONLY,
     POLLER,
@@ -243,6 +244,20 @@ def test_a_poll_5xx_while_no_app_answers_only_if_it_needed_the_app() -> None:
     written = history(poll_503, faults=[app_down])
     written.ops[2].headers = {"x-cache-publish": "ok"}
     assert violations(written, "4-5xx") == 1
+
+
+def test_a_url_signed_for_more_rooms_than_the_poll_servers_hold_needs_the_app() -> None:
+    # The poll servers answer it 404 whatever the cache holds, so nginx sends it to the app:
+    # with no app answering, its 503 is documented even though the user's key was cached.
+    over = Op(
+        "hostile", 1, 5.0, 5.1, 503, source="", note=f"GET {CH_OVER_MAX} If-None-Match None"
+    )
+    other = Op("hostile", 1, 5.0, 5.1, 503, source="", note="GET &wait= If-None-Match None")
+    app_down = Fault("app-restart", "app", 4.0, 6.0, [APP + "0", APPS_DOWN])
+    hit = Op("cond", 1, 3.5, 3.51, 304, ONE, inm_body=ONE, source="cache")
+    assert violations(history(over, hit, faults=[app_down]), "4-5xx") == 0
+    assert violations(history(other, hit, faults=[app_down]), "4-5xx") == 1
+    assert violations(history(over, hit), "4-5xx") == 1  # an app was there to answer
 
 
 def test_a_cache_get_counted_as_timed_out_may_be_the_polls() -> None:

@@ -25,6 +25,7 @@ from fastpoll_testkit.contract.history import (
     CACHE_DELAY,
     CACHE_DOWN,
     CACHE_SLOW,
+    CH_OVER_MAX,
     DB,
     DB_READ_ONLY,
     OBSERVED,
@@ -915,8 +916,10 @@ def _rule4(h: History, p: Params, r: RuleResult) -> None:
                 or any(_touches(f, [DB]) for f in db)
                 or _no_app_live(h, p, op)
             )
-            # A history read always needs the app (nginx sends it there).
-            if app_cannot and (op.kind == "history" or _needed_the_app(h, p, op, seen)):
+            # A history read always needs the app (nginx sends it there), and so does a URL
+            # signed for more rooms than the poll servers hold (their 404 sends it there).
+            only_app = op.kind == "history" or op.kind == "hostile" and CH_OVER_MAX in op.note
+            if app_cannot and (only_app or _needed_the_app(h, p, op, seen)):
                 continue
             shed = _overlapping(h.faults, op.start, op.end, p.pad_s, p.pad_s + p.shed_grace_s)
             # Every poll of a node whose reads fail goes to the app: shed beyond its share.

@@ -24,6 +24,9 @@ APP_PATH = "cache-app-path"
 DB = "db"  # PostgreSQL down or restarting (or its sessions terminated)
 DB_READ_ONLY = "db-read-only"  # PostgreSQL refuses writes (default_transaction_read_only on)
 USER_LOCK = "user-lock"  # users' orders held from outside (Fault.lock_users)
+# A hostile poll's note for a URL validly signed for more rooms than the poll servers' [channels]
+# max: they answer it 404, so only the app answers it (400).
+CH_OVER_MAX = "(signed for 17 rooms)"
 APPS_DOWN = "apps-down"  # no app process can answer
 POLLER = "poller:"  # + index: that poll server restarting
 APP = "app:"  # + index: that app process restarting

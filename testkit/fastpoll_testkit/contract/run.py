@@ -33,7 +33,7 @@ from fastpoll_app.store import PG_ORDER_CLASS, order_slot
 from fastpoll_testkit import rawhttp
 from fastpoll_testkit.contract import history as hist
 from fastpoll_testkit.contract.checker import Params, Report, check
-from fastpoll_testkit.contract.history import ROOM_USER, Fault, History, Op
+from fastpoll_testkit.contract.history import CH_OVER_MAX, ROOM_USER, Fault, History, Op
 from fastpoll_testkit.contract.proxy import ProxyControl
 from fastpoll_testkit.procs import free_port, freeze
 from fastpoll_testkit.releases import PREVIOUS, PREVIOUS_HAS, extract
@@ -61,7 +61,6 @@ CONFIGS = {
     )
 }
 
-CH_OVER_MAX = "(signed for 17 rooms)"  # HOSTILE's marker: over_max_url's URL, not a suffix
 # The hostile client's requests (docs/api.md, "`wait`: long polls" and "If-None-Match"): what is
 # appended to a valid signed poll URL, the If-None-Match sent, the documented statuses and the
 # longest the answer may take (s). A refused request is 400 from nginx's poller and the app alike.
@@ -87,6 +86,7 @@ HOSTILE: list[tuple[str, str | None, list[int], float]] = [
     ("&ch=", None, [400, 403], 4.0),
     # A URL validly signed for more rooms than the poll server's [channels] max (16): not the
     # poll server's to refuse as unsigned (403) but a 404 there, so nginx asks the app: 400.
+    # (CH_OVER_MAX is the marker: over_max_url's URL, not a suffix.)
     (CH_OVER_MAX, None, [400], 4.0),
 ]
 
