@@ -74,14 +74,15 @@ sentinel_watched() {
     local master=$1 when=$2 t0 i got want
     t0=$(date +%s)
     want="fp-app2 fp-data1 fp-db1|fp-app2 fp-data1 fp-db1|3|master_address=${IP[$master]}:6379 3|3|1|"
+    # A query that fails (Prometheus restarting, a timeout) counts as not yet.
     for i in $(seq 1 120); do
-        got="$(sentinel_prom 'up{job="sentinel"} == 1' | sed 's/.*host=\([^, ]*\).*/\1/' | sort | paste -sd' ')"
-        got+="|$(sentinel_prom 'redis_up{job="sentinel"} == 1' | sed 's/.*host=\([^, ]*\).*/\1/' | sort | paste -sd' ')"
-        got+="|$(sentinel_prom 'count(up{job="sentinel"})' | awk '{print $NF}')"
-        got+="|$(sentinel_prom 'count by (master_address) (redis_sentinel_master_ok_sentinels{job="sentinel",master_name="fastpoll"})' | paste -sd' ')"
-        got+="|$(sentinel_prom 'min(redis_sentinel_master_ok_sentinels{job="sentinel",master_name="fastpoll"})' | awk '{print $NF}')"
-        got+="|$(sentinel_prom 'min(max without (message) (redis_sentinel_master_ckquorum_status{job="sentinel",master_name="fastpoll"}))' | awk '{print $NF}')"
-        got+="|$(sentinel_prom 'ALERTS{alertname=~"Sentinel.*",alertstate="firing"}' | paste -sd' ')"
+        got="$(sentinel_prom 'up{job="sentinel"} == 1' | sed 's/.*host=\([^, ]*\).*/\1/' | sort | paste -sd' ' || true)"
+        got+="|$(sentinel_prom 'redis_up{job="sentinel"} == 1' | sed 's/.*host=\([^, ]*\).*/\1/' | sort | paste -sd' ' || true)"
+        got+="|$(sentinel_prom 'count(up{job="sentinel"})' | awk '{print $NF}' || true)"
+        got+="|$(sentinel_prom 'count by (master_address) (redis_sentinel_master_ok_sentinels{job="sentinel",master_name="fastpoll"})' | paste -sd' ' || true)"
+        got+="|$(sentinel_prom 'min(redis_sentinel_master_ok_sentinels{job="sentinel",master_name="fastpoll"})' | awk '{print $NF}' || true)"
+        got+="|$(sentinel_prom 'min(max without (message) (redis_sentinel_master_ckquorum_status{job="sentinel",master_name="fastpoll"}))' | awk '{print $NF}' || true)"
+        got+="|$(sentinel_prom 'ALERTS{alertname=~"Sentinel.*",alertstate="firing"}' | paste -sd' ' || true)"
         [ "$got" = "$want" ] && break
         [ "$i" -lt 120 ] || die "Prometheus's view of the sentinels $when: got '$got', want '$want' (up hosts|reaching hosts|targets|master_address count|min ok sentinels|min ckquorum|firing Sentinel alerts)"
         sleep 1
