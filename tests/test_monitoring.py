@@ -6,7 +6,9 @@ a known mix of polls; then the metric names every rule, dashboard panel and cons
 must be among those really exported by: the poll servers and the app (scraped), mtail running
 monitoring/mtail/fastpoll_nginx.mtail over that access log (and counting exactly that mix),
 node_exporter serving what monitoring/textfile/memcached_stats.py wrote about the stack's
-memcached, and Debian's nginx, Redis and PostgreSQL exporters pointed at the stack. The dashboard's
+memcached, and Debian's nginx, Redis and PostgreSQL exporters pointed at the stack, and its Redis
+exporter run as role exporters runs it against a Redis Sentinel (configured as role redis_sentinel
+configures it) watching the stack's Redis. The dashboard's
 and console's expressions are also parsed by promtool, the rendered prometheus.yml is checked with
 `promtool check config`, and the console renders on a real Prometheus. Every process started here
 is stopped by its pid.
@@ -14,9 +16,12 @@ is stopped by its pid.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -27,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jinja2
 import pytest
 import yaml
 
@@ -42,6 +48,7 @@ from fastpoll_testkit.monitoring import (
 )
 from fastpoll_testkit.procs import free_port, wait_for
 from fastpoll_testkit.stack import ROOT, Stack
+from fastpoll_testkit.standalone import Procs
 
 MON = ROOT / "monitoring"
 RULES = MON / "rules" / "fastpoll.rules.yml"
@@ -150,6 +157,96 @@ def app_declared() -> set[str]:
     return names
 
 
+# ---- Redis Sentinel as roles redis_sentinel and exporters deploy it ---------------------------
+
+EXPORTERS_ROLE = ROOT / "ansible" / "roles" / "exporters"
+SENTINEL_ROLE = ROOT / "ansible" / "roles" / "redis_sentinel"
+SENTINEL_PWFILE = "/etc/prometheus/fastpoll-sentinel-exporter.json"
+SENTINEL_MASTER = "fastpoll"
+
+
+def ansible_env() -> jinja2.Environment:
+    """Jinja with the few Ansible filters the Sentinel templates use."""
+    env = jinja2.Environment(trim_blocks=True, undefined=jinja2.StrictUndefined)
+    env.filters["to_json"] = json.dumps
+    env.filters["hash"] = lambda s, alg: hashlib.new(alg, str(s).encode()).hexdigest()
+    env.filters["regex_replace"] = lambda s, pat, rep: re.sub(pat, rep, str(s))
+    return env
+
+
+def role_sentinel(procs: Procs, master_port: int, password: str) -> int:
+    """A sentinel whose config is role redis_sentinel's sentinel.conf.j2 as Ansible renders it
+    (its client password, the password between sentinels, the master's auth-pass, the quorum of
+    three sentinels), on loopback; only its address, files and down-after (1 s) are the test's."""
+    defaults = yaml.safe_load((SENTINEL_ROLE / "defaults" / "main.yml").read_text())
+    text = (
+        ansible_env()
+        .from_string((SENTINEL_ROLE / "templates" / "sentinel.conf.j2").read_text())
+        .render(
+            **{
+                **{k: v for k, v in defaults.items() if not isinstance(v, str) or "{{" not in v},
+                "ansible_managed": "test",
+                "redis_sentinel_listen": "127.0.0.1",
+                "redis_sentinel_quorum": 2,
+                "redis_sentinel_down_after_ms": 1000,
+                "fastpoll_redis_sentinel_port": 0,
+                "fastpoll_redis_master_name": SENTINEL_MASTER,
+                "fastpoll_redis_password": password,
+                "fastpoll_redis_previous_passwords": [],
+                "fastpoll_redis_username": "",
+            }
+        )
+    )
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    (monitor,) = [line for line in lines if line.startswith("sentinel monitor ")]
+    assert monitor.endswith(" MASTER_IP MASTER_PORT 2"), monitor
+    own = ("bind ", "port ", "pidfile ", "logfile ", "dir ", "daemonize ", "sentinel monitor ")
+    rest = [line for line in lines if not line.startswith(own)]
+    assert any(line.startswith("user default on #") for line in rest), rest
+    return procs.sentinel(master_port, SENTINEL_MASTER, *rest, quorum=2)
+
+
+def sentinel_exporter(tmp: Path, sentinel_port: int, password: str) -> tuple[Running, str]:
+    """Debian's redis_exporter started with the ExecStart of role exporters'
+    fastpoll-sentinel-exporter.service and its password file, both rendered from the role's
+    templates with its default exporters_sentinel_url (for a host whose address is 127.0.0.1,
+    its sentinel on sentinel_port); only the password file's path is the test's. Returns the
+    exporter and its metrics URL."""
+    defaults = yaml.safe_load((EXPORTERS_ROLE / "defaults" / "main.yml").read_text())
+    port = free_port()
+    host: dict[str, object] = {
+        "fastpoll_address": "127.0.0.1",
+        "fastpoll_redis_sentinel_port": sentinel_port,
+        "fastpoll_exporter_ports": {"sentinel": port},
+        "fastpoll_redis_password": password,
+    }
+    env = ansible_env()
+    url = env.from_string(defaults["exporters_sentinel_url"]).render(**host)
+    assert url == f"redis://127.0.0.1:{sentinel_port}", url
+    variables = {**host, "exporters_sentinel_url": url, "ansible_managed": "test"}
+    templates = EXPORTERS_ROLE / "templates"
+    pwfile = tmp / f"sentinel-exporter-{port}.json"
+    pwfile.write_text(
+        env.from_string((templates / "sentinel-exporter.json.j2").read_text()).render(**variables)
+    )
+    pwfile.chmod(0o600)
+    unit = env.from_string(
+        (templates / "fastpoll-sentinel-exporter.service.j2").read_text()
+    ).render(**variables)
+    (exec_start,) = [
+        line.removeprefix("ExecStart=")
+        for line in unit.splitlines()
+        if line.startswith("ExecStart=")
+    ]
+    argv = shlex.split(exec_start)
+    assert argv[0] == "/usr/bin/prometheus-redis-exporter", argv
+    assert SENTINEL_PWFILE in argv[1:] or any(a.endswith("=" + SENTINEL_PWFILE) for a in argv)
+    assert password not in exec_start
+    args = [a.replace(SENTINEL_PWFILE, str(pwfile)) for a in argv[1:]]
+    exporter = Running([binary("redis"), *args], tmp / f"sentinel-exporter-{port}.log")
+    return exporter, f"http://127.0.0.1:{port}/metrics"
+
+
 # ---- the stack, its traffic, and everything scraped from it ------------------------------------
 
 
@@ -192,6 +289,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exported]:
     stack = Stack(run_dir=tmp / "stack", backend="memcached", n_pollers=1, access_log=True)
     stack.start()
     started: list[Running] = []
+    procs = Procs(tmp)
     out = Exported()
     try:
         base = stack.base_url
@@ -314,6 +412,14 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exported]:
         out.redis = scrape_when_up(f"http://127.0.0.1:{port}/metrics", red, "redis exporter")
         out.names |= exposition_names(out.redis)
 
+        # A sentinel watching the stack's Redis, and the Sentinel exporter on it (job sentinel).
+        sentinel_port = role_sentinel(procs, stack.redis_port, pw)
+        sen, sen_url = sentinel_exporter(tmp, sentinel_port, pw)
+        started.append(sen)
+        text = scrape_when_up(sen_url, sen, "sentinel exporter")
+        assert sample(text, "redis_up") == 1, text
+        out.names |= exposition_names(text)
+
         # No database here: the exporter still serves pg_up (0), the name the rules use.
         port = free_port()
         pg = Running(
@@ -329,6 +435,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exported]:
     finally:
         for p in started:
             p.stop()
+        procs.stop()
         stack.stop()
 
 
@@ -744,3 +851,153 @@ def test_without_replicas_one_cache_server_down_pages(tmp_path: Path) -> None:
         check=False,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+# ---- Redis Sentinel: the alerts on what a real exporter reads from a real sentinel --------------
+
+SENTINEL_ALERTS = [
+    "SentinelDown",
+    "SentinelQuorumLost",
+    "SentinelNoReplica",
+    "SentinelMastersDisagree",
+    "RedisDown",
+]
+SENTINEL_TARGET = {"job": "sentinel", "host": "sen1", "instance": "10.0.0.23:9355"}
+
+
+def scrape_until(url: str, proc: Running, what: str, ok: Any) -> str:
+    """The first scrape of url for which ok(text) holds (the sentinels take a few seconds to
+    find each other, and to find one down)."""
+    got: list[str] = []
+
+    def check() -> bool:
+        try:
+            text = httpx.get(url, timeout=5).text
+        except httpx.HTTPError:
+            return False
+        if ok(text):
+            got.append(text)
+        return bool(got)
+
+    wait_for(what, check, timeout=60, proc=proc.popen, logs=[proc.log], interval=0.5)
+    return got[0]
+
+
+def promtool_sentinel_alerts(tmp: Path, scrape: str, want: dict[str, dict[str, str]]) -> None:
+    """One scrape of the Sentinel exporter as 15 minutes of series of a `sentinel` target, run
+    through the shipped rules with promtool: at 10 min exactly the alerts of `want` (name: the
+    labels it must carry besides severity) fire among SENTINEL_ALERTS, with their annotations."""
+
+    def selector(name: str, labels: dict[str, str]) -> str:
+        return name + "{" + ",".join(f"{k}={json.dumps(v)}" for k, v in labels.items()) + "}"
+
+    series = [{"series": selector("up", SENTINEL_TARGET), "values": "1x15"}]
+    for m in re.finditer(r"^(redis_up|redis_sentinel_\w+)(?:\{(.*)\})?\s+(\S+)$", scrape, re.M):
+        labels = dict(re.findall(r'(\w+)="((?:\\.|[^"\\])*)"', m.group(2) or ""))
+        series.append(
+            {
+                "series": selector(m.group(1), {**labels, **SENTINEL_TARGET}),
+                "values": f"{m.group(3)}x15",
+            }
+        )
+    by_name = {r["alert"]: r for r in rules() if "alert" in r}
+    cases = []
+    for name in SENTINEL_ALERTS:
+        exp = []
+        if name in want:
+            rule = by_name[name]
+            exp_labels = {**want[name], **rule["labels"]}
+
+            def expand(m: re.Match[str], have: dict[str, str] = exp_labels) -> str:
+                return have[m.group(1)]
+
+            annotations = {
+                k: re.sub(r"\{\{ \$labels\.(\w+) \}\}", expand, v)
+                for k, v in rule["annotations"].items()
+            }
+            exp = [{"exp_labels": exp_labels, "exp_annotations": annotations}]
+        cases.append({"eval_time": "10m", "alertname": name, "exp_alerts": exp})
+    doc = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": cases}],
+    }
+    f = tmp / "sentinel.test.yml"
+    f.write_text(yaml.safe_dump(doc, sort_keys=False, width=1000))
+    run = subprocess.run(
+        [binary("promtool"), "test", "rules", str(f)], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stdout + run.stderr + "\n" + scrape[-3000:]
+
+
+def test_sentinel_alerts_from_a_real_sentinel(tmp_path: Path) -> None:
+    """A master with a replica and three sentinels as role redis_sentinel configures them, the
+    Sentinel exporter as role exporters runs it on the first one. Every metric the Sentinel alerts
+    and RedisDown read is in its scrape, and each scrape, run through the shipped rules (promtool),
+    fires what it should: all healthy, nothing; two sentinels and the replica stopped,
+    SentinelQuorumLost and SentinelNoReplica; its own sentinel stopped, SentinelDown (and not
+    RedisDown, the Redis hosts' alert)."""
+    procs = Procs(tmp_path)
+    exporter: Running | None = None
+    try:
+        pw = secrets.token_hex(16)
+        master = procs.redis(f"requirepass {pw}")
+        replica = procs.redis(
+            f"replicaof 127.0.0.1 {master}", f"masterauth {pw}", f"requirepass {pw}"
+        )
+        sentinels = [role_sentinel(procs, master, pw) for _ in range(3)]
+        exporter, url = sentinel_exporter(tmp_path, sentinels[0], pw)
+
+        def ms(text: str, name: str) -> float | None:
+            return sample(text, name, master_name=SENTINEL_MASTER)
+
+        text = scrape_until(
+            url,
+            exporter,
+            "the sentinels to find each other and the replica",
+            lambda t: ms(t, "redis_sentinel_master_ok_sentinels") == 3
+            and ms(t, "redis_sentinel_master_ok_slaves") == 1,
+        )
+        names = exposition_names(text)
+        read = {
+            r["alert"]: metric_names(r["expr"]) - ALWAYS
+            for r in rules()
+            if r.get("alert") in SENTINEL_ALERTS
+        }
+        assert set(read) == set(SENTINEL_ALERTS)
+        assert {a: n - names for a, n in read.items() if n - names} == {}
+        assert sample(text, "redis_up") == 1
+        assert 'redis_mode="sentinel"' in text
+        assert ms(text, "redis_sentinel_master_ckquorum_status") == 1
+        addr = f"127.0.0.1:{master}"
+        assert sample(text, "redis_sentinel_master_ok_sentinels", master_address=addr) == 3
+        promtool_sentinel_alerts(tmp_path, text, {})
+
+        by_name = {p.name: p for p in procs.started}
+        for name in (f"sentinel-{sentinels[1]}", f"sentinel-{sentinels[2]}", f"redis-{replica}"):
+            by_name[name].stop()
+        text = scrape_until(
+            url,
+            exporter,
+            "the sentinel to find the others and the replica down",
+            lambda t: ms(t, "redis_sentinel_master_ckquorum_status") == 0
+            and ms(t, "redis_sentinel_master_ok_slaves") == 0,
+        )
+        promtool_sentinel_alerts(
+            tmp_path,
+            text,
+            {
+                "SentinelQuorumLost": {**SENTINEL_TARGET, "master_name": SENTINEL_MASTER},
+                "SentinelNoReplica": {"master_name": SENTINEL_MASTER, "master_address": addr},
+            },
+        )
+
+        by_name[f"sentinel-{sentinels[0]}"].stop()
+        text = scrape_until(
+            url, exporter, "redis_up 0", lambda t: sample(t, "redis_up") == 0
+        )
+        promtool_sentinel_alerts(tmp_path, text, {"SentinelDown": SENTINEL_TARGET})
+    finally:
+        if exporter is not None:
+            exporter.stop()
+        procs.stop()

@@ -24,7 +24,7 @@ import pytest
 from fastpoll_testkit.helpers import assert_no_failures, at, prime
 from fastpoll_testkit.loadgen import Load
 from fastpoll_testkit.procs import free_port, wait_for
-from fastpoll_testkit.stack import Stack, tcp_ask
+from fastpoll_testkit.stack import Stack
 from fastpoll_testkit.standalone import Procs, key, own_procs, redis_cmd
 
 MASTER = "fpmaster"
@@ -36,19 +36,14 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
 
 
 def sentinel(procs: Procs, master_port: int, password: str = "") -> int:
-    port = free_port()
-    conf = procs.dir / f"sentinel-{port}.conf"  # sentinel rewrites its config: ours
-    conf.write_text(
-        f"port {port}\nbind 127.0.0.1\ndir {procs.dir}\n"
-        f"sentinel monitor {MASTER} 127.0.0.1 {master_port} 2\n"
-        + (f"sentinel auth-pass {MASTER} {password}\n" if password else "")
-        + f"sentinel down-after-milliseconds {MASTER} 1000\n"
-        f"sentinel failover-timeout {MASTER} 5000\n"
-        f"sentinel parallel-syncs {MASTER} 1\n"
+    return procs.sentinel(
+        master_port,
+        MASTER,
+        f"sentinel down-after-milliseconds {MASTER} 1000",
+        f"sentinel failover-timeout {MASTER} 5000",
+        f"sentinel parallel-syncs {MASTER} 1",
+        auth_pass=password,
     )
-    p = procs.spawn(f"sentinel-{port}", ["redis-server", str(conf), "--sentinel"])
-    wait_for("sentinel", lambda: tcp_ask(port, b"PING\r\n", b"+PONG"), proc=p.popen)
-    return port
 
 
 def wait_sentinels_ready(ports: list[int]) -> None:
@@ -216,25 +211,17 @@ def test_sentinel_failover_through_nginx(procs: Procs, tmp_path: Path) -> None:
             f"masterauth {password}",
             f"requirepass {password}",
         )
-        ports = []
-        for port in sentinel_ports:
-            conf = procs.dir / f"sentinel-{port}.conf"
-            conf.write_text(
-                f"port {port}\nbind 127.0.0.1\ndir {procs.dir}\n"
-                f"sentinel monitor {MASTER} 127.0.0.1 {stack.redis_port} 2\n"
-                f"sentinel auth-pass {MASTER} {password}\n"
-                f"sentinel down-after-milliseconds {MASTER} 1000\n"
-                f"sentinel failover-timeout {MASTER} 5000\n"
+        ports = [
+            procs.sentinel(
+                stack.redis_port,
+                MASTER,
+                f"sentinel down-after-milliseconds {MASTER} 1000",
+                f"sentinel failover-timeout {MASTER} 5000",
+                port=port,
+                auth_pass=password,
             )
-            p = procs.spawn(
-                f"sentinel-{port}", ["redis-server", str(conf), "--sentinel"]
-            )
-
-            def pong(port: int = port) -> bool:
-                return tcp_ask(port, b"PING\r\n", b"+PONG")
-
-            wait_for("sentinel", pong, proc=p.popen)
-            ports.append(port)
+            for port in sentinel_ports
+        ]
         wait_sentinels_ready(ports)
         urls = prime(stack, 50)  # cached on the master, replicated to the replica
         auth = ["AUTH", password]

@@ -28,7 +28,7 @@ import pytest
 from fastpoll_testkit.helpers import assert_no_failures, at, new_uid, prime
 from fastpoll_testkit.loadgen import Load
 from fastpoll_testkit.procs import free_port, wait_for
-from fastpoll_testkit.stack import Stack, tcp_ask
+from fastpoll_testkit.stack import Stack
 from fastpoll_testkit.standalone import Procs, own_procs
 
 MASTER = "fpannounce"
@@ -75,21 +75,15 @@ def start_sentinels(
     procs: Procs, ports: list[int], master: int, redis_pass: str, sentinel_pass: str
 ) -> None:
     for port in ports:
-        conf = procs.dir / f"sentinel-{port}.conf"  # sentinel rewrites its config: ours
-        conf.write_text(
-            f"port {port}\nbind 127.0.0.1\ndir {procs.dir}\n"
-            f"requirepass {sentinel_pass}\n"
-            f"sentinel monitor {MASTER} 127.0.0.1 {master} 2\n"
-            f"sentinel auth-pass {MASTER} {redis_pass}\n"
-            f"sentinel down-after-milliseconds {MASTER} 1000\n"
-            f"sentinel failover-timeout {MASTER} 5000\n"
+        procs.sentinel(
+            master,
+            MASTER,
+            f"sentinel down-after-milliseconds {MASTER} 1000",
+            f"sentinel failover-timeout {MASTER} 5000",
+            port=port,
+            auth_pass=redis_pass,
+            requirepass=sentinel_pass,
         )
-        p = procs.spawn(f"sentinel-{port}", ["redis-server", str(conf), "--sentinel"])
-
-        def answers(port: int = port) -> bool:  # -NOAUTH: up, and asking for the password
-            return tcp_ask(port, b"PING\r\n", b"NOAUTH")
-
-        wait_for("sentinel", answers, proc=p.popen)
     deadline = time.monotonic() + 30
     while not all(
         redis_cmd_auth(p, sentinel_pass, "SENTINEL", "replicas", MASTER).startswith(b"*1\r\n")
@@ -230,13 +224,7 @@ def test_sentinel_password_refused(procs: Procs, tmp_path: Path) -> None:
     keeps running (it asks again with the backoff)."""
     redis = procs.redis()
     ports = [free_port()]
-    conf = procs.dir / f"sentinel-{ports[0]}.conf"
-    conf.write_text(
-        f"port {ports[0]}\nbind 127.0.0.1\ndir {procs.dir}\nrequirepass right\n"
-        f"sentinel monitor {MASTER} 127.0.0.1 {redis} 1\n"
-    )
-    s = procs.spawn(f"sentinel-{ports[0]}", ["redis-server", str(conf), "--sentinel"])
-    wait_for("sentinel", lambda: tcp_ask(ports[0], b"PING\r\n", b"NOAUTH"), proc=s.popen)
+    procs.sentinel(redis, MASTER, quorum=1, port=ports[0], requirepass="right")
     wrong = tmp_path / "wrong.pass"
     wrong.write_text("wrong\n")
     wrong.chmod(0o600)

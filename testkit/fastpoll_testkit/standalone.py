@@ -77,6 +77,40 @@ class Procs:
         wait_for("redis", lambda: tcp_ask(port, b"PING\r\n", b"\r\n"), proc=p.popen)
         return port
 
+    def sentinel(
+        self,
+        master_port: int,
+        master_name: str,
+        *conf_lines: str,
+        quorum: int = 2,
+        port: int | None = None,
+        auth_pass: str = "",
+        requirepass: str = "",
+    ) -> int:
+        """A Redis Sentinel (redis-server --sentinel, what Debian's redis-sentinel runs) watching
+        the master on 127.0.0.1:master_port as master_name; `conf_lines` follow its `sentinel
+        monitor` line (down-after-milliseconds, ...). auth_pass: the master's password;
+        requirepass: the one the sentinel asks of its clients. Its config file is its own (Sentinel
+        rewrites it). Returns its port (`port`, or a free one) once it answers PING."""
+        port = port or free_port()
+        conf = self.dir / f"sentinel-{port}.conf"
+        conf.write_text(
+            f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
+            + (f"requirepass {requirepass}\n" if requirepass else "")
+            + f"sentinel monitor {master_name} 127.0.0.1 {master_port} {quorum}\n"
+            + (f"sentinel auth-pass {master_name} {auth_pass}\n" if auth_pass else "")
+            + "".join(line + "\n" for line in conf_lines)
+        )
+        p = self.spawn(f"sentinel-{port}", ["redis-server", str(conf), "--sentinel"])
+        # +PONG, or -NOAUTH when it asks its clients for a password: up either way
+        wait_for(
+            "sentinel",
+            lambda: tcp_ask(port, b"PING\r\n", b"\r\n"),
+            proc=p.popen,
+            logs=[self.dir / f"{p.name}.log"],
+        )
+        return port
+
     def poller(
         self,
         ini: dict[str, dict[str, str]],

@@ -29,6 +29,12 @@
 #   5. The master (now fp-app2) killed under the same load: the sentinels promote fp-data1. With
 #      memcached holding the answers, polls are cache hits throughout; the held polls are woken
 #      by the announcements again after the failover (the same checks as 3).
+#   Monitoring: after the deploy (and a run of the exporters play on the Redis and sentinel hosts),
+#   after each failover and after the rotation, Prometheus on fp-mon1 scrapes the Sentinel
+#   exporter of all three sentinels (job sentinel, every target up and reaching its sentinel), the
+#   three name the same master, the one expected, each sees the 3 sentinels with the quorum
+#   reachable, and no Sentinel alert fires (sentinel_watched). The rotation's first play has the
+#   exporters tag, as docs/runbook.md says: the exporter then takes the new password.
 
 # The sentinels take the Redis password ($pass, set by sc_redis_sentinel).
 sentinel_cli() { on "$1" "REDISCLI_AUTH='$pass' redis-cli --no-auth-warning -h ${IP[$1]} -p 26379 --raw ${*:2}"; }
@@ -46,6 +52,42 @@ for admin in 9101 9102; do
 done
 EOF
     done
+}
+
+# sentinel_prom EXPR: Prometheus on fp-mon1 (the control node is one of fastpoll_prometheus_clients),
+# the instant vector, one line per series: "label=value,... value".
+sentinel_prom() {
+    assert_route "${IP[fp-mon1]}"
+    curl -sS -m 10 -G "http://${IP[fp-mon1]}:9090/api/v1/query" --data-urlencode "query=$1" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+if d.get("status") != "success":
+    sys.exit("query failed: %s" % d)
+for r in d["data"]["result"]:
+    print(",".join("%s=%s" % kv for kv in sorted(r["metric"].items())), r["value"][1])
+'
+}
+# sentinel_watched MASTER WHEN: within 120 s, Prometheus sees the Sentinel exporter of each of the
+# three sentinel hosts up and reaching its sentinel (redis_up 1), all three naming MASTER's Redis as
+# the master, each seeing 3 sentinels with CKQUORUM passing, and no Sentinel alert firing.
+sentinel_watched() {
+    local master=$1 when=$2 t0 i got want
+    t0=$(date +%s)
+    want="fp-app2 fp-data1 fp-db1|fp-app2 fp-data1 fp-db1|3|master_address=${IP[$master]}:6379 3|3|1|"
+    # A query that fails (Prometheus restarting, a timeout) counts as not yet.
+    for i in $(seq 1 120); do
+        got="$(sentinel_prom 'up{job="sentinel"} == 1' | sed 's/.*host=\([^, ]*\).*/\1/' | sort | paste -sd' ' || true)"
+        got+="|$(sentinel_prom 'redis_up{job="sentinel"} == 1' | sed 's/.*host=\([^, ]*\).*/\1/' | sort | paste -sd' ' || true)"
+        got+="|$(sentinel_prom 'count(up{job="sentinel"})' | awk '{print $NF}' || true)"
+        got+="|$(sentinel_prom 'count by (master_address) (redis_sentinel_master_ok_sentinels{job="sentinel",master_name="fastpoll"})' | paste -sd' ' || true)"
+        got+="|$(sentinel_prom 'min(redis_sentinel_master_ok_sentinels{job="sentinel",master_name="fastpoll"})' | awk '{print $NF}' || true)"
+        got+="|$(sentinel_prom 'min(max without (message) (redis_sentinel_master_ckquorum_status{job="sentinel",master_name="fastpoll"}))' | awk '{print $NF}' || true)"
+        got+="|$(sentinel_prom 'ALERTS{alertname=~"Sentinel.*",alertstate="firing"}' | paste -sd' ' || true)"
+        [ "$got" = "$want" ] && break
+        [ "$i" -lt 120 ] || die "Prometheus's view of the sentinels $when: got '$got', want '$want' (up hosts|reaching hosts|targets|master_address count|min ok sentinels|min ckquorum|firing Sentinel alerts)"
+        sleep 1
+    done
+    say "Prometheus $when: 3 of 3 sentinel targets up and reaching their sentinel, all three name ${IP[$master]}:6379 ($master), 3 sentinels each, quorum reachable, no Sentinel alert firing ($(( $(date +%s) - t0 )) s)"
 }
 
 sc_redis_sentinel() {
@@ -97,16 +139,28 @@ PY
         sleep 0.5
     done
     sentinel_subscribed || die "the poll servers are not subscribed through the sentinels"
-    phase "Sentinel deployed: Redis master fp-data1, replica fp-app2, 3 sentinels (password required); the Redis backend and the announcements through them"
+    # The exporters on the hosts that became Redis and sentinel hosts: the Sentinel exporter on
+    # each sentinel, the Redis exporter on fp-app2; each writes its targets on fp-mon1.
+    INVENTORY=$inv playbook sentinel-exporters "${pass_args[@]}" -e fastpoll_cache_backend=redis -e fastpoll_cache_ttl=299 \
+        --limit 'redis:redis_sentinel' --tags exporters
+    for n in fp-data1 fp-app2 fp-db1; do
+        expect "$(on "$n" systemctl is-active fastpoll-sentinel-exporter.service)" active "$n: fastpoll-sentinel-exporter"
+    done
+    [ "$(on fp-db1 'systemctl is-active prometheus-redis-exporter.service' || true)" != active ] \
+        || die "fp-db1 (a sentinel host without Redis) still runs the package's own Redis exporter"
+    no_answer_sentinel_exporter
+    sentinel_watched fp-data1 "after the deploy"
+    phase "Sentinel deployed: Redis master fp-data1, replica fp-app2, 3 sentinels (password required); the Redis backend and the announcements through them; Prometheus watches the 3 sentinels"
 
     # ---- the failover, under load ----
     sentinel_failover fp-data1 fp-app2 redis
     # No restart of a poll server or an app: their config did not change and nothing restarted
     # them; the idempotency run below changes nothing.
     INVENTORY=$inv playbook sentinel-rerun "${pass_args[@]}" -e fastpoll_cache_backend=redis -e fastpoll_cache_ttl=299 \
-        --limit 'redis:redis_sentinel' --tags redis
-    expect "$(recap_changed)" 0 "changes by the redis plays after the failover"
-    phase "Redis master fp-data1 killed under load (Redis backend): $(head -1 "$RUN/sentinel-verdict.txt"); the redis plays then change nothing"
+        --limit 'redis:redis_sentinel' --tags redis,exporters
+    expect "$(recap_changed)" 0 "changes by the redis and exporters plays after the failover"
+    sentinel_watched fp-app2 "after the failover to fp-app2"
+    phase "Redis master fp-data1 killed under load (Redis backend): $(head -1 "$RUN/sentinel-verdict.txt"); the redis and exporters plays then change nothing; Prometheus sees the sentinels agree on fp-app2"
 
     # ---- the memcached backend, the announcements through the sentinels, the password rotated ----
     local old_pass=$pass new_pass
@@ -116,7 +170,7 @@ PY
     printf 'fastpoll_redis_previous_passwords: ["%s"]\n' "$old_pass" > "$RUN/sentinel-prev.yml"
     INVENTORY=$inv playbook sentinel-rotate-1 -e "@$RUN/secrets-sentinel.yml" -e "@$RUN/sentinel-prev.yml" \
         -e fastpoll_cache_backend=memcached -e fastpoll_cache_ttl=299 \
-        --limit 'pollers:app:redis:redis_sentinel' --tags config,redis,app,pollers
+        --limit 'pollers:app:redis:redis_sentinel' --tags config,redis,app,pollers,exporters
     for n in "${POLLERS[@]}" "${APPS[@]}"; do
         line=$(on "$n" "sed -n '/^\[cache\]/,/^\[/s/^backend = //p' /etc/fastpoll/fastpoll.ini")
         expect "$line" memcached "$n: [cache] backend"
@@ -144,11 +198,24 @@ PY
     role=$(on fp-data1 "REDISCLI_AUTH='$pass' redis-cli -h ${IP[fp-data1]} --user fastpoll --no-auth-warning --raw ROLE" | head -3 | paste -sd' ')
     expect "$role" "slave ${IP[fp-app2]} 6379" "fp-data1's Redis role after the rotation"
     sentinel_subscribed || die "the poll servers are not subscribed through the sentinels after the rotation"
-    phase "memcached backend, announcements through the sentinels; Redis password rotated (both, then the new one only): the sentinels refuse the old one, every poll server subscribed"
+    sentinel_watched fp-app2 "after the password rotation"
+    phase "memcached backend, announcements through the sentinels; Redis password rotated (both, then the new one only): the sentinels refuse the old one, every poll server subscribed, the Sentinel exporters on the new one"
 
     # ---- the master (fp-app2 now) killed under load, the memcached backend ----
     sentinel_failover fp-app2 fp-data1 memcached
-    phase "Redis master fp-app2 killed under load (memcached backend, announcements): $(head -1 "$RUN/sentinel-verdict.txt")"
+    sentinel_watched fp-data1 "after the failover to fp-data1"
+    phase "Redis master fp-app2 killed under load (memcached backend, announcements): $(head -1 "$RUN/sentinel-verdict.txt"); Prometheus sees the sentinels agree on fp-data1"
+}
+
+# The Sentinel exporter answers the monitoring host only (the host firewall: fastpoll_monitoring_ports).
+no_answer_sentinel_exporter() {
+    local rc=0 out
+    out=$(on fp-mon1 "curl -fsS -m 5 http://${IP[fp-db1]}:9355/metrics") && grep -q '^redis_sentinel_master_ok_sentinels' <<< "$out" \
+        || die "fp-mon1 cannot read fp-db1's Sentinel exporter"
+    assert_route "${IP[fp-db1]}"
+    curl -sS -m 2 -o /dev/null "http://${IP[fp-db1]}:9355/metrics" 2>/dev/null || rc=$?
+    # 7: refused, 28: no answer in time (dropped by the firewall). Anything else answered.
+    [ "$rc" = 7 ] || [ "$rc" = 28 ] || die "the control node reached fp-db1's Sentinel exporter (curl rc $rc); want no connection"
 }
 
 # sentinel_failover MASTER REPLICA BACKEND: under sentinel_load.py's load, MASTER's Redis killed;
