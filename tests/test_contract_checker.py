@@ -497,6 +497,18 @@ def test_a_held_poll_the_app_answered_during_an_app_restart_is_not_judged() -> N
     assert violations(history(from_cache, faults=[restart]), "3-held-bound") == 1
 
 
+def test_a_held_poll_the_app_answered_while_its_pool_recovered_is_not_judged() -> None:
+    # The same late answer from the app, its database read-only until 1.0 (db_grace_s 3 s: the
+    # pool still replacing the sessions that were ended); from the cache it is the poll server's.
+    late = Op("held", 1, 2.9, 3.7, 200, TWO, inm_body="", wait=5, source="app")
+    for paths in ([DB_READ_ONLY], [DB]):
+        db = Fault("db-read-only", "postgres", 0.0, 1.0, paths)
+        assert violations(history(late, faults=[db]), "3-held-bound") == 0
+        assert violations(history(replace(late, source="cache"), faults=[db]), "3-held-bound") == 1
+    long_ago = Fault("db-read-only", "postgres", -5.0, -4.0, [DB_READ_ONLY])
+    assert violations(history(late, faults=[long_ago]), "3-held-bound") == 1
+
+
 def test_held_polls_without_slow_reads_are_not_rule_8s() -> None:
     late = Op("held", 1, 2.5, 5.0, 200, TWO, inm_body="", wait=5)
     rep = check(history(late))

@@ -457,12 +457,21 @@ def _rule3(h: History, model: _Model, p: Params, r: RuleResult) -> None:
 
 
 def _app_answered_in_restart(h: History, op: Op, late: float, p: Params) -> bool:
-    """A held poll the app answered (its key missed: a room over the item size) went through
-    nginx to an app process; one that was being restarted between the poll and its deadline
-    (plus pad_s) may hold that request until its worker closes, and nginx then asks the
-    other: the poll server's bound is not about the app's restart."""
-    return op.source == "app" and any(
-        _touches(f, [APP, APPS_DOWN]) and f.start - p.pad_s <= late and f.end + p.pad_s >= op.start
+    """A held poll the app answered (its key missed: a room over the item size; or a cache get
+    timed out on a loaded machine) went through nginx to an app process; one that was being
+    restarted between the poll and its deadline (plus pad_s) may hold that request until its
+    worker closes, and nginx then asks the other; one whose database was down or refusing
+    writes then, or less than db_grace_s before, waits for its pool to replace the dead
+    connections: the poll server's bound is not about the app's restart or its database."""
+    if op.source != "app":
+        return False
+    return any(
+        _touches(f, [APP, APPS_DOWN])
+        and f.start - p.pad_s <= late
+        and f.end + p.pad_s >= op.start
+        or _touches(f, [DB, DB_READ_ONLY])
+        and f.start - p.pad_s <= late
+        and f.end + p.pad_s + p.db_grace_s >= op.start
         for f in h.faults
     )
 
