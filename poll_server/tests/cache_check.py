@@ -699,8 +699,10 @@ def scenario_grow(drv: list[str], tmp: str) -> None:
             d = Driver(strace + ["-o", trace] + drv, ["-T", "2000", *args, f"127.0.0.1:{port}"])
             time.sleep(0.2)  # connected (memcached: past the "mn" probe)
             r = d.gets(["/Poll/idle"])["/Poll/idle"]
+            # Held for a batch it would take two answers (600 ms); under strace on a loaded
+            # machine one answer took 329 ms: the line is half an answer above one.
             check(
-                r[0] == "MISS" and r[1] < SLOW_MS + FAST_MS,
+                r[0] == "MISS" and r[1] < SLOW_MS * 1.5,
                 f"grow {name}: an idle get goes out at once ({r[1]:.1f} ms for a "
                 f"{SLOW_MS} ms cache)",
             )
