@@ -62,7 +62,7 @@ test-unit: venv build
 	$(VENV)/bin/ruff check fallback_app tests loadtests testkit poll_server/tests sdk/python sdk/node/tests  # ruff.toml
 	$(VENV)/bin/mypy fallback_app/fastpoll_app testkit/fastpoll_testkit tests loadtests \
 		poll_server/tests sdk/python/src/fastpoll_client sdk/python/tests sdk/node/tests  # mypy.ini
-	$(VENV)/bin/pytest -q fallback_app/tests
+	$(VENV)/bin/pytest -q --durations=10 fallback_app/tests
 	# The poll server's config table against the docs, the example, Ansible and the app (no stack).
 	$(VENV)/bin/pytest -q tests/test_config_table.py
 
@@ -71,7 +71,7 @@ test-unit: venv build
 # resident memory stays flat, which ASan's quarantine and shadow memory would mask (docs/security.md).
 test-integration: venv build deps-monitoring deps-browser
 	$(MAKE) -C poll_server sanitize
-	FP_POLL_SERVER=poll_server/build/poll_server-asan $(VENV)/bin/pytest -q -m "not soak" tests
+	FP_POLL_SERVER=poll_server/build/poll_server-asan $(VENV)/bin/pytest -q --durations=20 -m "not soak" tests
 	# The Python SDK against a real stack (its own rootdir: sdk/python/pyproject.toml).
 	$(VENV)/bin/pytest -q sdk/python/tests
 	$(VENV)/bin/pytest -q -m soak tests

@@ -54,7 +54,7 @@ def test_the_app_answers_as_documented(stack: Stack, tmp_path: Path) -> None:
     run = subprocess.run(
         [str(st), "--config-file", str(config), "run", stack.app_url() + "/openapi.json",
          "-H", f"Authorization: Bearer {stack.api_token}", "--max-examples", "30",
-         "--seed", "20240601", "--workers", "2", "--checks", "all",
+         "--seed", "20240601", "--workers", "1", "--checks", "all",
          "--exclude-checks", "positive_data_acceptance", "--report-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
