@@ -509,6 +509,25 @@ def test_a_held_poll_the_app_answered_while_its_pool_recovered_is_not_judged() -
     assert violations(history(late, faults=[long_ago]), "3-held-bound") == 1
 
 
+def test_a_held_poll_the_app_answered_may_wait_for_its_users_held_order() -> None:
+    # User 1's held poll went to the app at 3.2 (a room over the item size misses), while user
+    # 1's order was held from outside: the app's fill waits order_wait_s (3 s) for it, then
+    # answers without it. Within the bound plus that wait it is on time; past it, late; from
+    # the cache, or with another user's order held, the poll server's bound alone.
+    held_order = Fault("user-lock", "user 1", 2.0, 8.0, [USER_LOCK], params={"users": [1]})
+    waited = Op("held", 1, 2.9, 6.2, 200, TWO, inm_body="", wait=5, source="app")
+    assert violations(history(waited, faults=[held_order]), "3-held-bound") == 0
+    too_late = replace(waited, end=6.6)
+    assert violations(history(too_late, faults=[held_order]), "3-held-bound") == 1
+    assert violations(history(replace(waited, source="cache"), faults=[held_order]), "3-held-bound") == 1
+    other = Fault("user-lock", "user 4", 2.0, 8.0, [USER_LOCK], params={"users": [4]})
+    assert violations(history(waited, faults=[other]), "3-held-bound") == 1
+    # A room poll waits for its URL's user's order too.
+    room = Op("held", 1, 2.9, 6.2, 200, TWO, inm_body="", wait=5, source="app",
+              note="room poll of user 4", ids=[4])  # fmt: skip
+    assert violations(history(room, faults=[other]), "3-held-bound") == 0
+
+
 def test_held_polls_without_slow_reads_are_not_rule_8s() -> None:
     late = Op("held", 1, 2.5, 5.0, 200, TWO, inm_body="", wait=5)
     rep = check(history(late))

@@ -442,6 +442,10 @@ def _rule3(h: History, model: _Model, p: Params, r: RuleResult) -> None:
         late = _late(hits, op, t_k, deadline)
         if late is None:
             continue
+        wait = _order_wait(h, op, late, p)
+        if op.end <= late + wait:
+            continue
+        late += wait
         if _blocking(h.faults, op.start, late, p) or _app_answered_in_restart(h, op, late, p):
             r.excluded += 1
             continue
@@ -454,6 +458,21 @@ def _rule3(h: History, model: _Model, p: Params, r: RuleResult) -> None:
         r.violations.append(
             Violation("3-held-bound", what, [*_related(model, op.user, k, k + 1), op], window)
         )
+
+
+def _order_wait(h: History, op: Op, late: float, p: Params) -> float:
+    """For a held poll the app answered: order_wait_s if the order of one of its users (a room
+    poll's user too, `_op_users`) was held from outside (USER_LOCK) between its send and its
+    deadline, else 0. The app's fill waits that long for the order, then answers without it
+    (api.md, "503, Retry-After": the user's own requests wait for its held order)."""
+    if op.source != "app":
+        return 0.0
+    users = _op_users(op)
+    held = any(
+        f.lock_users() & users and f.start - p.pad_s <= late and f.end + p.pad_s >= op.start
+        for f in h.faults
+    )
+    return p.order_wait_s if held else 0.0
 
 
 def _app_answered_in_restart(h: History, op: Op, late: float, p: Params) -> bool:
