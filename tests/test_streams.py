@@ -21,7 +21,7 @@ import pytest
 from fastpoll_app.conditional import etag_of
 from fastpoll_testkit.helpers import Cache, new_uid, start_stack
 from fastpoll_testkit.procs import wait_for
-from fastpoll_testkit.sse import Event, EventStreamClient
+from fastpoll_testkit.sse import Event, EventStreamClient, read_first_event
 from fastpoll_testkit.stack import Stack
 
 STREAM_INI = {
@@ -158,6 +158,41 @@ def test_a_room_stream_gets_the_room_and_the_user(stack: Stack) -> None:
         assert b"hi all" in e.answer and e.id == etag_of(e.answer) and mid > 0
 
 
+def test_a_rooms_members_share_its_value_and_keep_their_own(stack: Stack) -> None:
+    """Two members' streams of one room hold one copy of the room's answer (chpoll.c's shared
+    values): a room message reaches both, a member's own message only that member, and the
+    room's next message both again, each with its own part as it was."""
+    room = f"r{new_uid()}"
+    a, b = new_uid(), new_uid()
+    urls = {}
+    with stack.api() as api:
+        for uid in (a, b):
+            r = api.post("/api/poll-url", json={"user_id": uid, "channels": [room]})
+            assert r.status_code == 200, r.text
+            urls[uid] = str(r.json()["url"])
+
+    def room_post(text: str) -> None:
+        with stack.api() as api:
+            r = api.post(f"/api/channels/{room}/messages", json={"text": text})
+            assert r.status_code == 201, r.text
+
+    with Collector(stack, urls[a]) as ca, Collector(stack, urls[b]) as cb:
+        ca.wait(lambda e: True)
+        cb.wait(lambda e: True)
+        wait_for("two streams held", lambda: metric(stack, "fastpoll_streams") >= 2, 5)
+        room_post("to all 1")
+        for c in (ca, cb):
+            assert c.wait(lambda e: b"to all 1" in e.answer).source == "cache"
+        publish(stack, a, "just a")
+        ca.wait(lambda e: b"just a" in e.answer)
+        room_post("to all 2")
+        ea = ca.wait(lambda e: b"to all 2" in e.answer)
+        eb = cb.wait(lambda e: b"to all 2" in e.answer)
+        assert b"just a" in ea.answer and b"to all 1" in ea.answer, ea
+        assert b"just a" not in eb.answer and b"to all 1" in eb.answer, eb
+        assert all(b"just a" not in e.answer for e in cb.events), cb.events
+
+
 def test_a_miss_ends_the_stream_and_the_app_answers(stack: Stack) -> None:
     uid = new_uid()
     mid = publish(stack, uid, "before")
@@ -208,17 +243,6 @@ def raw_stream(port: int, target: str, rcvbuf: int = 0) -> socket.socket:
     return s
 
 
-def read_some(s: socket.socket, timeout: float = 3.0) -> bytes:
-    s.settimeout(timeout)
-    out = b""
-    while b"\n\n" not in out.partition(b"\r\n\r\n")[2]:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        out += chunk
-    return out
-
-
 def direct(stack: Stack, uid: int) -> str:
     """uid's signed target on a poll server itself (no nginx, no route: Accept decides)."""
     return stack.sign(f"/getMessages?user_id={uid}")
@@ -233,7 +257,7 @@ def test_past_max_a_stream_is_one_event(stack: Stack) -> None:
         wait_for("no stream held", lambda: metric(stack, "fastpoll_streams") == 0, 10)
         for _ in range(12):
             s = raw_stream(stack.poller_ports[0], direct(stack, uid))
-            assert b"id: " in read_some(s)
+            assert b"id: " in read_first_event(s)
             socks.append(s)
         over = metric(stack, 'fastpoll_stream_ends_total{reason="over_cap"}')
         s = raw_stream(stack.poller_ports[0], direct(stack, uid))
@@ -256,7 +280,7 @@ def test_a_slow_reader_is_dropped(stack: Stack) -> None:
     slow = metric(stack, 'fastpoll_stream_ends_total{reason="slow"}')
     s = raw_stream(stack.poller_ports[0], direct(stack, uid), rcvbuf=4096)
     try:
-        assert b"id: " in read_some(s)
+        assert b"id: " in read_first_event(s)
         # Each event is the whole answer (10 messages of ~1,900 bytes): the reader reads
         # nothing more, and the poll server may not buffer past max_buffered for it.
         for i in range(60):
@@ -276,7 +300,7 @@ def test_a_drain_ends_streams_with_a_spread_retry(stack: Stack) -> None:
     httpx.get(stack.base_url + stack.poll_url(uid), timeout=5)
     s = raw_stream(stack.poller_ports[0], direct(stack, uid))
     try:
-        assert b"id: " in read_some(s)
+        assert b"id: " in read_first_event(s)
         proc = stack.procs["poller-0"]
         import os
 
@@ -291,3 +315,35 @@ def test_a_drain_ends_streams_with_a_spread_retry(stack: Stack) -> None:
         s.close()
         stack.stop_proc("poller-0")
         stack.start_poller(0)
+
+
+def test_what_a_stream_is_sent_after_its_request_is_dropped(stack: Stack) -> None:
+    """A held stream keeps no input buffer: what its client sends after the request (a
+    pipelined poll, then junk) is read and dropped, never answered, while its events go on; once
+    it is closed, the next connections (their recycled objects given a buffer again) are served."""
+    uid = new_uid()
+    publish(stack, uid, "before")
+    httpx.get(stack.base_url + stack.poll_url(uid), timeout=5)  # the key cached
+    target = direct(stack, uid)
+    s = raw_stream(stack.poller_ports[0], target)
+    try:
+        got = read_first_event(s)
+        assert b"id: " in got, got
+        s.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode() + b"x" * 5000)
+        mid = publish(stack, uid, "after")
+        s.settimeout(5)
+        while f'"id":{mid}'.encode() not in got:
+            chunk = s.recv(65536)
+            assert chunk, got
+            got += chunk
+        assert got.count(b"HTTP/1.1 ") == 1, got  # the pipelined poll is not answered
+    finally:
+        s.close()
+    wait_for("the stream let go", lambda: metric(stack, "fastpoll_streams") == 0, 5)
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", stack.poller_ports[0]), timeout=5) as c:
+            c.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            answer = b""
+            while chunk := c.recv(65536):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200 ") and b'"after"' in answer, answer

@@ -2,7 +2,7 @@
  *
  * A poll with channels is a struct fp_chpoll: one part per key (the user's
  * first, then each channel's in the URL's order), each with the waiter of
- * its read, its copy of the value read, and its watch (an fp_held of the
+ * its read, the value read, and its watch (an fp_held of the
  * poll's hold set) while the poll is held. Its life:
  *
  *   dispatch: parts read  --all in-->  200 / 304 / 404 / 503, or held
@@ -13,7 +13,8 @@
  *       (&r->held) -> ended(): the waiters detached, the watches removed
  *
  * The parts' values are copied as they come (a value is valid only during
- * its callback) and kept while the poll is held if they are CH_KEEP_MAX
+ * its callback; one copy for all the parts that read the same bytes of a
+ * key, struct value) and kept while the poll is held if they are CH_KEEP_MAX
  * bytes at most in all: when a watch's read finds a key changed, the
  * answer is composed from that read's value and the other parts as the
  * poll read them, without reading them again (larger parts are freed, and
@@ -38,6 +39,12 @@
 #include "sign.h"
 #include "stream.h"
 
+/* uthash: a failed allocation must not exit the server. */
+static int hash_oom;
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(obj) do { (void)(obj); hash_oom = 1; } while (0)
+#include <uthash.h>
+
 /* A part's value over this is taken for a cache failure (as memcached's
  * client skips a value over 1 MB), and a composed answer over CH_BODY_MAX
  * too: the app answers such a poll. */
@@ -49,6 +56,21 @@
 #define CH_KEEP_MAX 4096UL
 
 struct fp_chpoll;
+
+/* A part's value, one copy for every part that read the same bytes of the
+ * same key (a room's held members share the room's), counted; while held,
+ * it is in its poller's table under its key, the newest read of that key
+ * (a part that reads other bytes makes a new one, the old one leaves the
+ * table and lives on in the parts that hold it). */
+struct value {
+    UT_hash_handle hh;
+    size_t refs;                /* parts holding it */
+    int in_table;
+    uint64_t tag;               /* fp_etag_of(bytes, len) */
+    size_t len, keylen;
+    char *key;                  /* after bytes */
+    char bytes[];
+};
 
 struct part {
     struct fp_waiter w;         /* first: the coalescer's handle */
@@ -62,7 +84,7 @@ struct part {
     enum fp_cache_status st;    /* the last read's */
     uint64_t seq;               /* fp_hold_seq before that read: an
                                  * announcement after it reads it again */
-    char *value;                /* its copy (NULL: empty), until answered */
+    struct value *v;            /* its value (NULL: empty), until answered */
     size_t len;
 };
 
@@ -86,6 +108,7 @@ struct fp_chpolls {
     const struct fp_request *pending; /* fp_chpoll_start's, until its
                                        * dispatch */
     struct fp_ch ch;            /* ... and its channels */
+    struct value *values;       /* uthash head: struct value by key */
 };
 
 static void on_part(struct fp_waiter *w, enum fp_cache_status st,
@@ -109,10 +132,58 @@ struct fp_chpolls *fp_chpolls_new(struct fp_cache *cache, struct fp_hold *ho,
 
 void fp_chpolls_free(struct fp_chpolls *cp)
 {
+    struct value *v, *tmp;
+
     if (cp == NULL)
         return;
     fp_coalesce_free(cp->co);
+    /* None once every poll is gone; any other is its parts' to free. */
+    HASH_ITER(hh, cp->values, v, tmp)
+        v->in_table = 0;
+    HASH_CLEAR(hh, cp->values);
     free(cp);
+}
+
+/* The value (len > 0 bytes) a part read of key: the table's if it has the
+ * same bytes, else a new one, which the table then holds. NULL if out of
+ * memory. */
+static struct value *value_get(struct fp_chpolls *cp, const char *key,
+                               size_t keylen, const char *bytes, size_t len)
+{
+    struct value *v, *old;
+
+    HASH_FIND(hh, cp->values, key, keylen, old);
+    if (old != NULL && old->len == len && memcmp(old->bytes, bytes, len) == 0) {
+        old->refs++;
+        return old;
+    }
+    if ((v = malloc(sizeof(*v) + len + keylen)) == NULL)
+        return NULL;
+    memcpy(v->bytes, bytes, len);
+    v->key = v->bytes + len;
+    memcpy(v->key, key, keylen);
+    v->len = len;
+    v->keylen = keylen;
+    v->tag = fp_etag_of(bytes, len);
+    v->refs = 1;
+    v->in_table = 0;
+    if (old != NULL) {
+        HASH_DEL(cp->values, old);
+        old->in_table = 0;
+    }
+    hash_oom = 0;
+    HASH_ADD_KEYPTR(hh, cp->values, v->key, keylen, v);
+    v->in_table = !hash_oom; /* not in it: shared by no later read */
+    return v;
+}
+
+static void value_put(struct fp_chpolls *cp, struct value *v)
+{
+    if (v == NULL || --v->refs > 0)
+        return;
+    if (v->in_table && cp->values != NULL) /* in_table: there is a table */
+        HASH_DEL(cp->values, v);
+    free(v);
 }
 
 void fp_chpolls_fail_all(struct fp_chpolls *cp, enum fp_cache_status status)
@@ -197,8 +268,8 @@ static struct part *part_of(struct fp_held *hd)
 static void free_values(struct fp_chpoll *p)
 {
     for (size_t i = 0; i < p->nparts; i++) {
-        free(p->parts[i].value);
-        p->parts[i].value = NULL;
+        value_put(p->cp, p->parts[i].v);
+        p->parts[i].v = NULL;
         p->parts[i].len = 0;
     }
 }
@@ -284,7 +355,7 @@ static int hold(struct fp_chpoll *p)
 
         memset(&pt->inm, 0, sizeof(pt->inm));
         pt->inm.ntags = 1;
-        pt->inm.tags[0] = fp_etag_of(pt->value != NULL ? pt->value : "", pt->len);
+        pt->inm.tags[0] = pt->v != NULL ? pt->v->tag : fp_etag_of("", 0);
         if (fp_hold_add(p->cp->ho, pt->key, pt->keylen, &pt->held, pt->seq) != 0) {
             fp_hold_remove_set(&p->set);
             return -1;
@@ -364,12 +435,12 @@ static void parts_in(struct fp_chpoll *p)
     }
     user.name = NULL;
     user.nlen = 0;
-    user.value = p->parts[0].value;
+    user.value = p->parts[0].v != NULL ? p->parts[0].v->bytes : NULL;
     user.len = p->parts[0].len;
     for (size_t i = 1; i < p->nparts; i++) {
         chans[i - 1].name = p->parts[i].name;
         chans[i - 1].nlen = p->parts[i].nlen;
-        chans[i - 1].value = p->parts[i].value;
+        chans[i - 1].value = p->parts[i].v != NULL ? p->parts[i].v->bytes : NULL;
         chans[i - 1].len = p->parts[i].len;
     }
     len = fp_ch_compose(&user, chans, p->nparts - 1, NULL, 0);
@@ -414,19 +485,18 @@ static void on_part(struct fp_waiter *w, enum fp_cache_status st,
 
     (void)arg;
     pt->st = st;
-    free(pt->value);
-    pt->value = NULL;
+    value_put(p->cp, pt->v);
+    pt->v = NULL;
     pt->len = 0;
     if (st == FP_CACHE_HIT && len > CH_PART_MAX) {
         fp_log(FP_LOG_WARN, "http: %s is %zu bytes, over %lu: the app answers",
                pt->key, len, CH_PART_MAX);
         pt->st = FP_CACHE_ERROR;
     } else if (st == FP_CACHE_HIT && len > 0) {
-        if ((pt->value = malloc(len)) == NULL) {
+        if ((pt->v = value_get(p->cp, pt->key, pt->keylen, value, len)) == NULL) {
             fp_log(FP_LOG_ERROR, "http: out of memory for a part's value");
             pt->st = FP_CACHE_ERROR;
         } else {
-            memcpy(pt->value, value, len);
             pt->len = len;
         }
     }

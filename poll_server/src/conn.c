@@ -202,6 +202,20 @@ static void in_shrink(struct conn *c)
     c->in_cap = h->in_small;
 }
 
+/* Frees what conn_get made (events possibly NULL, on its failure path). */
+static void conn_destroy(struct conn *c)
+{
+    if (c->rev != NULL)
+        event_free(c->rev);
+    if (c->wev != NULL)
+        event_free(c->wev);
+    if (c->timer != NULL)
+        event_free(c->timer);
+    free(c->small);
+    free(c->out);
+    free(c);
+}
+
 /* A connection for fd, from the free list or new; NULL if out of memory. */
 static struct conn *conn_get(struct fp_conns *h, evutil_socket_t fd)
 {
@@ -211,32 +225,23 @@ static struct conn *conn_get(struct fp_conns *h, evutil_socket_t fd)
         SLIST_REMOVE_HEAD(&h->free_list, free_link);
         h->nfree--;
     } else {
-        /* The request layer's object, then the small input buffer. */
-        if ((c = malloc(h->size + h->in_small)) == NULL)
+        if ((c = malloc(h->size)) == NULL)
             return NULL;
         memset(c, 0, h->size);
-        c->small = (char *)c + h->size;
         c->rev = event_new(h->base, -1, 0, on_read, c);
         c->wev = event_new(h->base, -1, 0, on_write, c);
         c->timer = evtimer_new(h->base, on_timer, c);
         if (c->rev == NULL || c->wev == NULL || c->timer == NULL) {
-            if (c->rev != NULL)
-                event_free(c->rev);
-            if (c->wev != NULL)
-                event_free(c->wev);
-            if (c->timer != NULL)
-                event_free(c->timer);
-            free(c);
+            conn_destroy(c);
             return NULL;
         }
     }
-    /* Events not pending (conn_put deleted them) may be reassigned. */
-    if (event_assign(c->rev, h->base, fd, EV_READ | EV_PERSIST, on_read, c) != 0 ||
+    /* A stream gave its small buffer back (conn_stream_start). Events not
+     * pending (conn_close deleted them) may be reassigned. */
+    if ((c->small == NULL && (c->small = malloc(h->in_small)) == NULL) ||
+        event_assign(c->rev, h->base, fd, EV_READ | EV_PERSIST, on_read, c) != 0 ||
         event_assign(c->wev, h->base, fd, EV_WRITE | EV_PERSIST, on_write, c) != 0) {
-        event_free(c->rev);
-        event_free(c->wev);
-        event_free(c->timer);
-        free(c);
+        conn_destroy(c);
         return NULL;
     }
     c->h = h;
@@ -253,14 +258,6 @@ static struct conn *conn_get(struct fp_conns *h, evutil_socket_t fd)
     return c;
 }
 
-static void conn_destroy(struct conn *c)
-{
-    event_free(c->rev);
-    event_free(c->wev);
-    event_free(c->timer);
-    free(c->out);
-    free(c);
-}
 
 void fp_conns_check_drained(struct fp_conns *h)
 {
@@ -633,8 +630,12 @@ int conn_stream_start(struct conn *c, const struct iovec *data, int n,
             fp_log(FP_LOG_DEBUG, "http: SO_SNDBUF: %s", strerror(errno));
     }
     conn_set_state(c, CONN_STREAMING);
-    /* Pipelined requests are not served after a stream: dropped. */
+    /* Pipelined requests are not served after a stream: dropped. Nothing
+     * more is read into its buffer (discard()): a held stream keeps none. */
     in_shrink(c);
+    free(c->small);
+    c->small = c->in = NULL;
+    c->in_cap = 0;
     read_on(c);
     c->out_moved = 0;
     ms_to_tv(tick_ms, &tv);
@@ -764,6 +765,32 @@ static void process(struct conn *c)
     }
 }
 
+/* One read into buf: the bytes read, 0 if none yet, or -1 when the client
+ * is gone (EOF or an error, whatever it had sent): c is closed. */
+static ssize_t read_in(struct conn *c, evutil_socket_t fd, char *buf, size_t cap)
+{
+    ssize_t n = read(fd, buf, cap);
+
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return 0;
+    if (n <= 0) {
+        if (n < 0)
+            fp_log(FP_LOG_DEBUG, "http: read: %s", strerror(errno));
+        conn_close(c);
+        return -1;
+    }
+    return n;
+}
+
+/* Nothing more is served on a lingering or streaming connection: what its
+ * client sends is read and dropped, to see it go. */
+static void discard(struct conn *c, evutil_socket_t fd)
+{
+    char scratch[512];
+
+    (void)read_in(c, fd, scratch, sizeof(scratch));
+}
+
 static void on_read(evutil_socket_t fd, short what, void *arg)
 {
     struct conn *c = arg;
@@ -771,6 +798,10 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
     ssize_t n;
 
     (void)what;
+    if (c->state == CONN_LINGERING || c->state == CONN_STREAMING) {
+        discard(c, fd);
+        return;
+    }
     if (c->rd == CONN_READ_WATCH) {
         /* watch_close: nothing is read until the request is answered. */
         if (peer_gone(fd)) {
@@ -810,20 +841,8 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
             return;
         }
     }
-    n = read(fd, c->in + c->in_len, c->in_cap - c->in_len);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    if ((n = read_in(c, fd, c->in + c->in_len, c->in_cap - c->in_len)) <= 0)
         return;
-    if (n <= 0) {
-        /* EOF or an error: the client is gone, whatever it had sent. */
-        if (n < 0)
-            fp_log(FP_LOG_DEBUG, "http: read: %s", strerror(errno));
-        conn_close(c);
-        return;
-    }
-    if (c->state == CONN_LINGERING || c->state == CONN_STREAMING) {
-        c->in_len = 0;  /* nothing more is served on it: dropped */
-        return;
-    }
     c->in_len += (size_t)n;
     process(c);
 }

@@ -103,7 +103,8 @@ struct conn {
     struct fp_chunked ch;
     /* Input: in[in_off, in_len) not parsed yet; `scanned` bytes of it were
      * searched for the end of a head already. `in` is `small` (in_cap:
-     * h->in_small, after the request layer's object) or, while a long head
+     * h->in_small; NULL once streaming: a stream reads nothing more, and
+     * this buffer was 1 KB of the 3.4 a held stream cost) or, while a long head
      * is read, a pooled buffer of h->in_max bytes. */
     char *in, *small;
     size_t in_cap, in_off, in_len, scanned;

@@ -8,6 +8,7 @@ content type ends it, as it fails an EventSource (the browser client then polls)
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +18,19 @@ import httpx
 from httpx_sse import EventSource as _Parser
 
 MEDIA_TYPE = "text/event-stream"
+
+
+def read_first_event(s: socket.socket, timeout: float = 3.0) -> bytes:
+    """What a raw socket's stream sent up to the end of its first event (the head and the event;
+    less if it closed first)."""
+    s.settimeout(timeout)
+    out = b""
+    while b"\n\n" not in out.partition(b"\r\n\r\n")[2]:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    return out
 
 
 @dataclass(frozen=True)
