@@ -258,7 +258,6 @@ static struct conn *conn_get(struct fp_conns *h, evutil_socket_t fd)
     return c;
 }
 
-
 void fp_conns_check_drained(struct fp_conns *h)
 {
     if (h->draining && h->inflight == 0 && h->drained != NULL) {
