@@ -519,7 +519,8 @@ def test_a_held_poll_the_app_answered_may_wait_for_its_users_held_order() -> Non
     assert violations(history(waited, faults=[held_order]), "3-held-bound") == 0
     too_late = replace(waited, end=6.6)
     assert violations(history(too_late, faults=[held_order]), "3-held-bound") == 1
-    assert violations(history(replace(waited, source="cache"), faults=[held_order]), "3-held-bound") == 1
+    from_cache = replace(waited, source="cache")
+    assert violations(history(from_cache, faults=[held_order]), "3-held-bound") == 1
     other = Fault("user-lock", "user 4", 2.0, 8.0, [USER_LOCK], params={"users": [4]})
     assert violations(history(waited, faults=[other]), "3-held-bound") == 1
     # A room poll waits for its URL's user's order too.
