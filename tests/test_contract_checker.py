@@ -145,6 +145,29 @@ def test_a_held_poll_bound_grows_with_the_machine_s_own_stall() -> None:
     assert violations(history(held, short), "3-held-bound") == 1
 
 
+def test_a_held_poll_bound_grows_with_the_client_s_own_pause() -> None:
+    # The same poll, 600 ms after "two" returned, with no request in flight to show a stall: the
+    # client's pulse thread woke 480 ms late at 3.6 (its process did not run), so the answer may
+    # have come then and been recorded late. A shorter pause, or one outside the wait, does not.
+    held = Op("held", 1, 2.5, 3.7, 200, TWO, inm_body="", wait=5)
+    paused = history(held)
+    paused.stalls = [(3.12, 3.6)]
+    assert violations(paused, "3-held-bound") == 0
+    short = history(held)
+    short.stalls = [(3.2, 3.3)]
+    assert violations(short, "3-held-bound") == 1
+    before = history(held)
+    before.stalls = [(2.0, 2.9)]
+    assert violations(before, "3-held-bound") == 1
+
+
+def test_the_client_s_pauses_are_kept_in_the_history(tmp_path: Path) -> None:
+    h = history()
+    h.add_stall(3.12, 3.6)
+    h.write(tmp_path / "history.jsonl")
+    assert History.read(tmp_path / "history.jsonl").stalls == [(3.12, 3.6)]
+
+
 def test_a_held_poll_waits_for_the_outbox_after_a_pending_write() -> None:
     # "two" (3.0-3.1) returned pending: the outbox writes and announces it within 3 s.
     pending = Op("publish", 1, 3.0, 3.1, 201, TWO, index=3, headers={"x-cache-publish": "pending"})

@@ -357,9 +357,25 @@ def _hit_latency(hits: list[Op], lo: float, hi: float) -> float:
     return longest
 
 
-def _hits(h: History) -> list[Op]:
-    """Plain and conditional polls through nginx answered from the cache, by start."""
-    return sorted(
+@dataclass
+class _Machine:
+    """What the machine itself needed while a poll waited, by two measures: the longest cache
+    hit overlapping the window (`_hit_latency`), and the client's own pauses then (History.
+    stalls: the checker's process did not run, so an answer that came meanwhile was recorded
+    that much later; with no request in flight across a pause, no hit shows it)."""
+
+    hits: list[Op]
+    stalls: list[tuple[float, float]]
+
+    def latency(self, lo: float, hi: float) -> float:
+        paused = sum(e - s for s, e in self.stalls if s < hi and e > lo)
+        return max(_hit_latency(self.hits, lo, hi), paused)
+
+
+def _hits(h: History) -> _Machine:
+    """Plain and conditional polls through nginx answered from the cache, by start, and the
+    client's pauses."""
+    hits = sorted(
         (
             o
             for o in h.ops
@@ -367,6 +383,7 @@ def _hits(h: History) -> list[Op]:
         ),
         key=lambda o: o.start,
     )
+    return _Machine(hits, sorted(h.stalls))
 
 
 def _held_change(
@@ -418,18 +435,19 @@ def _held_polls(h: History, model: _Model, r: RuleResult) -> Iterable[Op]:
         yield op
 
 
-def _late(hits: list[Op], op: Op, t_k: float, deadline: float) -> float | None:
-    """The deadline (plus the longest cache hit while the poll waited: the machine's own stall)
-    if the held poll was answered after it, else None."""
+def _late(hits: _Machine, op: Op, t_k: float, deadline: float) -> float | None:
+    """The deadline (plus the machine's own stall while the poll waited: the longest cache hit,
+    or the client's pauses) if the held poll was answered after it, else None."""
     if op.end <= deadline:
         return None
-    deadline += _hit_latency(hits, t_k, op.end)
+    deadline += hits.latency(t_k, op.end)
     return deadline if op.end > deadline else None
 
 
 def _rule3(h: History, model: _Model, p: Params, r: RuleResult) -> None:
     """A held poll whose tag stopped being current (`_held_change`) must be answered by the
-    deadline, plus the longest cache hit then (`_hit_latency`: the machine's own stall), unless a
+    deadline, plus the machine's own stall then (`_Machine`: the longest cache hit, the client's
+    pauses), unless a
     fault touched the announcement path, the cache (held, hung, killed, reads failing) or a poll
     server (`blocking`). Those with slow or stalled cache reads only are rule 8's."""
     hits = _hits(h)
@@ -711,7 +729,7 @@ def _rule11(h: History, model: _Model, p: Params, r: RuleResult) -> None:
                 for c in cs
             ):
                 continue
-            deadline = bound + _hit_latency(hits, t_k, bound + 1.0)
+            deadline = bound + hits.latency(t_k, bound + 1.0)
             # The last event by then shows state k or a later one (an unchanged answer sends
             # no event: the last one may be from before the write).
             shown = [e for e in evs if e.end <= deadline]

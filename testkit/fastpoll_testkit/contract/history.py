@@ -105,6 +105,10 @@ class History:
     # answer is the machine's load, not the nemesis, and only sends that poll to the app (rule 4
     # accepts its 503 when no app could answer); rules that excuse any fault must not see them.
     cache_timeouts: list[dict[str, float]] = field(default_factory=list)
+    # The client's own pauses, (start, end): the run's pulse thread woke that much late (its
+    # process starved of CPU, or the interpreter held elsewhere), so an answer that came then
+    # was recorded late. Not faults: the checker widens a latency bound by them.
+    stalls: list[tuple[float, float]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, op: Op) -> None:
@@ -114,6 +118,10 @@ class History:
     def add_fault(self, fault: Fault) -> None:
         with self._lock:
             self.faults.append(fault)
+
+    def add_stall(self, start: float, end: float) -> None:
+        with self._lock:
+            self.stalls.append((start, end))
 
     def write(self, path: Path) -> None:
         with path.open("w") as f:
@@ -135,6 +143,8 @@ class History:
                 f.write(json.dumps({"type": "nginx-error", **line}) + "\n")
             for sample in self.cache_timeouts:
                 f.write(json.dumps({"type": "cache-timeout", **sample}) + "\n")
+            for start, end in self.stalls:
+                f.write(json.dumps({"type": "stall", "start": start, "end": end}) + "\n")
 
     @classmethod
     def read(cls, path: Path) -> History:
@@ -151,6 +161,8 @@ class History:
                 h.faults.append(Fault(**rec))
             elif kind == "op":
                 h.ops.append(Op(**rec))
+            elif kind == "stall":
+                h.stalls.append((float(rec["start"]), float(rec["end"])))
             elif kind == "cache-timeout":
                 h.cache_timeouts.append({k: float(v) for k, v in rec.items()})
             else:

@@ -169,6 +169,10 @@ SETTLE_S = {
 }
 # The longest a slow or stalled read fault waits for a held poll to exist before it begins.
 HELD_AWAIT_S = 3.0
+# The pulse thread (History.stalls): it sleeps PULSE_S at a time; a wake more than STALL_S late
+# is a pause of this process, recorded.
+PULSE_S = 0.01
+STALL_S = 0.05
 IDLE_HOLD_S = 1.0
 # The longest a user-lock waits for the batch writer to send the batch naming the held users.
 LOCK_BATCH_AWAIT_S = 5.0
@@ -1663,6 +1667,18 @@ class Run:
         for i, n in enumerate(total):
             self.history.notes.append(f"poller-{i}: {n:.0f} cache gets timed out")
 
+    def pulse(self) -> None:
+        """The client's own pauses (History.stalls), until the final reads are done: asleep
+        PULSE_S at a time, a wake more than STALL_S late means this process did not run (starved
+        of CPU, the interpreter held by another thread), and an answer that came meanwhile is
+        recorded that much later than it came."""
+        while not self.sampling_stop.is_set():
+            t = time.monotonic()
+            time.sleep(PULSE_S)
+            now = time.monotonic()
+            if now - t - PULSE_S > STALL_S:
+                self.history.add_stall(t + PULSE_S, now)
+
     def run(self) -> Report:
         self.start()
         writers = [
@@ -1695,6 +1711,8 @@ class Run:
         threads.append(threading.Thread(target=self.bad_input, name="bad-input"))
         sampler = threading.Thread(target=self.timeout_sampler, name="timeouts")
         sampler.start()
+        pulse = threading.Thread(target=self.pulse, name="pulse", daemon=True)
+        pulse.start()
         t0 = time.monotonic()
         nemesis = threading.Thread(target=self.nemesis, args=(t0,), name="nemesis")
         self.nemesis_thread = nemesis
@@ -1714,6 +1732,11 @@ class Run:
         self.final_reads()
         self.sampling_stop.set()
         sampler.join()
+        pulse.join()
+        self.history.notes.append(
+            f"client: {len(self.history.stalls)} pauses over {STALL_S * 1000:.0f} ms, "
+            f"{sum(e - s for s, e in self.history.stalls):.1f} s in all"
+        )
         self.nginx_errors()
         self.poller_events()
         self.history.write(self.run_dir / "history.jsonl")
