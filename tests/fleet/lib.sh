@@ -647,6 +647,18 @@ check_converged() {
 # ab_rounds PID WHAT: bounded ab rounds (at most 400 per phase, 1 s apart) against both pollers
 # until PID ends, each on a URL an app host issues right then for user $rot_u and on $first_url:
 # every answer 2xx. At least one round must overlap each phase.
+# ab_failures: what the last ab run counted as failed, on one line (for the FAIL line CI shows).
+ab_failures() {
+    grep -E '^(Complete requests|Failed requests|Non-2xx responses):|\(Connect:' "$RUN/ab.txt" \
+        | tr -s ' ' | paste -sd';' -
+}
+# ab_evidence HOST: the answers nginx on HOST logged (status, source, upstream) and its error
+# log's end, into $LOGS, after the access log's flush interval.
+ab_evidence() {
+    sleep 6
+    on "$1" "tail -n 700 /var/log/nginx/fastpoll.access.log; echo '---- error.log'; tail -n 60 /var/log/nginx/error.log" \
+        > "$LOGS/ab-failed-$1.log" 2>&1 || true
+}
 ab_rounds() {
     local pid=$1 what=$2 url n mine=0
     while kill -0 "$pid" 2>/dev/null && [ "$mine" -lt 400 ]; do
@@ -655,7 +667,8 @@ ab_rounds() {
             assert_route "${IP[$n]}"
             ab -q -n 300 -c 5 -s 10 "http://${IP[$n]}$url" > "$RUN/ab.txt" 2>&1 || { cat "$RUN/ab.txt"; die "ab failed"; }
             if [ "$(awk '/^Failed requests:/{print $3}' "$RUN/ab.txt")" != 0 ] || grep -q '^Non-2xx' "$RUN/ab.txt"; then
-                cat "$RUN/ab.txt"; die "$what: a valid URL failed on $n (round $rounds): $url"
+                cat "$RUN/ab.txt"; ab_evidence "$n"
+                die "$what: a valid URL failed on $n (round $rounds): $url ($(ab_failures))"
             fi
         done
         rounds=$((rounds + 1)); mine=$((mine + 1))
