@@ -678,6 +678,30 @@ ab_rounds() {
     [ "$mine" -ge 1 ] || die "no ab round overlapped this rotation phase"
     per_phase="$per_phase $mine"
 }
+# Prometheus on the monitoring host, asked from the control node (monitoring.sh, postgres-ha).
+MON_HOST=fp-mon1
+MON_PORT=9090
+
+# prom_api PATH [curl args]: GET Prometheus's HTTP API from the control node, on the test network.
+prom_api() {
+    local path=$1; shift
+    assert_route "${IP[$MON_HOST]}"
+    curl -sS -m 10 -G "$@" "http://${IP[$MON_HOST]}:$MON_PORT$path"
+}
+
+# prom_query EXPR: the instant vector, one line per series: "label=value,... value".
+prom_query() {
+    prom_api /api/v1/query --data-urlencode "query=$1" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+if d.get("status") != "success":
+    sys.exit("query failed: %s" % d)
+for r in d["data"]["result"]:
+    labels = ",".join("%s=%s" % kv for kv in sorted(r["metric"].items()))
+    print(labels, r["value"][1])
+'
+}
+
 redis_cli() { on fp-data1 redis-cli -h "${IP[fp-data1]}" --user fastpoll --no-auth-warning "$@"; }
 
 # ini_list HOST KEY: the values of KEY's lines in HOST's fastpoll.ini, comma-separated.

@@ -32,28 +32,7 @@
 #      The test's certificate is made for 2 days (lib.sh), so CertificateExpiresSoon's page
 #      (under 2 days, for 10 min) is silenced first, as an operator silences a known cause.
 
-MON_HOST=fp-mon1
-MON_PORT=9090
-
-# prom_api PATH [curl args]: GET Prometheus's HTTP API from the control node, on the test network.
-prom_api() {
-    local path=$1; shift
-    assert_route "${IP[$MON_HOST]}"
-    curl -sS -m 10 -G "$@" "http://${IP[$MON_HOST]}:$MON_PORT$path"
-}
-
-# prom_query EXPR: the instant vector, one line per series: "label=value,... value".
-prom_query() {
-    prom_api /api/v1/query --data-urlencode "query=$1" | python3 -c '
-import json, sys
-d = json.load(sys.stdin)
-if d.get("status") != "success":
-    sys.exit("query failed: %s" % d)
-for r in d["data"]["result"]:
-    labels = ",".join("%s=%s" % kv for kv in sorted(r["metric"].items()))
-    print(labels, r["value"][1])
-'
-}
+# MON_HOST, MON_PORT, prom_api and prom_query: lib.sh.
 
 # The targets as "job host poller health" lines, and how many there are.
 prom_targets() {

@@ -18,8 +18,8 @@
 #      starts again and it follows as the synchronous standby; WAL reaches the repository from the
 #      new primary (pgbackrest check).
 #   3. The backup host unreachable (its pgBackRest server stopped) while the primary writes and
-#      switches WAL segments: the archive command fails (pg_stat_archiver counts it; alert
-#      WalArchivingFailing) and the segments wait on the primary, none dropped; publishes are
+#      switches WAL segments: the archive command fails (pg_stat_archiver counts it; Prometheus has
+#      WalArchivingFailing pending for it) and the segments wait on the primary, none dropped; publishes are
 #      acknowledged throughout. The server started again, the queue drains by itself: the last
 #      segment switched is archived, no failure after it, and pgbackrest check passes.
 
@@ -132,7 +132,7 @@ sc_postgres_ha() {
 
 # archive_outage PRIMARY: step 3, the repository's server stopped while PRIMARY writes.
 archive_outage() {
-    local primary=$1 failed0 failed last i u t_stop t_back ready
+    local primary=$1 failed0 failed last i u t_stop t_back ready alert
     # archive-async: archive_command hands the segment to pgBackRest's queue process.
     on "$primary" "grep -qx 'archive-async=y' /etc/pgbackrest.conf" || die "$primary's pgBackRest does not archive asynchronously"
     failed0=$(pg_sql "$primary" "SELECT failed_count FROM pg_stat_archiver")
@@ -154,6 +154,14 @@ archive_outage() {
     ready=$(on "$primary" "ls /var/lib/postgresql/15/fastpoll/pg_wal/archive_status/ | grep -c '\.ready\$'" || true)
     [ "${ready:-0}" -ge 1 ] || { on fp-mon1 systemctl start pgbackrest.service; die "no WAL segment waits for archiving on $primary (ready: ${ready:-0})"; }
     expect "$(publish fp-data1 "$u" "written while archiving fails")" 201 "a publish while archiving fails"
+    # Prometheus sees it: WalArchivingFailing for this host, pending (its `for` is 5 min) after a
+    # scrape and an evaluation (10 s each until the monitoring scenario shortens them).
+    alert=""
+    for i in $(seq 1 60); do
+        alert=$(prom_query "ALERTS{alertname=\"WalArchivingFailing\",host=\"$primary\"}" 2>/dev/null) && [ -n "$alert" ] && break
+        sleep 1
+    done
+    [ -n "$alert" ] || { on fp-mon1 systemctl start pgbackrest.service; die "WalArchivingFailing is not pending for $primary within 60 s of a failed archive command"; }
     on fp-mon1 systemctl start pgbackrest.service
     t_back=$(date +%s)
     # The archiver retries once a minute at most: the queue drains within two.
@@ -168,5 +176,5 @@ archive_outage() {
     if on "$primary" "journalctl -u patroni --since=@$t_stop | grep -q 'dropped WAL file'"; then
         die "$primary dropped WAL during a short outage"
     fi
-    phase "backup host's pgBackRest stopped $((t_back - t_stop)) s under writes: $((failed - failed0)) failed archive commands, ${ready} segments waiting on $primary, publishes 201; archived up to $last $(( $(date +%s) - t_back )) s after it came back"
+    phase "backup host's pgBackRest stopped $((t_back - t_stop)) s under writes: $((failed - failed0)) failed archive commands, ${ready} segments waiting on $primary, WalArchivingFailing pending, publishes 201; archived up to $last $(( $(date +%s) - t_back )) s after it came back"
 }
