@@ -161,6 +161,18 @@ def test_a_held_poll_bound_grows_with_the_client_s_own_pause() -> None:
     assert violations(before, "3-held-bound") == 1
 
 
+def test_a_held_poll_the_app_answered_may_take_the_app_s_own_time() -> None:
+    # A room over the item size misses, so its held poll's answer is composed by the app: 600 ms
+    # after "two" returned is on time if a plain poll the app answered then took 500 ms; a plain
+    # poll the app answered says nothing about a held poll the cache answered.
+    held = Op("held", 1, 2.5, 3.7, 200, TWO, inm_body="", wait=5, source="app")
+    assert violations(history(held), "3-held-bound") == 1
+    app_poll = Op("poll", 2, 3.15, 3.65, 200, "", source="app")
+    assert violations(history(held, app_poll), "3-held-bound") == 0
+    from_cache = replace(held, source="cache")
+    assert violations(history(from_cache, app_poll), "3-held-bound") == 1
+
+
 def test_the_client_s_pauses_are_kept_in_the_history(tmp_path: Path) -> None:
     h = history()
     h.add_stall(3.12, 3.6)
@@ -350,6 +362,14 @@ def test_hostile_requests_get_the_documented_answer() -> None:
     assert violations(history(held), "6-hostile") == 1
     slow = Op("hostile", 1, 5.0, 10.0, 400, expect=[400], wait=4)
     assert violations(history(slow), "6-hostile") == 1
+    # The app's refusal (a URL signed for 17 rooms) while an app process restarted: its time is
+    # the restart's; its status is still judged, and the poll server's own refusals keep the bound.
+    restart = Fault("app-restart", "app", 4.0, 12.0, [APP])
+    by_app = replace(slow, source="app")
+    assert violations(history(by_app, faults=[restart]), "6-hostile") == 0
+    assert violations(history(replace(by_app, status=200), faults=[restart]), "6-hostile") == 1
+    assert violations(history(slow, faults=[restart]), "6-hostile") == 1
+    assert violations(history(by_app), "6-hostile") == 1
 
 
 def test_the_history_round_trips_through_json_lines(tmp_path: Path) -> None:

@@ -64,30 +64,32 @@ CONFIGS = {
 # The hostile client's requests (docs/api.md, "`wait`: long polls" and "If-None-Match"): what is
 # appended to a valid signed poll URL, the If-None-Match sent, the documented statuses and the
 # longest the answer may take (s). A refused request is 400 from nginx's poller and the app alike.
-HOSTILE: list[tuple[str, str | None, list[int], float]] = [
-    ("&WAIT=0&wait=30", "*", [400], 4.0),  # wait twice, any case: refused
-    ("&wait=5&wait=5", None, [400], 4.0),
-    ("&Wait=2&WAIT=3", "*", [400], 4.0),
-    ("&wait=", None, [400], 4.0),
-    ("&wait", "*", [400], 4.0),
-    ("&wait=%31", None, [400], 4.0),  # never percent-decoded: not digits
-    ("&wait=1234567", None, [400], 4.0),  # more than 6 digits
-    ("&wait=-1", None, [400], 4.0),
-    ("&w%61it=5", "*", [304], 4.0),  # not `wait`: an ordinary poll; `*` matches
-    ("&WAIT=1", "*", [304], 5.0),  # case-insensitive: held 1 s, then 304
-    ("", '"\x01abc"', [200], 4.0),  # a control byte: If-None-Match ignored, full answer
-    ("", '"ab\x7fc"', [200], 4.0),
-    ("", 'W/ "x"', [200], 4.0),  # malformed: ignored
+# Last, whether the app answers it (the poll server sends it there): its time is then the app's,
+# recorded as source "app" (the app's refusals carry no X-Poll-Source) and judged as such.
+HOSTILE: list[tuple[str, str | None, list[int], float, bool]] = [
+    ("&WAIT=0&wait=30", "*", [400], 4.0, False),  # wait twice, any case: refused
+    ("&wait=5&wait=5", None, [400], 4.0, False),
+    ("&Wait=2&WAIT=3", "*", [400], 4.0, False),
+    ("&wait=", None, [400], 4.0, False),
+    ("&wait", "*", [400], 4.0, False),
+    ("&wait=%31", None, [400], 4.0, False),  # never percent-decoded: not digits
+    ("&wait=1234567", None, [400], 4.0, False),  # more than 6 digits
+    ("&wait=-1", None, [400], 4.0, False),
+    ("&w%61it=5", "*", [304], 4.0, False),  # not `wait`: an ordinary poll; `*` matches
+    ("&WAIT=1", "*", [304], 5.0, False),  # case-insensitive: held 1 s, then 304
+    ("", '"\x01abc"', [200], 4.0, False),  # a control byte: If-None-Match ignored, full answer
+    ("", '"ab\x7fc"', [200], 4.0, False),
+    ("", 'W/ "x"', [200], 4.0, False),  # malformed: ignored
     # Channels (docs/channels.md): a plain URL's signature covers no room; a bad ch is refused
     # (400 from the app; the poll server may refuse it as unsigned first: 403).
-    ("&ch=room.c", None, [403], 4.0),
-    ("&ch=room.d,room.c", None, [400, 403], 4.0),
-    ("&ch=room.c&CH=room.d", "*", [400, 403], 4.0),
-    ("&ch=", None, [400, 403], 4.0),
+    ("&ch=room.c", None, [403], 4.0, False),
+    ("&ch=room.d,room.c", None, [400, 403], 4.0, True),
+    ("&ch=room.c&CH=room.d", "*", [400, 403], 4.0, True),
+    ("&ch=", None, [400, 403], 4.0, True),
     # A URL validly signed for more rooms than the poll server's [channels] max (16): not the
     # poll server's to refuse as unsigned (403) but a 404 there, so nginx asks the app: 400.
     # (CH_OVER_MAX is the marker: over_max_url's URL, not a suffix.)
-    (CH_OVER_MAX, None, [400], 4.0),
+    (CH_OVER_MAX, None, [400], 4.0, True),
 ]
 
 
@@ -1121,7 +1123,7 @@ class Run:
         rng = self._rng("hostile")
         while not self.stop.wait(rng.uniform(1.0, 3.0)):
             uid = rng.randrange(1, self.s.users + 1)
-            suffix, inm, expect, bound = rng.choice(HOSTILE)
+            suffix, inm, expect, bound, by_app = rng.choice(HOSTILE)
             if suffix == CH_OVER_MAX:
                 target = self.over_max_url(uid)
             else:
@@ -1152,6 +1154,8 @@ class Run:
                 op.status = resp.status
                 op.source = resp.header("x-poll-source") or ""
                 op.headers = {"x-poll-source": op.source, "etag": resp.header("etag") or ""}
+                if by_app and not op.source:
+                    op.source = "app"  # its refusals carry no X-Poll-Source
                 if resp.status == 200:
                     op.body = resp.body.decode("utf-8", "replace")
             self.history.add(op)
