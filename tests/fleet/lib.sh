@@ -644,9 +644,6 @@ check_converged() {
         fi
     done
 }
-# ab_rounds PID WHAT: bounded ab rounds (at most 400 per phase, 1 s apart) against both pollers
-# until PID ends, each on a URL an app host issues right then for user $rot_u and on $first_url:
-# every answer 2xx. At least one round must overlap each phase.
 # ab_failures: what the last ab run counted as failed, on one line (for the FAIL line CI shows).
 ab_failures() {
     grep -E '^(Complete requests|Failed requests|Non-2xx responses):|\(Connect:' "$RUN/ab.txt" \
@@ -659,6 +656,9 @@ ab_evidence() {
     on "$1" "tail -n 700 /var/log/nginx/fastpoll.access.log; echo '---- error.log'; tail -n 60 /var/log/nginx/error.log" \
         > "$LOGS/ab-failed-$1.log" 2>&1 || true
 }
+# ab_rounds PID WHAT: bounded ab rounds (at most 400 per phase, 1 s apart) against both pollers
+# until PID ends, each on a URL an app host issues right then for user $rot_u and on $first_url:
+# every answer 2xx. At least one round must overlap each phase.
 ab_rounds() {
     local pid=$1 what=$2 url n mine=0
     while kill -0 "$pid" 2>/dev/null && [ "$mine" -lt 400 ]; do

@@ -388,7 +388,7 @@ def _polls_from(h: History, source: str) -> list[Op]:
     )
 
 
-def _hits(h: History) -> _Machine:
+def _machine(h: History) -> _Machine:
     """Plain and conditional polls through nginx answered from the cache, the client's pauses,
     and the polls the app answered."""
     return _Machine(_polls_from(h, "cache"), sorted(h.stalls), _polls_from(h, "app"))
@@ -443,30 +443,30 @@ def _held_polls(h: History, model: _Model, r: RuleResult) -> Iterable[Op]:
         yield op
 
 
-def _late(hits: _Machine, op: Op, t_k: float, deadline: float) -> float | None:
+def _late(machine: _Machine, op: Op, t_k: float, deadline: float) -> float | None:
     """The deadline (plus the machine's own stall while the poll waited: the longest cache hit,
     the client's pauses, for one the app answered the longest poll the app answered) if the held
     poll was answered after it, else None."""
     if op.end <= deadline:
         return None
-    deadline += hits.latency(t_k, op.end, op.source == "app")
+    deadline += machine.latency(t_k, op.end, op.source == "app")
     return deadline if op.end > deadline else None
 
 
 def _rule3(h: History, model: _Model, p: Params, r: RuleResult) -> None:
     """A held poll whose tag stopped being current (`_held_change`) must be answered by the
     deadline, plus the machine's own stall then (`_Machine`: the longest cache hit, the client's
-    pauses), unless a
-    fault touched the announcement path, the cache (held, hung, killed, reads failing) or a poll
-    server (`blocking`). Those with slow or stalled cache reads only are rule 8's."""
-    hits = _hits(h)
+    pauses), unless a fault touched the announcement path, the cache (held, hung, killed, reads
+    failing) or a poll server (`blocking`). Those with slow or stalled cache reads only are
+    rule 8's."""
+    machine = _machine(h)
     for op in _held_polls(h, model, r):
         found = _held_change(h, model, p, op, p.held_bound_s, True, True)
         if found is None:
             continue
         k, t_k, deadline = found
         r.checked += 1
-        late = _late(hits, op, t_k, deadline)
+        late = _late(machine, op, t_k, deadline)
         if late is None:
             continue
         wait = _order_wait(h, op, late, p)
@@ -530,7 +530,7 @@ def _rule8(h: History, model: _Model, p: Params, r: RuleResult) -> None:
     plain poll would be by the app. Not judged if another fault (not a slow or stalled read, nor
     the trouble the poll servers logged about it) touched the announcement path, the cache or a
     poll server then."""
-    hits = _hits(h)
+    machine = _machine(h)
     slow = [f for f in h.faults if CACHE_SLOW in f.paths]
     others = [f for f in h.faults if CACHE_SLOW not in f.paths and OBSERVED not in f.paths]
     for op in _held_polls(h, model, r):
@@ -542,7 +542,7 @@ def _rule8(h: History, model: _Model, p: Params, r: RuleResult) -> None:
         if not during:
             continue
         r.checked += 1
-        late = _late(hits, op, t_k, deadline)
+        late = _late(machine, op, t_k, deadline)
         if late is None:
             continue
         if _blocking(others, op.start, late, p):
@@ -689,7 +689,7 @@ def _rule11(h: History, model: _Model, p: Params, r: RuleResult) -> None:
     open (from before the write returned to the bound after) is in an event by then, plus the
     longest cache hit then, unless a fault touched the announcement path, the cache or a poll
     server (`_blocking`), or the write returned X-Cache-Publish: pending."""
-    hits = _hits(h)
+    machine = _machine(h)
     events: dict[tuple[int, str], list[Op]] = {}
     conns: dict[tuple[int, str], list[Op]] = {}
     for op in h.ops:
@@ -738,7 +738,7 @@ def _rule11(h: History, model: _Model, p: Params, r: RuleResult) -> None:
                 for c in cs
             ):
                 continue
-            deadline = bound + hits.latency(t_k, bound + 1.0)
+            deadline = bound + machine.latency(t_k, bound + 1.0)
             # The last event by then shows state k or a later one (an unchanged answer sends
             # no event: the last one may be from before the write).
             shown = [e for e in evs if e.end <= deadline]
