@@ -823,3 +823,17 @@ def test_a_503_while_nginx_still_skips_every_app_is_excused() -> None:
     assert violations(h, "4-5xx") == 1
     h.apps = 0  # not recorded: nothing is excused
     assert violations(history(early, faults=[back, other]), "4-5xx") == 1
+
+
+def test_a_fault_the_nemesis_could_not_heal_voids_the_run() -> None:
+    # memcached-0 did not start again after its kill: what followed is the harness's doing.
+    ok = [Op("final-nginx", 1, 9.0, 9.1, 200, TWO), Op("final-app", 1, 9.0, 9.1, 200, TWO)]
+    error = "RuntimeError('memcached-0 exited with status 71')"
+    failed = Fault("cache-kill", "", 4.0, 4.5, params={"node": "memcached-0", "error": error})
+    rep = check(history(*ok, faults=[failed]))
+    assert not rep.ok and not any(r.violations for r in rep.rules.values())
+    assert rep.void == [f"cache-kill on memcached-0 at 3.000 s: {error}"]
+    text = render(rep)
+    assert "VOID (seed 7, config test): the nemesis failed: cache-kill on memcached-0" in text
+    healed = replace(failed, params={"node": "memcached-0"})
+    assert check(history(*ok, faults=[healed])).ok

@@ -111,3 +111,24 @@ def test_blackhole_silences_open_connections_only(upstream: tuple[int, list[byte
         old.close()
     finally:
         p.close()
+
+
+def test_a_connection_it_cannot_carry_is_closed_and_counted(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    down = free_port()  # nothing listens there: the upstream is down
+    p = FaultProxy(free_port(), down, classify_memcached)
+    try:
+        for _ in range(7):
+            with socket.create_connection(("127.0.0.1", p.port)) as c:
+                c.settimeout(2)
+                assert c.recv(10) == b""  # closed at once, not left hanging
+        deadline = time.monotonic() + 2
+        while sum(p.failures.values()) < 7 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert list(p.failures.values()) == [7]
+        log = capfd.readouterr().err.splitlines()
+        assert len(log) == 5  # the first 5 of a kind, then every 1,000th
+        assert f"upstream connect to :{down} failed: ConnectionRefusedError" in log[0]
+    finally:
+        p.close()

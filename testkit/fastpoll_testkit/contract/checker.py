@@ -120,10 +120,14 @@ class Report:
     config: str
     rules: dict[str, RuleResult]
     t0: float
+    # Faults the nemesis could not inject or heal (their "error"): the run did not test what
+    # its schedule says, and what followed (a node never restarted, say) is the harness's, so
+    # its verdict is void whatever the rules found.
+    void: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not any(r.violations for r in self.rules.values())
+        return not self.void and not any(r.violations for r in self.rules.values())
 
 
 def _overlapping(
@@ -219,7 +223,13 @@ def check(h: History, p: Params | None = None) -> Report:
     _rule9(h, p, rules["9-isolation"])
     _rule10(h, model, rules["10-no-skip"])
     _rule11(h, model, p, rules["11-stream"])
-    return Report(h.seed, h.config, rules, t0)
+    void = [
+        f"{f.kind} on {f.target or f.params.get('node', '?')} at {f.start - t0:.3f} s: "
+        f"{f.params['error']}"
+        for f in h.faults
+        if "error" in f.params
+    ]
+    return Report(h.seed, h.config, rules, t0, void)
 
 
 def _related(model: _Model, user: int, lo: int, hi: int) -> list[Op]:
@@ -1097,6 +1107,10 @@ def render(rep: Report, limit: int = 5) -> str:
             f"  {name:<16} {res.checked:>8} {res.excluded:>9} {len(res.violations):>11}  "
             f"{RULES[name]}"
         )
+    for what in rep.void:
+        out.append(f"\nVOID (seed {rep.seed}, config {rep.config}): the nemesis failed: {what}")
+    if rep.void:
+        out.append("  the run's verdict is void: it did not test what its schedule says")
     for name, res in rep.rules.items():
         for v in res.violations[:limit]:
             out.append(f"\nVIOLATION {name} (seed {rep.seed}, config {rep.config}): {v.what}")

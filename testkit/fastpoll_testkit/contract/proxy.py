@@ -84,6 +84,7 @@ class FaultProxy:
         self._held: list[tuple[_Conn, bytes]] = []
         self.read_delay = 0.0
         self.hold = False
+        self.failures: dict[str, int] = {}  # connections it could not carry, by why (_failed)
         self._listener = socket.create_server(("127.0.0.1", port), backlog=512)
         self.port: int = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True, name=f"proxy-{port}").start()
@@ -94,21 +95,39 @@ class FaultProxy:
         except OSError:  # closed
             return None
 
+    def _failed(self, what: str, e: BaseException) -> None:
+        """A connection the proxy could not carry, in its log (the run's notes count them): the
+        first 5 of each kind, then every 1,000th."""
+        kind = f"{what}: {e!r}"
+        with self._lock:
+            n = self.failures[kind] = self.failures.get(kind, 0) + 1
+        if n <= 5 or n % 1000 == 0:
+            stamp = time.strftime("%H:%M:%S")
+            print(f"{stamp} proxy :{self.port}: {kind} (#{n})", file=sys.stderr, flush=True)
+
     def _accept(self) -> None:
         while (client := self._next_client()) is not None:
             try:
                 server = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=2)
                 server.settimeout(None)
-            except OSError:
+            except OSError as e:
+                self._failed(f"upstream connect to :{self.upstream_port} failed", e)
                 client.close()  # the upstream is down: so is this connection
                 continue
             conn = _Conn(client, server)
             with self._lock:
                 self._conns.append(conn)
-            threading.Thread(target=self._up, args=(conn,), daemon=True).start()
-            threading.Thread(target=self._send, args=(conn, False), daemon=True).start()
-            threading.Thread(target=self._send, args=(conn, True), daemon=True).start()
-            threading.Thread(target=self._down, args=(conn,), daemon=True).start()
+            try:
+                for target, args in (
+                    (self._up, (conn,)),
+                    (self._send, (conn, False)),
+                    (self._send, (conn, True)),
+                    (self._down, (conn,)),
+                ):
+                    threading.Thread(target=target, args=args, daemon=True).start()
+            except RuntimeError as e:  # no thread to be had (the machine's pid_max): keep on
+                self._failed("no thread for a connection", e)
+                self._drop(conn)
 
     def _up(self, conn: _Conn) -> None:
         """Client to server."""

@@ -1578,6 +1578,20 @@ class Run:
                     op.end = time.monotonic()
                     self.history.add(op)
 
+    def proxy_failures(self) -> None:
+        """The connections the fault proxies could not carry (proxy.py _failed), as notes: a
+        harness that drops connections shows in the run's report, not only in its log."""
+        log = self.stack.run_dir / "proxy.log"
+        if not log.exists():
+            return
+        most: dict[str, int] = {}
+        for line in log.read_text(errors="replace").splitlines():
+            m = re.match(r"^\S+ proxy (.*) \(#(\d+)\)$", line)
+            if m:
+                most[m.group(1)] = max(most.get(m.group(1), 0), int(m.group(2)))
+        for kind, n in most.items():
+            self.history.notes.append(f"proxy {kind}: {n}+ times")
+
     def nginx_errors(self) -> None:
         """nginx's error log lines that mark a poller failed or time one out (rule 5)."""
         log = self.stack.run_dir / "nginx" / "error.log"
@@ -1743,5 +1757,6 @@ class Run:
         )
         self.nginx_errors()
         self.poller_events()
+        self.proxy_failures()
         self.history.write(self.run_dir / "history.jsonl")
         return check(self.history, self.s.params)
