@@ -47,7 +47,7 @@ def env(tmp: Path) -> dict[str, str]:
     }
 
 
-def playbook(tmp: Path, plays: list[dict[str, object]], *args: str) -> str:
+def playbook(tmp: Path, plays: list[dict[str, object]], *args: str, expect_rc: int = 0) -> str:
     f = tmp / "play.yml"
     f.write_text(yaml.safe_dump(plays, sort_keys=False))
     run = subprocess.run(
@@ -68,7 +68,7 @@ def playbook(tmp: Path, plays: list[dict[str, object]], *args: str) -> str:
         check=False,
         timeout=600,
     )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert run.returncode == expect_rc, run.stdout[-4000:] + run.stderr[-2000:]
     return run.stdout
 
 
@@ -136,17 +136,51 @@ def test_budgets_of_the_150_poller_fleet(tmp_path: Path) -> None:
     )
     m = re.search(
         r"Connections: memcached (\d+) of (\d+) per node, Redis (\d+) of (\d+), "
-        r"PostgreSQL (\d+) of (\d+)",
+        r"PostgreSQL (\d+) of (\d+), Sentinel (\d+) of (\d+) per sentinel, "
+        r"fallbacks in flight (\d+) of (\d+) the app workers serve at once",
         " ".join(out.split()),
     )
     assert m, out[-3000:]
-    mc, mc_max, rd, rd_max, pg, pg_max = map(int, m.groups())
+    mc, mc_max, rd, rd_max, pg, pg_max, sn, sn_max, fb, fb_max = map(int, m.groups())
     print(
-        f"budgets: memcached {mc}/{mc_max} per node, Redis {rd}/{rd_max}, PostgreSQL {pg}/{pg_max}"
+        f"budgets: memcached {mc}/{mc_max} per node, Redis {rd}/{rd_max}, PostgreSQL {pg}/{pg_max},"
+        f" Sentinel {sn}/{sn_max}, fallbacks in flight {fb}/{fb_max}"
     )
-    # 4,800 instances x 1 + 32 workers x 41 + 32; x 2 for Redis; 32 x 20 + 8.
+    # 4,800 instances x 1 + 32 workers x 41 + 32; x 2 for Redis; 32 x 20 + 8; on a sentinel
+    # 4,800 x 3 + 32 x 42 + 32; 150 pollers x 8 fallbacks against 32 workers x 40 threads.
     assert (mc, rd, pg) == (4800 + 32 * 41 + 32, 2 * 4800 + 32 * 41 + 32, 32 * 20 + 8)
-    assert mc <= mc_max and rd <= rd_max and pg <= pg_max
+    assert (sn, fb, fb_max) == (4800 * 3 + 32 * 42 + 32, 150 * 8, 32 * 40)
+    assert mc <= mc_max and rd <= rd_max and pg <= pg_max and sn <= sn_max and fb <= fb_max
+
+
+def test_a_fleet_whose_fallbacks_or_failover_exceed_the_app_or_a_sentinel_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The defaults (64 fallbacks per nginx host, 10,000 clients per sentinel) on 150 pollers:
+    refused, naming both numbers; a poller with no cap makes the fallbacks unbounded."""
+    plays = [{"name": "Budgets", "hosts": "all", "gather_facts": False, "roles": ["budgets"]}]
+    base = ["--limit", "poll001", "-e", "budgets_live_limits=false"]
+    out = " ".join(
+        playbook(
+            tmp_path,
+            plays,
+            *base,
+            "-e",
+            '{"nginx_fallback_max_conns": 64, "redis_sentinel_maxclients": 10000}',
+            expect_rc=2,
+        ).split()
+    )
+    assert "15776 on each sentinel during a failover (4800 x 3 + 32 x 42 + 32; " \
+        "redis_sentinel_maxclients 10000)" in out, out[-3000:]
+    assert "9600 fallbacks in flight to the app tier (nginx_fallback_max_conns summed over 150 " \
+        "pollers) where its workers serve 1280 at once (32 x 40)" in out, out[-3000:]
+    out = " ".join(
+        playbook(
+            tmp_path, plays, *base, "-e", '{"nginx_fallback_max_conns": 0}', expect_rc=2
+        ).split()
+    )
+    assert "unbounded fallbacks in flight to the app tier (nginx_fallback_max_conns 0 on " \
+        "poll001, poll002," in out, out[-3000:]
 
 
 def rollout(tmp: Path, batches: str, parallel: int | None = None) -> tuple[float, list[int], int]:

@@ -46,6 +46,10 @@ def main() -> None:
                 "memcached_max_connections": 8192,
                 "redis_maxclients": 16384,
                 "postgresql_max_connections": 800,
+                # Every instance may reach one sentinel during a failover: 4,800 x 3 + 32 x 42.
+                "redis_sentinel_maxclients": 16384,
+                # 150 pollers x 8 fallbacks in flight, within the 32 app workers' 1,280 threads.
+                "nginx_fallback_max_conns": 8,
                 # 4 of 32 instances restart together: 8 steps per host instead of 32.
                 "poll_server_restart_parallel": 4,
             },
