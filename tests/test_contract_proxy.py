@@ -8,10 +8,16 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from fastpoll_testkit.contract.proxy import FaultProxy, classify_memcached, classify_redis
+from fastpoll_testkit.contract.proxy import (
+    FaultProxy,
+    ProxyControl,
+    classify_memcached,
+    classify_redis,
+)
 from fastpoll_testkit.procs import free_port
 
 
@@ -132,3 +138,22 @@ def test_a_connection_it_cannot_carry_is_closed_and_counted(
         assert f"upstream connect to :{down} failed: ConnectionRefusedError" in log[0]
     finally:
         p.close()
+
+
+def test_the_proxy_process_reports_its_failures(tmp_path: Path) -> None:
+    down, listen = free_port(), free_port()
+    ctl = ProxyControl({"memcached-0": [listen, down, "memcached"]}, str(tmp_path / "proxy.log"))
+    try:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", listen)) as c:
+                c.settimeout(2)
+                assert c.recv(10) == b""
+        refused = ConnectionRefusedError(111, "Connection refused")
+        want = {f"upstream connect to :{down} failed: {refused!r}": 3}
+        deadline = time.monotonic() + 2
+        while (got := ctl.send("memcached-0", "failures")) != want and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == want
+    finally:
+        ctl.close()
+    assert "(#3)" in (tmp_path / "proxy.log").read_text()

@@ -286,6 +286,9 @@ def serve(spec: dict[str, list[object]]) -> None:
                 p.close_dead()
             elif op == "reset_all":
                 p.reset_all()
+            elif op == "failures":
+                with p._lock:
+                    result = dict(p.failures)
             f.write(json.dumps({"result": result}) + "\n")
             f.flush()
     for p in proxies.values():

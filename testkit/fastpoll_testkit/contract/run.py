@@ -38,7 +38,7 @@ from fastpoll_testkit.contract.proxy import ProxyControl
 from fastpoll_testkit.procs import free_port, freeze
 from fastpoll_testkit.releases import PREVIOUS, PREVIOUS_HAS, extract
 from fastpoll_testkit.sse import Event, EventStreamClient
-from fastpoll_testkit.stack import PG_DB, PG_USER, Stack
+from fastpoll_testkit.stack import PG_DB, PG_USER, Stack, memcached_stats
 
 
 @dataclass(frozen=True)
@@ -1578,19 +1578,30 @@ class Run:
                     op.end = time.monotonic()
                     self.history.add(op)
 
+    def memcached_connections(self) -> None:
+        """Each memcached node's connections, as notes: one that hit its limit (-c) refuses new
+        clients ("rejected"), which would look like a cache fault nobody injected."""
+        for i, port in enumerate(self.stack.memcached_ports):
+            try:
+                st = memcached_stats(port)
+            except OSError as e:
+                self.history.notes.append(f"memcached-{i}: no stats at the end ({e!r})")
+                continue
+            self.history.notes.append(
+                f"memcached-{i}: {st.get('curr_connections', '?')} connections open at the end, "
+                f"{st.get('total_connections', '?')} since its start, "
+                f"{st.get('rejected_connections', '?')} rejected "
+                f"(limit {st.get('max_connections', '?')})"
+            )
+
     def proxy_failures(self) -> None:
         """The connections the fault proxies could not carry (proxy.py _failed), as notes: a
-        harness that drops connections shows in the run's report, not only in its log."""
-        log = self.stack.run_dir / "proxy.log"
-        if not log.exists():
-            return
-        most: dict[str, int] = {}
-        for line in log.read_text(errors="replace").splitlines():
-            m = re.match(r"^\S+ proxy (.*) \(#(\d+)\)$", line)
-            if m:
-                most[m.group(1)] = max(most.get(m.group(1), 0), int(m.group(2)))
-        for kind, n in most.items():
-            self.history.notes.append(f"proxy {kind}: {n}+ times")
+        harness that drops connections shows in the run's report, not only in its log (which
+        has the first five of each kind, with their times)."""
+        for name in self.proxy.ports if self.proxy is not None else []:
+            failures = self._ctl(name, "failures")
+            for kind, n in (failures if isinstance(failures, dict) else {}).items():
+                self.history.notes.append(f"proxy {name} {kind}: {n} times")
 
     def nginx_errors(self) -> None:
         """nginx's error log lines that mark a poller failed or time one out (rule 5)."""
@@ -1758,5 +1769,6 @@ class Run:
         self.nginx_errors()
         self.poller_events()
         self.proxy_failures()
+        self.memcached_connections()
         self.history.write(self.run_dir / "history.jsonl")
         return check(self.history, self.s.params)
