@@ -393,6 +393,7 @@ cat >> "$RUN/inventory.yml" <<EOF
     backup:
       hosts:
         fp-mon1:
+        fp-data1:
     monitoring:
       hosts:
         fp-mon1:
@@ -419,7 +420,9 @@ EOF
   printf 'fastpoll_signing_secrets: ["%s"]\n' "$(cat "$RUN/signing.key")" >> "$RUN/secrets.yml"
   head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$RUN/api.token"
   printf 'fastpoll_api_token: "%s"\n' "$(cat "$RUN/api.token")" >> "$RUN/secrets.yml"
-  printf 'fastpoll_db_password: "%s"\n' "$(head -c 24 /dev/urandom | base64 | tr -d '/+=')" >> "$RUN/secrets.yml" )
+  printf 'fastpoll_db_password: "%s"\n' "$(head -c 24 /dev/urandom | base64 | tr -d '/+=')" >> "$RUN/secrets.yml"
+  # The second pgBackRest repository's passphrase (fp-data1's, encrypted).
+  printf 'pgbackrest_repo2_cipher_pass: "%s"\n' "$(head -c 36 /dev/urandom | base64 | tr -d '/+=')" >> "$RUN/secrets.yml" )
 # The TLS certificate: self-signed, made here, for the pollers' names and addresses.
 openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=fastpoll-fleet-test \
     -addext "subjectAltName=DNS:fp-poll1,DNS:fp-poll2,DNS:fp-solo,IP:${IP[fp-poll1]},IP:${IP[fp-poll2]},IP:${IP[fp-solo]}" \

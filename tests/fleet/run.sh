@@ -18,6 +18,7 @@
 #   fp-app2  10.77.0.22  app (a second app host: both on PostgreSQL)
 #   fp-db1   10.77.0.23  postgresql (with fp-app2: a Patroni pair; etcd on fp-db1, fp-app2, fp-mon1)
 #   fp-mon1  10.77.0.24  monitoring (tests/fleet/monitoring.sh, if present, checks it), backup (pgBackRest)
+#   (fp-data1 is the second backup host too: the encrypted repository)
 # and, deployed alongside with its own inventory (the single-host example's layout):
 #   fp-solo  10.77.0.31  every group, services on loopback
 #

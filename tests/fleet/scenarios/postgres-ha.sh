@@ -5,11 +5,13 @@
 #
 # The fleet's inventory (lib.sh): PostgreSQL on fp-db1 and fp-app2 under Patroni (a primary and a
 # synchronous standby), etcd on fp-db1, fp-app2 and fp-mon1, pgBackRest's repository on fp-mon1
-# (WAL archived as written, a full backup taken by the first deploy).
+# and a second, encrypted one on fp-data1 (WAL archived to both as written, a full backup in each
+# taken by the first deploy).
 #
 #   1. Point-in-time restore: publish A, note the primary's clock, publish B; on fp-mon1,
 #      fastpoll-pg-pitr restores the repository to that time into a scratch cluster: A is there,
-#      B is not. The backup metric (node_exporter's textfile) is checked too.
+#      B is not; the same from the second, encrypted repository on fp-data1. The backup metric
+#      (node_exporter's textfile) and repo2's encryption are checked too.
 #   2. Failover under load (tests/fleet/pg_ha_load.py: publishes through both app hosts, polls
 #      through both pollers): the primary's Patroni and PostgreSQL are killed (SIGKILL, the unit
 #      masked so systemd does not restart it). Checked: every acknowledged (201) publish is in the
@@ -37,6 +39,20 @@ pg_primary() {
     echo -
 }
 pg_sql() { on "$1" "cd / && runuser -u postgres -- psql -X -q -t -A -v ON_ERROR_STOP=1 -d fastpoll" <<<"$2"; }
+# pitr_messages HOST TIME USER: on repository host HOST, `pgbackrest check` (it switches the WAL
+# segment and waits for it there: every commit so far is in that repository), then
+# fastpoll-pg-pitr to TIME into its scratch cluster; prints USER's messages there, comma-joined.
+pitr_messages() {
+    local out
+    on "$1" "runuser -u pgbackrest -- pgbackrest --stanza=fastpoll check" > "$LOGS/pitr-check-$1.log" 2>&1 \
+        || { cat "$LOGS/pitr-check-$1.log" >&2; die "$1: pgbackrest check failed"; }
+    on "$1" fastpoll-pg-pitr --stop > /dev/null
+    on "$1" fastpoll-pg-pitr "'$2'" > "$LOGS/pitr-$1.log" 2>&1 || { cat "$LOGS/pitr-$1.log" >&2; die "$1: fastpoll-pg-pitr failed"; }
+    out=$(on "$1" "cd / && runuser -u pgbackrest -- psql -X -t -A -h /var/tmp/fastpoll-pitr/run -p 5499 -U postgres -d fastpoll \
+        -c \"SELECT string_agg(text, ',' ORDER BY id) FROM messages WHERE user_id = $3\"")
+    on "$1" fastpoll-pg-pitr --stop > /dev/null
+    echo "$out"
+}
 
 sc_postgres_ha() {
     local primary standby i u_pitr t_mark out t_kill t_new new_primary gap
@@ -57,24 +73,32 @@ sc_postgres_ha() {
     out=$(on fp-mon1 "curl -fsS http://${IP[fp-mon1]}:9100/metrics") || die "fp-mon1's node_exporter does not answer"
     grep -q '^fastpoll_backup_last_success_timestamp_seconds{' <<< "$out" \
         || die "node_exporter on fp-mon1 does not serve the backup metric"
+    # The second repository, on fp-data1: encrypted (its info file is OpenSSL's salted format, and
+    # pgBackRest says aes-256-cbc), its own full backup from the first deploy, WAL pushed to it too.
+    out=$(on fp-data1 "runuser -u pgbackrest -- pgbackrest --stanza=fastpoll --output=json info") \
+        || die "pgbackrest info failed on fp-data1"
+    out=$(python3 -c 'import json, sys; d = json.loads(sys.argv[1])[0]
+print(len(d["backup"]), " ".join(sorted({r["cipher"] for r in d["repo"]})))' "$out") \
+        || die "fp-data1's pgbackrest info does not parse"
+    [[ "$out" =~ ^[1-9][0-9]*\ aes-256-cbc$ ]] || die "fp-data1's repository: backups and cipher '$out', want 1+ and aes-256-cbc"
+    expect "$(on fp-data1 "head -c 8 /var/lib/pgbackrest/backup/fastpoll/backup.info")" Salted__ \
+        "fp-data1's backup.info is encrypted"
+    on fp-data1 "runuser -u pgbackrest -- pgbackrest --stanza=fastpoll check" > "$LOGS/repo2-check.log" 2>&1 \
+        || { cat "$LOGS/repo2-check.log"; die "pgbackrest check failed on fp-data1 (WAL does not reach the second repository)"; }
+    say "second repository on fp-data1: $out (backups, cipher), WAL reaches it"
 
-    # ---- 1. point-in-time restore from fp-mon1 ----
+    # ---- 1. point-in-time restore from each repository ----
     u_pitr=$((RANDOM % 9000 + 60000))
     expect "$(publish fp-data1 "$u_pitr" "pitr A")" 201 "publish A"
     sleep 1
     t_mark=$(pg_sql "$primary" "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || '+00'")
     sleep 1
     expect "$(publish fp-data1 "$u_pitr" "pitr B")" 201 "publish B"
-    # pgbackrest check switches the WAL segment and waits for it in the repository: B's commit is there.
-    on fp-mon1 "runuser -u pgbackrest -- pgbackrest --stanza=fastpoll check" > "$LOGS/pitr-check.log" 2>&1 \
-        || { cat "$LOGS/pitr-check.log"; die "pgbackrest check failed"; }
-    on fp-mon1 fastpoll-pg-pitr --stop
-    on fp-mon1 fastpoll-pg-pitr "'$t_mark'" > "$LOGS/pitr.log" 2>&1 || { cat "$LOGS/pitr.log"; die "fastpoll-pg-pitr failed"; }
-    out=$(on fp-mon1 "cd / && runuser -u pgbackrest -- psql -X -t -A -h /var/tmp/fastpoll-pitr/run -p 5499 -U postgres -d fastpoll \
-        -c \"SELECT string_agg(text, ',' ORDER BY id) FROM messages WHERE user_id = $u_pitr\"")
-    on fp-mon1 fastpoll-pg-pitr --stop
-    expect "$out" "pitr A" "the restored database's messages of user $u_pitr (A before $t_mark, B after)"
-    phase "point-in-time restore on fp-mon1 to $t_mark: A there, B not"
+    for n in fp-mon1 fp-data1; do
+        expect "$(pitr_messages "$n" "$t_mark" "$u_pitr")" "pitr A" \
+            "$n: the restored database's messages of user $u_pitr (A before $t_mark, B after)"
+    done
+    phase "point-in-time restore to $t_mark on fp-mon1 and from the encrypted repository on fp-data1: A there, B not"
 
     # ---- 2. the primary killed under load ----
     local users=() paths=() u
