@@ -157,3 +157,27 @@ def test_the_proxy_process_reports_its_failures(tmp_path: Path) -> None:
     finally:
         ctl.close()
     assert "(#3)" in (tmp_path / "proxy.log").read_text()
+
+
+def test_release_returns_once_the_held_writes_were_sent(upstream: tuple[int, list[bytes]]) -> None:
+    """The nemesis records a hold's end when release() returns: the writes must have landed by
+    then, not only been queued (20 connections, 10 ms apart)."""
+    port, got = upstream
+    p = FaultProxy(free_port(), port, classify_memcached)
+    conns = [socket.create_connection(("127.0.0.1", p.port)) for _ in range(20)]
+    try:
+        p.hold = True
+        for i, c in enumerate(conns):
+            c.sendall(f"cas /k{i} 1\r\n".encode())
+        time.sleep(0.1)
+        t = time.monotonic()
+        assert p.release() == 20
+        assert time.monotonic() - t >= 0.18
+        deadline = time.monotonic() + 0.5
+        while len(got) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(got) == 20
+    finally:
+        for c in conns:
+            c.close()
+        p.close()

@@ -88,6 +88,10 @@ class Params:
     # The outbox's rewrite of a key after the app's path to the cache heals (design.md: "within
     # about 1 s, 3 s at most").
     outbox_s: float = 3.0
+    # The app's memcached client skips a node that timed out for 1 s (cache.py retry_timeout)
+    # and fails fast while operations still hang on a suspect node: a write started this long
+    # after an app-path fault ended may still return pending because of it.
+    app_cache_skip_s: float = 1.0
     # The app's wait for a user's order before it answers 503 (api.md, "503, Retry-After").
     order_wait_s: float = 3.0
     # nginx's shed 503 is documented during a cache fault and this long after (misses refill).
@@ -273,15 +277,16 @@ def _app_path_exception(h: History, model: _Model, p: Params, op: Op, j: int, m:
     fails (no poll server sees a failure), or a Redis cache hangs and resumes, "the older answer
     is served until the outbox rewrites the key (within about 1 s, 3 s at most)". So a poll may
     show state j, older than state m, if every write j+1..m returned X-Cache-Publish: pending and
-    such a fault was in effect after write j+1 started (its end widened by pad_s: a hold's
-    released writes still drain after it) and ended at most outbox_s before the poll was sent."""
+    such a fault was in effect after write j+1 started (its end widened by pad_s, and by
+    app_cache_skip_s: the app's client still skips the node, or fails fast behind operations
+    that hang on it) and ended at most outbox_s before the poll was sent."""
     missed = model.writes[op.user][j:m]
     if any(w.headers.get("x-cache-publish") != "pending" for w in missed):
         return False
     return any(
         (_touches(f, [APP_PATH]) or _unseen_hang(h, f, op))
         and f.start - p.pad_s <= op.start  # in effect before the poll: a later one excuses nothing
-        and f.end + p.pad_s >= missed[0].start
+        and f.end + p.pad_s + p.app_cache_skip_s >= missed[0].start
         and f.end + p.outbox_s >= op.start
         for f in h.faults
     )

@@ -71,8 +71,9 @@ class _Conn:
         self.writer = False  # sent a write or a `gets` (the app's): its answers are never delayed
         # (when due, chunk), None to end: forwarded in order by _send, each when due, so a
         # delay shifts a connection's stream without adding up chunk after chunk.
-        self.outq: queue.Queue[tuple[float, bytes] | None] = queue.Queue()  # to the server
-        self.inq: queue.Queue[tuple[float, bytes] | None] = queue.Queue()  # to the client
+        # A threading.Event instead of bytes: set once everything before it was sent (release).
+        self.outq: queue.Queue[tuple[float, bytes | threading.Event] | None] = queue.Queue()
+        self.inq: queue.Queue[tuple[float, bytes | threading.Event] | None] = queue.Queue()
 
 
 class FaultProxy:
@@ -163,6 +164,9 @@ class FaultProxy:
                     self._drop(conn)
                 return
             due, chunk = item
+            if isinstance(chunk, threading.Event):
+                chunk.set()
+                continue
             pause = due - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
@@ -192,10 +196,11 @@ class FaultProxy:
             with contextlib.suppress(OSError):
                 s.close()
 
-    def release(self, reverse: bool = False) -> int:
+    def release(self, reverse: bool = False, wait_s: float = 5.0) -> int:
         """Sends every held chunk now, connection after connection 10 ms apart, in the order
         their first held chunk arrived or reversed (each connection's own bytes stay in order);
-        returns how many chunks."""
+        returns how many chunks once they are all handed to the server (wait_s at most), so
+        that the fault's recorded end is when its writes landed, not when they were queued."""
         with self._lock:
             held, self._held = self._held, []
             self.hold = False
@@ -204,14 +209,24 @@ class FaultProxy:
             groups.setdefault(conn, []).append(chunk)
         order = list(groups)[::-1] if reverse else list(groups)
         start = time.monotonic()
+        sent: list[tuple[_Conn, threading.Event]] = []
         for i, conn in enumerate(order):
             for chunk in groups[conn]:
                 conn.outq.put((start + 0.01 * i, chunk))
+            sent.append((conn, threading.Event()))
+            conn.outq.put((0.0, sent[-1][1]))
             with self._lock:
                 conn.held = 0
                 close = conn.client_gone
             if close:
                 conn.outq.put(None)
+        deadline = time.monotonic() + wait_s
+        for conn, event in sent:
+            while not event.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+                with self._lock:
+                    gone = conn not in self._conns  # dropped: its sender has stopped
+                if gone or time.monotonic() >= deadline:
+                    break
         return len(held)
 
     def blackhole(self) -> int:
@@ -237,7 +252,7 @@ class FaultProxy:
 
     def close(self) -> None:
         self._listener.close()
-        self.release()
+        self.release(wait_s=0.0)
         self.reset_all()
 
 
