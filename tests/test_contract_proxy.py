@@ -169,7 +169,9 @@ def test_release_returns_once_the_held_writes_were_sent(upstream: tuple[int, lis
         p.hold = True
         for i, c in enumerate(conns):
             c.sendall(f"cas /k{i} 1\r\n".encode())
-        time.sleep(0.1)
+        deadline = time.monotonic() + 10  # on a busy machine the proxy's threads start late
+        while len(p._held) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
         t = time.monotonic()
         assert p.release() == 20
         assert time.monotonic() - t >= 0.18
