@@ -9,6 +9,7 @@
  *   held: a key's watch reads another answer  -->  composed with it, or
  *         (the key gone) parts read again
  *   held: the wait ends, or a drain  -->  304
+ *   a stream: an event per change, its watches kept up throughout (keep)
  *   the client goes away (any time)  -->  abandon() -> fp_hold_remove
  *       (&r->held) -> ended(): the waiters detached, the watches removed
  *
@@ -54,6 +55,8 @@ static int hash_oom;
  * (about what a held poll costs the poll server anyway); else it reads
  * them again when woken. */
 #define CH_KEEP_MAX 4096UL
+/* A composed answer up to this is composed on the stack, not malloc'd. */
+#define CH_SMALL_BODY 4096
 
 struct fp_chpoll;
 
@@ -307,9 +310,9 @@ static int read_parts(struct fp_chpoll *p)
     return 0;
 }
 
-/* Answers p's poll and frees p. body (malloc'd or NULL) is freed. */
+/* Answers p's poll and frees p (body stays the caller's). */
 static void answer(struct fp_chpoll *p, int code, enum fp_stat_outcome outcome,
-                   char *body, size_t len)
+                   const char *body, size_t len)
 {
     struct fp_request *r = p->r;
     uint64_t pub_ms = p->pub_ms;
@@ -329,7 +332,6 @@ static void answer(struct fp_chpoll *p, int code, enum fp_stat_outcome outcome,
             fp_stat_delivered(pub_ms, (uint64_t)ts.tv_sec * 1000u +
                                       (uint64_t)ts.tv_nsec / 1000000u);
     }
-    free(body);
 }
 
 /* A part missed or could not be read: a poll goes to the app (404, 503);
@@ -346,8 +348,9 @@ static void fail(struct fp_chpoll *p, int code, enum fp_stat_outcome outcome)
     answer(p, code, outcome, NULL, 0);
 }
 
-/* Holds p on every part's key, each watch matching its part as read. 0,
- * or -1 (max_held polls held, out of memory): none is held. */
+/* Holds p on every part's key, each watch matching its part as read (a
+ * watch still up, a stream's, is updated in place). 0, or -1 (max_held
+ * polls held, out of memory): none is held. */
 static int hold(struct fp_chpoll *p)
 {
     for (size_t i = 0; i < p->nparts; i++) {
@@ -356,6 +359,8 @@ static int hold(struct fp_chpoll *p)
         memset(&pt->inm, 0, sizeof(pt->inm));
         pt->inm.ntags = 1;
         pt->inm.tags[0] = pt->v != NULL ? pt->v->tag : fp_etag_of("", 0);
+        if (pt->held.key != NULL)
+            continue;
         if (fp_hold_add(p->cp->ho, pt->key, pt->keylen, &pt->held, pt->seq) != 0) {
             fp_hold_remove_set(&p->set);
             return -1;
@@ -408,7 +413,7 @@ static void parts_in(struct fp_chpoll *p)
     struct fp_ch_part user, chans[FP_MAX_CHANNELS];
     enum fp_cache_status failed = FP_CACHE_HIT;
     size_t len, total = 0;
-    char *body;
+    char small[CH_SMALL_BODY], *body;
     int code;
 
     for (size_t i = 0; i < p->nparts; i++) {
@@ -443,37 +448,38 @@ static void parts_in(struct fp_chpoll *p)
         chans[i - 1].value = p->parts[i].v != NULL ? p->parts[i].v->bytes : NULL;
         chans[i - 1].len = p->parts[i].len;
     }
-    len = fp_ch_compose(&user, chans, p->nparts - 1, NULL, 0);
-    if ((body = malloc(len)) == NULL) {
+    /* Composed straight into the buffer when it fits in one. */
+    len = fp_ch_compose(&user, chans, p->nparts - 1, small, sizeof(small));
+    if (len <= sizeof(small)) {
+        body = small;
+    } else if ((body = malloc(len)) != NULL) {
+        (void)fp_ch_compose(&user, chans, p->nparts - 1, body, len);
+    } else {
         fp_log(FP_LOG_ERROR, "http: out of memory composing an answer");
         fail(p, 503, FP_STAT_BACKEND_ERROR);
         return;
     }
-    (void)fp_ch_compose(&user, chans, p->nparts - 1, body, len);
     if (p->r->stream) {
         stream_parts(p, body, len, total);
-        free(body);
-        return;
-    }
-    code = fp_longpoll_tagged(p->r, fp_etag_of(body, len));
-    if (code == 0 && !p->expired) {
-        if (hold(p) == 0) {
-            free(body);
-            p->kept = total <= CH_KEEP_MAX;
-            if (!p->kept)
-                free_values(p);
-            return; /* still HELD, its timer armed */
+    } else if ((code = fp_longpoll_tagged(p->r, fp_etag_of(body, len))) == 0 &&
+               !p->expired && hold(p) == 0) {
+        p->kept = total <= CH_KEEP_MAX;
+        if (!p->kept)
+            free_values(p);
+        /* still HELD, its timer armed */
+    } else {
+        if (code == 0 && !p->expired) {
+            fp_stat_over_cap();
+            fp_log(FP_LOG_DEBUG, "http: %zu polls held: answering at once",
+                   fp_hold_count(p->cp->ho));
         }
-        fp_stat_over_cap();
-        fp_log(FP_LOG_DEBUG, "http: %zu polls held: answering at once",
-               fp_hold_count(p->cp->ho));
+        if (code != 200)
+            answer(p, 304, FP_STAT_NOT_MODIFIED, NULL, 0);
+        else
+            answer(p, 200, FP_STAT_HIT, body, len);
     }
-    if (code != 200) {
+    if (body != small)
         free(body);
-        answer(p, 304, FP_STAT_NOT_MODIFIED, NULL, 0);
-        return;
-    }
-    answer(p, 200, FP_STAT_HIT, body, len);
 }
 
 /* The coalescer's delivery of one part's read. */
@@ -530,13 +536,15 @@ static void on_changed(struct fp_held *hd, enum fp_cache_status st,
         /* Its watch's read: an announcement during it is read again by
          * hold.c (`again`), so the part is held again as of now; the kept
          * ones keep their own read's number (a change announced while
-         * their watches were down, for this wake, is read again). */
+         * their watches were down, for this wake, is read again; a
+         * stream's stay up: nothing to miss). */
         part_of(hd)->seq = fp_hold_seq(p->cp->ho);
         p->kept = 0;
         p->reading = 1;
         on_part(&part_of(hd)->w, st, value, len, NULL); /* -> parts_in() */
         return;
     }
+    fp_hold_remove_set(&p->set); /* a stream's watches, still up */
     if (read_parts(p) != 0)
         fail(p, 503, FP_STAT_BACKEND_ERROR);
 }
@@ -593,6 +601,7 @@ static struct fp_chpoll *poll_new(struct fp_chpolls *cp, struct fp_request *r)
         pt->p = p;
         pt->held.set = &p->set;
         pt->held.inm = &pt->inm;
+        pt->held.keep = r->stream;
         pt->key = keys;
         if (i == 0) {
             memcpy(keys, r->key, r->keylen + 1);

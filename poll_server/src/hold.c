@@ -30,7 +30,11 @@
  * A channel poll is held on each of its keys (struct fp_held_set): a read of
  * one key compares the answer with that part's tag as the poll read it, and
  * a change releases the whole poll with that read's value (chpoll.c). It
- * counts as one held poll. */
+ * counts as one held poll.
+ *
+ * A stream is held again after each event: its watches have `keep`, and
+ * stay on their keys through the release, which updates their tags in
+ * place (no removal, lookup and insertion per event and stream). */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -197,23 +201,23 @@ static void on_read(enum fp_cache_status st, const char *value, size_t len,
     if (answered || give_up) {
         if (st == FP_CACHE_HIT)
             tag = fp_etag_of(value, len);
-        /* Detach every poll whose answer changed, then release them: a
-         * release may answer and close its connection, never touch k. A
-         * set's other keys are elsewhere (one holder per key), never
-         * `next`. Unlinked, hd's link carries it on `out`. */
+        /* Detach every poll whose answer changed (but those with `keep`),
+         * then release them: a release may answer and close its
+         * connection, never touch k. A set's other keys are elsewhere (one
+         * holder per key), never `next`. */
         for (hd = LIST_FIRST(&k->holders); hd != NULL; hd = next) {
             next = LIST_NEXT(hd, link);
             if (st == FP_CACHE_HIT && fp_inm_match(hd->inm, tag))
                 continue;
-            if (hd->set != NULL)
+            if (!hd->keep && hd->set != NULL)
                 fp_hold_remove_set(hd->set);
-            else
+            else if (!hd->keep)
                 fp_hold_remove(hd);
-            LIST_INSERT_HEAD(&out, hd, link);
+            LIST_INSERT_HEAD(&out, hd, olink);
         }
     }
     while ((hd = LIST_FIRST(&out)) != NULL) {
-        LIST_REMOVE(hd, link);
+        LIST_REMOVE(hd, olink);
         if (hd->set != NULL) {
             /* It composes its answer with this read's value, and times
              * it itself. */

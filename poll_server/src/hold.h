@@ -40,6 +40,11 @@ struct fp_held {
     /* One key of a poll held on several (struct fp_held_set), or NULL. */
     struct fp_held_set *set;
     LIST_ENTRY(fp_held) slink;  /* the set's keys held now */
+    /* Set by the caller (a stream's watch, which would be added again at
+     * once): a change leaves hd held (a set: all its keys), and the
+     * callback either updates its inm's tag in place or lets go of it. */
+    int keep;
+    LIST_ENTRY(fp_held) olink;  /* a read's list of changed holders */
 };
 
 /* A poll held on several keys (a channel poll, chpoll.c): one fp_held per
@@ -47,10 +52,11 @@ struct fp_held {
  * all with `set` pointing here; counted as one held poll. One watch per
  * key, shared with every other poll on it. When a read of one of its keys
  * finds another answer (or none, or a change could not be read), every key
- * of the set is removed and changed() is called once, with that key's
- * fp_held (hd->set: the set) and the read's result (st FP_CACHE_HIT: value,
- * len, valid during the call only; FP_CACHE_MISS: the key is gone;
- * FP_CACHE_ERROR or FP_CACHE_TIMEOUT: the read failed).
+ * of the set is removed (none if its fp_held has `keep`) and changed() is
+ * called once, with that key's fp_held (hd->set: the set) and the read's
+ * result (st FP_CACHE_HIT: value, len, valid during the call only;
+ * FP_CACHE_MISS: the key is gone; FP_CACHE_ERROR or FP_CACHE_TIMEOUT: the
+ * read failed).
  * `handle` is the poll's own fp_held (its connection's, never held on a
  * key): fp_hold_remove(handle), as a connection that closes calls it, calls
  * ended(), which lets go of the whole poll. */
@@ -64,11 +70,11 @@ struct fp_held_set {
     void (*ended)(struct fp_held_set *set);
 };
 
-/* A held poll's answer changed: it is already removed. st is FP_CACHE_HIT
- * (value, len, tag: the new answer), FP_CACHE_MISS (the key is gone: the
- * app answers), or FP_CACHE_ERROR / FP_CACHE_TIMEOUT (a change could not be
- * read: the app answers). Called from the loop, never from inside
- * fp_hold_*. */
+/* A held poll's answer changed: it is already removed, unless hd->keep. st
+ * is FP_CACHE_HIT (value, len, tag: the new answer), FP_CACHE_MISS (the key
+ * is gone: the app answers), or FP_CACHE_ERROR / FP_CACHE_TIMEOUT (a change
+ * could not be read: the app answers). Called from the loop, never from
+ * inside fp_hold_*. */
 typedef void fp_hold_release(struct fp_held *hd, enum fp_cache_status st,
                              const char *value, size_t len, uint64_t tag,
                              enum fp_stat_wake cause, void *arg);

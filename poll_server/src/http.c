@@ -40,7 +40,8 @@ static struct fp_http *http_of(const struct conn *c)
     return (struct fp_http *)(void *)c->h;
 }
 
-/* Holds r's stream on its key, on the answer tagged tag it last sent. */
+/* Holds r's stream on its key, on the answer tagged tag it last sent (its
+ * watch, if still up through the change, in place: hold.h's keep). */
 static void stream_hold(struct fp_http *h, struct fp_request *r, uint64_t tag,
                         uint64_t since)
 {
@@ -48,7 +49,8 @@ static void stream_hold(struct fp_http *h, struct fp_request *r, uint64_t tag,
     r->inm.ntags = 1;
     r->inm.tags[0] = tag;
     r->held.inm = &r->inm;
-    if (fp_hold_add(h->hold, r->key, r->keylen, &r->held, since) != 0) {
+    if (r->held.key == NULL &&
+        fp_hold_add(h->hold, r->key, r->keylen, &r->held, since) != 0) {
         fp_stat_over_cap();
         fp_stream_end(r, FP_STAT_STREAM_OVER_CAP);
     }
@@ -81,6 +83,7 @@ static void on_release(struct fp_held *hd, enum fp_cache_status st,
     fp_stat_wake(cause);
     if (st != FP_CACHE_HIT) {
         /* Its client reconnects, and falls back as a poll does. */
+        fp_hold_remove(hd);
         fp_stream_end(r, FP_STAT_STREAM_CACHE);
         return;
     }
@@ -173,6 +176,7 @@ static int start_request(struct conn *c, const struct fp_http_head *hd)
     r->wait_s = 0;
     r->stream = fp_stream_wanted(hd);
     r->streaming = 0;
+    r->held.keep = r->stream; /* its watch stays up through its events */
     if (hd->method == FP_HM_OTHER) {
         r->verdict = 405;
         r->outcome = FP_STAT_METHOD_NOT_ALLOWED;
