@@ -716,7 +716,9 @@ first_deploy() {
 # fp-solo is a fresh host: `--check` on it first (nothing installed yet, so every task must cope
 # with what is not there), then its deploy, both beside the fleet's.
 solo deploy --check-first
-playbook deploy
+local deploy_args=()
+read -ra deploy_args <<< "${FLEET_DEPLOY_ARGS:-}"
+playbook deploy "${deploy_args[@]}"
 solo_wait "first deploy"
 phase "first deploy ($(recap_changed) changes; fp-solo $(recap_changed "$SOLO_LOG.ansible"))"
 expect "$(publish fp-data1 "$seed_user" "hello fleet")" 201 "publish the seeded user"

@@ -10,7 +10,9 @@ as JSON.
 Check mode (--check OUT --events FILE --stored FILE): FILE lists "user<TAB>text" of the rows the
 database holds after the failover. Prints the figures and exits 1 when an acknowledged (201)
 publish is missing or stored twice, publishes did not succeed again within --max-gap seconds of
-the kill, or more than 1 % of the polls were not answered 2xx.
+the kill (the events file's `kill`, or `disrupt` for a disruption that should cost nothing),
+more than --max-failed attempts were not answered 201, or more than 1 % of the polls were not
+answered 2xx.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def check(args: argparse.Namespace) -> int:
     with open(args.check) as f:
         data = json.load(f)
     events = read_events(args.events)
-    kill = events["kill"]
+    kill = events["kill"] if "kill" in events else events["disrupt"]
     stored: Counter[str] = Counter()
     with open(args.stored) as f:
         for line in f:
@@ -119,6 +121,8 @@ def check(args: argparse.Namespace) -> int:
         problems.append(f"publishes stored twice: {twice[:10]}")
     if gap > args.max_gap:
         problems.append(f"publishes did not succeed again within {args.max_gap:g} s ({gap:.1f} s)")
+    if args.max_failed >= 0 and failed_pubs > args.max_failed:
+        problems.append(f"{failed_pubs} publish attempts not 201 (at most {args.max_failed})")
     if not acked or not polls:
         problems.append("no load")
     elif bad_polls > len(polls) / 100:
@@ -132,6 +136,7 @@ def main() -> int:
     ap = arguments(max_seconds=120)
     ap.add_argument("--stored", default="")
     ap.add_argument("--max-gap", type=float, default=30)
+    ap.add_argument("--max-failed", type=int, default=-1, help="-1: any number")
     args = ap.parse_args()
     if args.check:
         return check(args)

@@ -29,7 +29,9 @@
 #
 # Environment: FLEET_ANSIBLE_BIN (dir with ansible-playbook and ansible-lint, default .venv/bin),
 # FLEET_KEEP=1 (leave the hosts up at the end, pass or fail, for debugging),
-# FLEET_TEARDOWN_ONLY=1 (tear down what a FLEET_KEEP run left), FLEET_CACHE (image cache dir,
+# FLEET_TEARDOWN_ONLY=1 (tear down what a FLEET_KEEP run left), FLEET_DEPLOY_ARGS (more
+# ansible-playbook arguments for the fleet's first deploy only, e.g. "-e fastpoll_etcd_tls=false"
+# to try a later run's move from an older layout), FLEET_CACHE (image cache dir,
 # default /var/cache/fastpoll-fleet), FLEET_POLL_SERVER_BIN (deploy this binary instead of
 # building poll_server/).
 #
@@ -52,7 +54,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 # (`tests/fleet/run.sh NAME[,NAME...]`, `make test-deploy SCENARIO=NAME`), after what it needs.
 SCENARIOS=(lint converge budgets data-host request-path metrics scaling upgrade gated-release slo-gate edge app-hosts
            membership interrupted signing-rotation rollback postgres-ha monitoring redis-backend redis-rotation
-           redis-sentinel)
+           redis-sentinel etcd)
 # What a scenario needs to have run before it on the same fleet.
 declare -A NEEDS=([rollback]=upgrade [gated-release]=upgrade [slo-gate]=upgrade [redis-rotation]=redis-backend)
 # One file per scenario, scenarios/NAME.sh, each defining sc_NAME (dashes as underscores).
