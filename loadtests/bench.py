@@ -48,9 +48,10 @@ from fastpoll_testkit import loadgen
 from fastpoll_testkit.procs import free_port
 from loadtests import front_cost, peers, preload, stackctl, sysinfo
 from loadtests.derive import Row, derive
-from loadtests.perf import perf_profile, perf_start, perf_stop
+from loadtests.perf import perf_profile, perf_start, perf_stop, syscalls_read, syscalls_start
 from loadtests.plans import (
     APP_USERS,
+    HIT_LEVELS,
     HOT_USER,
     POLL_SERVER,
     RESULTS,
@@ -476,36 +477,86 @@ def main() -> int:
     return 1 if failures else 0
 
 
-# The systems of the hit path's profile, and the processes sampled for each (cpu_groups' names).
-PROFILED = {
-    "fastpoll": ("nginx", "poll_servers", "memcached"),
-    "memcached_pass": ("peer_memcached_pass", "memcached"),
-    "ceiling": ("peer_ceiling", "peer_ceiling_back"),
+# The hit path's profiles: name -> (system, scenario, connections, the processes sampled, by
+# cpu_groups' names). fastpoll on many keys and on one hot key at each level beside the peers'
+# c50: where each one's CPU goes, and what grows with connections.
+FASTPOLL_GROUPS = ("nginx", "poll_servers", "memcached")
+PROFILED: dict[str, tuple[str, str, int, tuple[str, ...]]] = {
+    **{
+        # The c50 many-keys one is "fastpoll", as the peers' are named by system alone.
+        ("fastpoll" if (c, sc) == (50, "hit-many") else f"fastpoll c{c} {sc}"): (
+            "fastpoll",
+            sc,
+            c,
+            FASTPOLL_GROUPS,
+        )
+        for c in (50, *HIT_LEVELS)
+        for sc in ("hit-many", "hit-hot")
+    },
+    "memcached_pass": ("memcached_pass", "hit-many", 50, ("peer_memcached_pass", "memcached")),
+    "ceiling": ("ceiling", "hit-many", 50, ("peer_ceiling", "peer_ceiling_back")),
 }
 
 
 def profile_hit_path(ctx: Ctx, users: int, work: Path) -> dict[str, Row]:
-    """One more wrk -c50 run on 100,000 keys per system, its server processes sampled by perf:
-    where each system's CPU goes (kept apart from the measured rounds, which run unsampled)."""
+    """One more wrk run per profile (PROFILED), its server processes sampled by perf record and
+    their system calls counted by perf stat, per process group: where each system's CPU goes
+    and how many calls a request costs (kept apart from the measured rounds, which run
+    unsampled)."""
     profiles: dict[str, Row] = {}
-    for system, group_names in PROFILED.items():
+    for name, (system, scenario, conns, group_names) in PROFILED.items():
         set_active_pollers(ctx, system)
         groups = cpu_groups(ctx)
         pids = [pid for g in group_names for pid in groups.get(g, [])]
-        data = work / f"perf-{system}.data"
+        data = work / f"perf-{name.replace(' ', '-')}.data"
         proc = perf_start(pids, data)
         if proc is None:
             print("    perf is not installed: no profile", flush=True)
             return {}
+        counters = {
+            g: (work / f"syscalls-{name.replace(' ', '-')}-{g}.txt", groups[g])
+            for g in group_names
+            if groups.get(g)
+        }
+        stats = [syscalls_start(g_pids, out) for out, g_pids in counters.values()]
         time.sleep(0.5)  # perf attached before the load starts
+        plan = Plan("profile", system, scenario, conns, seconds=5.0)
+        if scenario == "hit-hot":
+            plan.users = 1  # the one hot key (HOT_USER)
         try:
-            row = run_plan(ctx, Plan("profile", system, "hit-many", 50, seconds=5.0), users)
+            row = run_plan(ctx, plan, users)
         finally:
+            for st in stats:
+                perf_stop(st)
             perf_stop(proc)
         prof = perf_profile(data, symbols_of=("poll_server", "nginx", "memcached"))
-        profiles[system] = {"rps": row["rps"], "cpu_s": row["cpu_s"], **prof}
-        top = ", ".join(f"{c} {o} {v:.0f}%" for v, c, o in prof["by_process_and_object"][:4])
-        print(f"    {system:15} {row['rps']:8,.0f} req/s sampled; {top}", flush=True)
+        n = max(1, int(row.get("requests") or 0))
+        per_req = {
+            g: round(1e6 * float(v) / n, 2) for g, v in (row.get("cpu_s") or {}).items() if v
+        }
+        calls = {g: syscalls_read(out) for g, (out, _) in counters.items()}
+        profiles[name] = {
+            "system": system,
+            "scenario": scenario,
+            "conns": conns,
+            "rps": row["rps"],
+            "requests": n,
+            "cpu_s": row["cpu_s"],
+            "us_per_request": per_req,
+            "syscalls_per_request": {
+                g: {k: round(v / n, 3) for k, v in c.items()} for g, c in calls.items() if c
+            },
+            "keys_per_round_trip": row.get("keys_per_round_trip"),
+            **prof,
+        }
+        top = ", ".join(f"{c} {o} {v:.0f}%" for v, c, o in prof["by_process_and_object"][:3])
+        ps = profiles[name]["syscalls_per_request"].get("poll_servers", {}).get("all")
+        print(
+            f"    {name:24} {row['rps']:8,.0f} req/s sampled"
+            + (f"; poll servers {ps:.2f} syscalls/request" if ps is not None else "")
+            + f"; {top}",
+            flush=True,
+        )
     return profiles
 
 

@@ -76,3 +76,40 @@ def perf_profile(data: Path, symbols_of: tuple[str, ...] = ("poll_server",)) -> 
             data, "dso,sym", "--comm", comm, "--percentage", "relative"
         )[:25]
     return profile
+
+
+# The system calls counted per process group during a profile: all of them, and the ones a hit
+# is made of (the request's read, the answer's write, the loop's wait and its changes).
+SYSCALLS = ("read", "readv", "recvfrom", "write", "writev", "sendto", "epoll_wait", "epoll_ctl")
+
+
+def syscalls_start(pids: list[int], out: Path) -> subprocess.Popen[bytes] | None:
+    """`perf stat` counting the system calls of PIDS (the raw_syscalls tracepoint, and SYSCALLS
+    one by one) until syscalls_stop; None without perf or its tracepoints."""
+    events = ["raw_syscalls:sys_enter"] + [f"syscalls:sys_enter_{s}" for s in SYSCALLS]
+    try:
+        return subprocess.Popen(
+            ["perf", "stat", "-x", ",", "-o", str(out), "-e", ",".join(events)]
+            + ["-p", ",".join(map(str, pids))],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    except OSError:
+        return None
+
+
+def syscalls_read(out: Path) -> dict[str, int]:
+    """{"all": n, "<syscall>": n, ...} from syscalls_start's file (after perf_stop)."""
+    counts: dict[str, int] = {}
+    try:
+        text = out.read_text()
+    except OSError:
+        return counts
+    for line in text.splitlines():
+        f = line.split(",")
+        if len(f) < 3 or not f[0].strip().isdigit():
+            continue
+        event = f[2].strip()
+        name = "all" if event == "raw_syscalls:sys_enter" else event.rsplit("sys_enter_", 1)[-1]
+        counts[name] = int(f[0])
+    return counts

@@ -14,7 +14,7 @@ RESULTS = HERE / "results"
 POLL_SERVER = ROOT / "poll_server" / "build" / "poll_server"
 SWEEP = (20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 15000)
 # The hit path against the design's ceiling and memcached_pass, in interleaved rounds: c50 in the
-# c50 group, these in the "hit" group (many keys).
+# c50 group, these in the "hit" group (many keys and the hot key).
 HIT_LEVELS = (1000, 5000)
 HIT_SYSTEMS = ("fastpoll_all", "fastpoll", "memcached_pass", "ceiling")
 APP_SWEEP_MAX = 1000  # the app at 15,000 connections only measures wrk's timeouts
@@ -124,8 +124,11 @@ def full_plan(reps: int, sweep: tuple[int, ...] = SWEEP, ab_reps: int = 5) -> li
     for rep in range(min(reps, 2)):
         for c in HIT_LEVELS:
             systems = list(HIT_SYSTEMS[rep:] + HIT_SYSTEMS[:rep])
-            for system in systems:
-                plans.append(Plan("hit", system, "hit-many", c, seconds=5.0, rep=rep))
+            for scenario, users in (("hit-many", USERS), ("hit-hot", 1)):
+                for system in systems:
+                    plans.append(
+                        Plan("hit", system, scenario, c, seconds=5.0, users=users, rep=rep)
+                    )
     plans += [
         Plan("c50", "fastpoll", "hit-hot", 50, users=1, method="POST"),
         Plan("c50", "fastpoll", "hit-many", 50, method="POST"),
