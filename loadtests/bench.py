@@ -12,15 +12,18 @@ same client for every system:
 1. the seed's `ab -c 50 -n 5000` on a poll URL, without and with -k;
 2. wrk -c50 keep-alive: hits (one hot key / 100,000 keys), GET and POST, 95% and 50% hit mixes,
    all misses (the fallback), the poll server directly, the peers, and the app alone;
-   the hit path (many keys) at 1,000 and 5,000 connections: fastpoll (the shipped default, the
-   template's "auto" active pollers, and every poller active), memcached_pass and the design's
-   ceiling (nginx -> nginx `return 200` on a unix socket), in interleaved rounds;
+   the hit path (many keys and the hot key) at 1,000 and 5,000 connections: fastpoll (the
+   shipped default, the template's "auto" active pollers, and every poller active),
+   memcached_pass and the design's ceiling (nginx -> nginx `return 200` on a unix socket), in
+   interleaved rounds;
    fastpoll's site config in front of the ceiling's upstream against the ceiling's own front;
 3. the concurrency sweep 20 .. 15,000 over fastpoll and the peers (the app up to 1,000);
 4. the poll servers' CPU time per 100,000 hits, and one poll server's memory with 10,000
    connections open;
-5. the hit path's profile: one more wrk -c50 run on 100,000 keys for fastpoll, memcached_pass
-   and the ceiling, their server processes sampled by `perf record -g` (loadtests/perf.py).
+5. the hit path's profile: one more wrk run each for fastpoll at 50, 1,000 and 5,000 connections
+   on 100,000 keys and on the hot key, and for memcached_pass and the ceiling at 50 on 100,000
+   keys, their server processes sampled by `perf record -g` and their system calls counted by
+   `perf stat` (loadtests/perf.py).
 
 One JSON file per run goes to loadtests/results/ (raw tool outputs beside it), with the machine's
 details; then the plots and docs/benchmarks.md are made from it (loadtests/report.py).
@@ -376,7 +379,7 @@ def main() -> int:
                 )
             front = measure_front(ctx, work, peer_tuning)
         if not quick and (not only or "profile" in only) and not args.systems and not args.attach:
-            print("  the hit path's profile (perf record -g, wrk -c50, 100,000 keys):", flush=True)
+            print("  the hit path's profiles (perf record -g, perf stat):", flush=True)
             profile = profile_hit_path(ctx, users, work)
         if not only or "rss" in only:
             rss = measure_rss(ctx, rss_n)
@@ -508,21 +511,19 @@ def profile_hit_path(ctx: Ctx, users: int, work: Path) -> dict[str, Row]:
         set_active_pollers(ctx, system)
         groups = cpu_groups(ctx)
         pids = [pid for g in group_names for pid in groups.get(g, [])]
-        data = work / f"perf-{name.replace(' ', '-')}.data"
+        slug = name.replace(" ", "-")
+        data = work / f"perf-{slug}.data"
         proc = perf_start(pids, data)
         if proc is None:
             print("    perf is not installed: no profile", flush=True)
             return {}
         counters = {
-            g: (work / f"syscalls-{name.replace(' ', '-')}-{g}.txt", groups[g])
-            for g in group_names
-            if groups.get(g)
+            g: (work / f"syscalls-{slug}-{g}.txt", groups[g]) for g in group_names if groups.get(g)
         }
         stats = [syscalls_start(g_pids, out) for out, g_pids in counters.values()]
         time.sleep(0.5)  # perf attached before the load starts
-        plan = Plan("profile", system, scenario, conns, seconds=5.0)
-        if scenario == "hit-hot":
-            plan.users = 1  # the one hot key (HOT_USER)
+        hot = scenario == "hit-hot"  # the one hot key: HOT_USER
+        plan = Plan("profile", system, scenario, conns, seconds=5.0, users=1 if hot else USERS)
         try:
             row = run_plan(ctx, plan, users)
         finally:

@@ -85,7 +85,7 @@ SYSCALLS = ("read", "readv", "recvfrom", "write", "writev", "sendto", "epoll_wai
 
 def syscalls_start(pids: list[int], out: Path) -> subprocess.Popen[bytes] | None:
     """`perf stat` counting the system calls of PIDS (the raw_syscalls tracepoint, and SYSCALLS
-    one by one) until syscalls_stop; None without perf or its tracepoints."""
+    one by one) until perf_stop; None without perf."""
     events = ["raw_syscalls:sys_enter"] + [f"syscalls:sys_enter_{s}" for s in SYSCALLS]
     try:
         return subprocess.Popen(
