@@ -104,29 +104,34 @@ def signal_group(stack: Stack, name: str, sig: int) -> None:
     os.killpg(stack.procs[name].pid, sig)
 
 
-def advisory_locks_of(stack: Stack, name: str) -> int:
-    """Advisory locks held by the app `name`'s database sessions (the stack sets PGAPPNAME)."""
+def sessions_holding(stack: Stack, name: str) -> int:
+    """The app `name`'s database sessions (the stack sets PGAPPNAME) that hold an advisory lock
+    or are inside a transaction. A transaction holds row locks: a repair loop frozen between its
+    claim's UPDATE and its COMMIT keeps the claimed rows locked, and every other app's claim
+    (FOR UPDATE SKIP LOCKED) passes over them until it is thawed."""
     with connect(stack) as conn:
         row = conn.execute(
-            "SELECT COUNT(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-            " WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = %s",
+            "SELECT COUNT(*) FROM pg_stat_activity a WHERE a.application_name = %s AND ("
+            " a.xact_start IS NOT NULL OR EXISTS (SELECT 1 FROM pg_locks l"
+            " WHERE l.pid = a.pid AND l.locktype = 'advisory' AND l.granted))",
             (name,),
         ).fetchone()
         return int(row[0])
 
 
 def freeze_between_repairs(stack: Stack, name: str) -> None:
-    """SIGSTOP the app `name` when it holds no owner's lock. Its repair loop holds the owner's
-    lock for a repair's cache write: frozen in one, it would keep the owner locked from every
-    other app until it is thawed, which is a test's freeze, not the upgrade's state. The
-    caches must be answering, so that a repair in flight ends."""
+    """SIGSTOP the app `name` when it holds no owner's lock and no transaction is open. Its
+    repair loop holds the owner's lock for a repair's cache write, and its claim locks the rows it
+    takes until it commits: frozen in either, it would keep them from every other app until it is
+    thawed, which is a test's freeze, not the upgrade's state. The caches must be answering, so
+    that a repair in flight ends."""
     deadline = time.monotonic() + 15
     while True:
         signal_group(stack, name, signal.SIGSTOP)
-        if advisory_locks_of(stack, name) == 0:
+        if sessions_holding(stack, name) == 0:
             return
         signal_group(stack, name, signal.SIGCONT)
-        assert time.monotonic() < deadline, f"{name} kept an owner's lock for 15 s"
+        assert time.monotonic() < deadline, f"{name} kept a lock or a transaction for 15 s"
         time.sleep(0.2)
 
 

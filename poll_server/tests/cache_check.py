@@ -750,6 +750,7 @@ def scenario_stall(drv: list[str], tmp: str) -> None:
             lambda port: redis_cmd(port, b"SET", b"/Poll/k", b"v"),
         ),
     ):
+        failed_before = failures
         try:
             put(srv.port)
             d = Driver(drv, ["-T", str(TIMEOUT_MS), *args, f"127.0.0.1:{srv.port}"])
@@ -793,6 +794,8 @@ def scenario_stall(drv: list[str], tmp: str) -> None:
                 len(drops) == 1 and "ms and nothing" in drops[0],
                 f"{name} stall: one drop, for the 800 ms silence ({drops})",
             )
+            if failures > failed_before:
+                print(f"{name} stall: the driver's log:\n{d.stderr}", flush=True)
         finally:
             srv.stop()
 
