@@ -284,9 +284,7 @@ def test_a_poll_5xx_while_no_app_answers_only_if_it_needed_the_app() -> None:
 def test_a_url_signed_for_more_rooms_than_the_poll_servers_hold_needs_the_app() -> None:
     # The poll servers answer it 404 whatever the cache holds, so nginx sends it to the app:
     # with no app answering, its 503 is documented even though the user's key was cached.
-    over = Op(
-        "hostile", 1, 5.0, 5.1, 503, source="", note=f"GET {CH_OVER_MAX} If-None-Match None"
-    )
+    over = Op("hostile", 1, 5.0, 5.1, 503, source="", note=f"GET {CH_OVER_MAX} If-None-Match None")
     other = Op("hostile", 1, 5.0, 5.1, 503, source="", note="GET &wait= If-None-Match None")
     app_down = Fault("app-restart", "app", 4.0, 6.0, [APP + "0", APPS_DOWN])
     hit = Op("cond", 1, 3.5, 3.51, 304, ONE, inm_body=ONE, source="cache")
@@ -854,3 +852,48 @@ def test_a_pending_write_just_after_the_app_s_path_failed_may_be_missed() -> Non
     # Longer after the fault than the app's skip and the scheduling slack: nothing excuses it.
     long_before = Fault("cache-hold-writes", "memcached-0", 0.1, 0.3, [CACHE, APP_PATH])
     assert violations(History(ops=[*ops, stale], faults=[long_before]), "1-no-stale") == 1
+
+
+def stream_ops(event_at: float) -> list[Op]:
+    """User 1's stream, open over [2.0, 6.0]: the empty answer's event at 2.3, "two" at event_at."""
+    note = "stream of user 1"
+    return [
+        Op("stream-conn", 1, 2.0, 6.0, 200, source="cache", target="nginx", note=note),
+        Op(
+            "stream",
+            1,
+            2.0,
+            2.3,
+            200,
+            "",
+            source="cache",
+            target="nginx",
+            note=f"{note}, connection 1",
+        ),
+        Op(
+            "stream",
+            1,
+            2.0,
+            event_at,
+            200,
+            TWO,
+            source="cache",
+            target="nginx",
+            note=f"{note}, connection 1",
+        ),
+    ]
+
+
+def test_a_write_reaching_an_open_stream_late_is_found() -> None:
+    # "two" returned at 3.1: its event is due by 3.35 (the held bound, no cache hit to widen it).
+    assert violations(history(*stream_ops(3.3)), "11-stream") == 0
+    rep = check(history(*stream_ops(3.5)))
+    assert len(rep.rules["11-stream"].violations) == 1
+    assert "400 ms after it returned" in rep.rules["11-stream"].violations[0].what
+
+
+def test_a_stream_bound_grows_with_an_injected_read_delay() -> None:
+    # An event is a watch's read, as a held poll's answer is: twice the delay, as rule 3 allows.
+    delay = Fault("cache-delay-reads", "memcached-0", 2.0, 4.0, [CACHE_DELAY], delay_s=0.1)
+    assert violations(history(*stream_ops(3.5), faults=[delay]), "11-stream") == 0
+    assert violations(history(*stream_ops(3.6), faults=[delay]), "11-stream") == 1

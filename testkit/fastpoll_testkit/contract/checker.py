@@ -702,8 +702,9 @@ def _rule11(h: History, model: _Model, p: Params, r: RuleResult) -> None:
     streaming client's events, in the order they came (across its reconnects), never show an
     older state than the one before; (b) a write that returned while one of its connections was
     open (from before the write returned to the bound after) is in an event by then, plus the
-    longest cache hit then, unless a fault touched the announcement path, the cache or a poll
-    server (`_blocking`), or the write returned X-Cache-Publish: pending."""
+    longest cache hit then and twice an injected cache read delay (`_read_delay`), unless a
+    fault touched the announcement path, the cache or a poll server (`_blocking`), or the write
+    returned X-Cache-Publish: pending."""
     machine = _machine(h)
     events: dict[tuple[int, str], list[Op]] = {}
     conns: dict[tuple[int, str], list[Op]] = {}
@@ -753,7 +754,10 @@ def _rule11(h: History, model: _Model, p: Params, r: RuleResult) -> None:
                 for c in cs
             ):
                 continue
+            # An event is a watch's read of the key, as a held poll's answer is: an injected
+            # read delay counts twice here too (rule 3, `_held_change`).
             deadline = bound + machine.latency(t_k, bound + 1.0)
+            deadline += 2 * _read_delay(h.faults, w.start, bound + 0.2, p)
             # The last event by then shows state k or a later one (an unchanged answer sends
             # no event: the last one may be from before the write).
             shown = [e for e in evs if e.end <= deadline]
